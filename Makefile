@@ -1,0 +1,74 @@
+# gpuguard — `make demo` and `make test` are all a new user needs (Debian 12, as root).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PREFIX ?= /usr/local
+CONFDIR ?= /etc/gpuguard
+FAKENVML := build/fakenvml/libnvidia-ml.so.1
+
+.PHONY: all deps venv fakenvml demo test unit integration bench install slurm-conf clean
+
+all: venv fakenvml
+
+# Slurm and munge from Debian, only when missing (the integration tests and the demo boot a real cluster).
+deps:
+	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+	  echo ">> installing slurm-wlm and munge (apt)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install slurm-wlm munge" >&2; exit 1; fi; \
+	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    slurm-wlm munge gcc libc6-dev >/dev/null; \
+	fi
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	@echo ">> python venv in $(VENV)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -c 'import gpuguard, pynvml, yaml, psutil, pytest, hypothesis'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+$(FAKENVML): lib/gpuguard/simulate/fakenvml.c
+	@echo ">> building the fake libnvidia-ml.so.1 (simulated GPUs)"
+	@mkdir -p $(dir $@)
+	@cc -shared -fPIC -O2 -Wall -Wextra -Werror -o $@.tmp $< -lpthread && mv $@.tmp $@
+
+fakenvml: $(FAKENVML)
+
+demo: deps venv fakenvml
+	@$(PY) -m gpuguard.demo
+
+test: deps venv fakenvml
+	@$(PY) -m pytest -q tests
+
+unit: venv fakenvml
+	@$(PY) -m pytest -q tests/unit
+
+integration: deps venv fakenvml
+	@$(PY) -m pytest -q tests/integration
+
+bench: deps venv fakenvml
+	@$(PY) bench/run.py
+
+# Installs the package into its own venv under $(PREFIX)/lib/gpuguard, the slurmd hooks into
+# $(PREFIX)/libexec/gpuguard, `gpuguard` into $(PREFIX)/bin, an example config (never overwriting one).
+install: fakenvml
+	@echo ">> installing gpuguard under $(PREFIX)"
+	@$(PYTHON) -m venv $(PREFIX)/lib/gpuguard/venv
+	@$(PREFIX)/lib/gpuguard/venv/bin/pip install -q --disable-pip-version-check . 2>&1 | grep -v '^WARNING: Location' || true
+	@install -d $(PREFIX)/bin $(PREFIX)/libexec/gpuguard $(PREFIX)/lib/gpuguard/fakenvml
+	@ln -sf $(PREFIX)/lib/gpuguard/venv/bin/gpuguard $(PREFIX)/bin/gpuguard
+	@install -m 755 $(FAKENVML) $(PREFIX)/lib/gpuguard/fakenvml/
+	@PYTHONPATH=lib $(PYTHON) -m gpuguard.install --libexec $(PREFIX)/libexec/gpuguard \
+	  --python $(PREFIX)/lib/gpuguard/venv/bin/python --config $(CONFDIR)/config.yaml
+	@install -d $(CONFDIR)
+	@test -e $(CONFDIR)/config.yaml || install -m 644 examples/config.yaml $(CONFDIR)/config.yaml
+	@echo ">> add these lines to slurm.conf and run 'scontrol reconfigure':"
+	@$(PREFIX)/bin/gpuguard slurm-conf --prefix $(PREFIX)
+
+slurm-conf: venv
+	@$(PY) -m gpuguard slurm-conf --prefix $(PREFIX)
+
+clean:
+	rm -rf build .pytest_cache .hypothesis

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Kernel-log Xid scan throughput vs `grep -c 'NVRM: Xid'`, on a generated mixed kern.log.
+
+    python bench/kernel_log_scan.py [--size-mb 1024] [--dir DIR] [--keep] [--repeat 3] [--uniform]
+
+The log is syslog-format (what rsyslog writes to kern.log): mostly ordinary kernel lines of varied
+subsystems (runtime messages common, boot-time ones rare, as in a real long-running log), other NVRM lines, a few hundred real-shaped Xid lines and some `logger`-forged Xid lines (tag
+`user`, which the scanner must reject). Both tools run on the same file with a warm page cache; the best of
+`--repeat` runs is reported. The scan's counts are checked against what was generated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "lib"))
+
+from gpuguard.probes.kernel_log import FileSource, scan_xid_file  # noqa: E402
+
+_HOST = "gpu-node-017"
+_MONTHS = ["Nov"]
+
+# ordinary kernel messages (shapes from real dmesg output), {n} and {h} filled in randomly. The first group
+# repeats all the time on a busy node; the second is printed about once per boot or mount, so in a large
+# kern.log it is much rarer (see --uniform for a log where every shape is equally common).
+_CHATTY = [
+    "usb 1-{n}: new high-speed USB device number {n} using xhci_hcd",
+    "EXT4-fs (nvme0n1p{n}): mounted filesystem with ordered data mode. Quota mode: none.",
+    "mlx5_core 0000:{h}:00.0: mlx5_port_module_event:1136:(pid 0): Port module event: module {n}, Cable plugged",
+    "mlx5_core 0000:{h}:00.1 ens{n}f1np1: Link up",
+    "IPv6: ADDRCONF(NETDEV_CHANGE): cali{h}{h}{h}: link becomes ready",
+    "audit: type=1400 audit({n}.{n}:{n}): apparmor=\"STATUS\" operation=\"profile_load\" name=\"snap.{n}\"",
+    "TCP: request_sock_TCP: Possible SYN flooding on port {n}. Sending cookies.",
+    "pcieport 0000:{h}:01.0: AER: Corrected error received: 0000:{h}:00.0",
+    "perf: interrupt took too long ({n} > {n}), lowering kernel.perf_event_max_sample_rate to {n}",
+    "systemd-journald[{n}]: /dev/kmsg buffer overrun, some messages lost.",
+    "br-{h}{h}: port {n}(veth{h}{h}) entered forwarding state",
+    "NVRM: GPU at PCI:0000:{h}:00: GPU-{h}{h}{h}{h}-{h}{h}-{h}{h}",
+    "NVRM: GPU Board Serial Number: 16504230{n}",
+    "nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further processing",
+    "INFO: task python:{n} blocked for more than 120 seconds.",
+    "Out of memory: Killed process {n} (python3) total-vm:{n}kB, anon-rss:{n}kB",
+    "python3[{n}]: segfault at 0 ip 00007f{h}{h}{h}{h} sp 00007ff{h}{h}{h} error 4 in libc.so.6[7f{h}{h}+{h}000]",
+]
+_BOOT = [
+    "nvme nvme{n}: 32/0/0 default/read/poll queues",
+    "EDAC skx MC{n}: HANDLING MCE MEMORY ERROR",
+    "efa 0000:{h}:00.0: Setup irq:{n} name:efa-mgmnt@pci:0000:{h}:00.0",
+    "XFS (md{n}): Ending clean mount",
+    "x86/cpu: SGX disabled by BIOS.",
+    "nvidia-nvswitch{n}: open (major={n})",
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024",
+    "NVRM: GPU 0000:{h}:00.0: RmInitAdapter failed! (0x24:0x72:1568)",
+]
+_BOOT_SHARE = 0.02  # share of lines from boot-time shapes
+_XIDS = [
+    "NVRM: Xid (PCI:0000:{h}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+    "NVRM: Xid (PCI:0000:{h}:00): 13, pid={n}, name=python, Graphics SM Warp Exception on (GPC 1, TPC 0, SM 0): "
+    "Illegal Instruction Encoding",
+    "NVRM: Xid (PCI:0000:{h}:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) "
+    "has been detected on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1.",
+    "NVRM: Xid (PCI:0000:{h}:00): 63, pid={n}, name=pt_main_thread, Row Remapper: New row marked for remapping, "
+    "reset gpu to activate.",
+    "NVRM: Xid (PCI:0000:{h}:00): 119, pid={n}, name=python, Timeout after 45s of waiting for RPC response from "
+    "GPU4 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20801702 0x4).",
+]
+
+
+def _fill(template: str, rng: random.Random) -> str:
+    out = template
+    while "{n}" in out:
+        out = out.replace("{n}", str(rng.randrange(1, 99999)), 1)
+    while "{h}" in out:
+        out = out.replace("{h}", f"{rng.randrange(256):02x}", 1)
+    return out
+
+
+def _syslog(msg: str, rng: random.Random, tag: str = "kernel", mono: bool = True) -> str:
+    stamp = f"Nov {rng.randrange(1, 29):2d} {rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d}"
+    inner = f"[{rng.randrange(1, 9_999_999):7d}.{rng.randrange(1_000_000):06d}] " if mono else ""
+    return f"{stamp} {_HOST} {tag}: {inner}{msg}\n"
+
+
+def _block(rng: random.Random, size: int, uniform: bool) -> bytes:
+    lines = []
+    total = 0
+    every = _CHATTY + _BOOT
+    while total < size:
+        if uniform:
+            template = rng.choice(every)
+        else:
+            template = rng.choice(_BOOT if rng.random() < _BOOT_SHARE else _CHATTY)
+        line = _syslog(_fill(template, rng), rng)
+        lines.append(line)
+        total += len(line)
+    return "".join(lines).encode()
+
+
+def generate(path: Path, size_mb: int, *, uniform: bool = False, seed: int = 7) -> tuple[int, int]:
+    """Write the log; returns (kernel Xid lines, forged Xid lines)."""
+    rng = random.Random(seed)
+    block_size = 8 << 20
+    blocks = [_block(rng, block_size, uniform) for _ in range(4)]
+    target = size_mb << 20
+    n_blocks = max(1, target // block_size)
+    xids_per_block = max(1, 300 // n_blocks) if n_blocks < 300 else 1
+    n_xid = n_forged = 0
+    with open(path, "wb") as f:
+        for i in range(n_blocks):
+            block = blocks[i % len(blocks)]
+            cut = block.index(b"\n", rng.randrange(len(block) // 2)) + 1
+            extra = []
+            for _ in range(xids_per_block):
+                extra.append(_syslog(_fill(rng.choice(_XIDS), rng), rng))
+                n_xid += 1
+            if i % 8 == 0:  # `logger -t user "NVRM: Xid ..."` run by a user
+                extra.append(_syslog(_fill(rng.choice(_XIDS), rng), rng, tag="user", mono=False))
+                n_forged += 1
+            f.write(block[:cut])
+            f.write("".join(extra).encode())
+            f.write(block[cut:])
+    return n_xid, n_forged
+
+
+def _best(fn, repeat: int) -> tuple[float, object]:
+    best = float("inf")
+    value = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, value
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--dir", default=None, help="where to write the log (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated log")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--uniform", action="store_true",
+                    help="every message shape equally common (boot-time shapes too: a harder, less realistic log)")
+    args = ap.parse_args()
+
+    grep = shutil.which("grep")
+    workdir = Path(tempfile.mkdtemp(prefix="gpuguard-bench-", dir=args.dir))
+    path = workdir / "kern.log"
+    try:
+        t0 = time.perf_counter()
+        n_xid, n_forged = generate(path, args.size_mb, uniform=args.uniform)
+        size = path.stat().st_size
+        print(f"generated {size / 2**30:.2f} GiB ({n_xid} Xid lines, {n_forged} forged) in "
+              f"{time.perf_counter() - t0:.1f} s: {path}")
+        with open(path, "rb") as f:  # warm the page cache so both tools read from memory
+            while f.read(16 << 20):
+                pass
+
+        t_scan, res = _best(lambda: scan_xid_file(str(path), final=True), args.repeat)
+        assert len(res.events) == n_xid, (len(res.events), n_xid)
+        assert res.rejected_non_kernel == n_forged, (res.rejected_non_kernel, n_forged)
+        assert res.malformed == 0, res.malformed
+
+        t_grep = float("nan")
+        grep_count = None
+        if grep:
+            t_grep, out = _best(
+                lambda: subprocess.run([grep, "-c", "NVRM: Xid", str(path)], capture_output=True, check=False),
+                args.repeat,
+            )
+            grep_count = int(out.stdout.strip() or 0)
+            assert grep_count == n_xid + n_forged, (grep_count, n_xid, n_forged)
+
+        src = FileSource(str(path))
+        first = src.read(None, timeout_s=600)
+        t_rescan, again = _best(lambda: src.read(first.cursor, timeout_s=600), args.repeat)
+        assert not again.events and again.lines_scanned == 0
+
+        gb = size / 1e9
+        print()
+        print(f"| {'what':38} | {'time (s)':>9} | {'GB/s':>7} |")
+        print(f"|{'-' * 40}|{'-' * 11}|{'-' * 9}|")
+        print(f"| {'grep -c NVRM: Xid':38} | {t_grep:9.3f} | {gb / t_grep:7.2f} |")
+        print(f"| {'scan_xid_file (events+lines+checks)':38} | {t_scan:9.3f} | {gb / t_scan:7.2f} |")
+        print(f"| {'FileSource re-scan, file unchanged':38} | {t_rescan:9.4f} | {'':>7} |")
+        print()
+        print(f"scan / grep throughput ratio: {t_grep / t_scan:.2f}x  "
+              f"(lines {res.lines_scanned}, events {len(res.events)}, rejected {res.rejected_non_kernel}, "
+              f"grep count {grep_count})")
+    finally:
+        if args.keep:
+            print(f"kept {path}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""The check registry: every check is a pure function `(Observations, CheckInput) -> [Finding]`.
+
+Checks know nothing about Slurm, files or time. Adding a check = one function + its tests + one line
+in `REGISTRY`. Each entry names the probe it needs, the run kinds it belongs to and its parameters
+(validated config keys under `checks.<id>`, with defaults).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+
+from gpuguard.model import Finding, Observations, Severity
+
+if TYPE_CHECKING:
+    from gpuguard.profiles import Profile
+    from gpuguard.xid import XidCatalog
+
+ALL_KINDS = frozenset({"prolog", "epilog", "healthcheck", "manual"})
+NO_PROLOG = frozenset({"healthcheck", "manual"})
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    profile: "Profile"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    job_gpus: Optional[tuple[int, ...]] = None  # None = all GPUs on the node
+    kind: str = "manual"
+    xid_catalog: Optional["XidCatalog"] = None
+
+
+CheckFn = Callable[[Observations, CheckInput], list[Finding]]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    id: str
+    keyword: str  # default drain keyword (a finding may carry a more precise one)
+    needs: str  # probe: nvml | kernel_log | fabric | system
+    func: CheckFn
+    kinds: frozenset[str]
+    params: dict[str, tuple[str, Any]]  # name -> (validator name in config.PARAM_VALIDATORS, default)
+    description: str
+
+
+def _registry() -> list[CheckSpec]:
+    from gpuguard.checks import fabric, gpu, system, xid
+
+    S = CheckSpec
+    return [
+        S("gpu.nvml", "NVML", "nvml", gpu.check_nvml, ALL_KINDS, {},
+          "NVML answers, the driver is loaded, no GPU is lost or needs a reset"),
+        S("gpu.count", "GPUCOUNT", "nvml", gpu.check_count, ALL_KINDS, {},
+          "GPU count matches the profile and every GPU of the job exists"),
+        S("gpu.model", "GPUMODEL", "nvml", gpu.check_model, ALL_KINDS, {},
+          "GPU product name matches the profile"),
+        S("gpu.memory", "GPUMEM", "nvml", gpu.check_memory, ALL_KINDS,
+          {"tolerance_pct": ("num?", None)},
+          "GPU framebuffer size matches the profile"),
+        S("gpu.ecc", "ECC", "nvml", gpu.check_ecc, ALL_KINDS,
+          {"require_enabled": ("bool", True), "max_volatile_uncorrected": ("int", 0),
+           "max_aggregate_uncorrected": ("int?", None)},
+          "ECC enabled; no uncorrectable ECC errors since the driver loaded"),
+        S("gpu.retired_pages", "RETIRED", "nvml", gpu.check_retired_pages, ALL_KINDS,
+          {"max_retired": ("int", 60)},
+          "no page retirement pending; retired pages below the RMA limit (pre-Ampere GPUs)"),
+        S("gpu.row_remap", "ROWREMAP", "nvml", gpu.check_row_remap, ALL_KINDS,
+          {"max_uncorrectable": ("int?", None)},
+          "no row remapping pending or failed (Ampere and newer)"),
+        S("gpu.recovery_action", "RECOVERY", "nvml", gpu.check_recovery_action, ALL_KINDS, {},
+          "NVML's GPU recovery action is NONE (newer drivers)"),
+        S("gpu.xid", "XID", "kernel_log", xid.check_xid, ALL_KINDS, {},
+          "no fatal Xid in the kernel log since the last check"),
+        S("gpu.temperature", "THERMAL", "nvml", gpu.check_temperature, ALL_KINDS,
+          {"warn_c": ("int?", None), "fail_c": ("int?", None)},
+          "GPU temperature below the profile's limits"),
+        S("gpu.throttle", "CLOCKS", "nvml", gpu.check_throttle, ALL_KINDS,
+          {"fail_reasons": ("strlist", ["hw_slowdown", "hw_thermal", "hw_power_brake"]),
+           "warn_reasons": ("strlist", ["sw_thermal"])},
+          "no hardware slowdown, thermal or power-brake clock throttling"),
+        S("gpu.pcie", "PCIE", "nvml", gpu.check_pcie, ALL_KINDS, {},
+          "PCIe link width and maximum generation as the profile expects"),
+        S("gpu.nvlink", "NVLINK", "nvml", gpu.check_nvlink, ALL_KINDS, {},
+          "every NVLink of every GPU is active"),
+        S("gpu.processes", "GPUPROC", "nvml", gpu.check_processes, frozenset({"prolog"}),
+          {"severity": ("severity", "fail")},
+          "no leftover processes on the job's GPUs before it starts"),
+        S("fabric.efa", "EFA", "fabric", fabric.check_efa, ALL_KINDS,
+          {"check_provider": ("bool", True)},
+          "EFA device count, ports ACTIVE, libfabric efa provider present"),
+        S("fabric.ib", "IB", "fabric", fabric.check_ib, ALL_KINDS, {},
+          "InfiniBand HCA count, ports ACTIVE at the expected rate"),
+        S("sys.memory", "MEM", "system", system.check_memory, ALL_KINDS,
+          {"min_available_gib": ("num?", None)},
+          "installed memory matches the profile; enough memory available"),
+        S("sys.disk", "DISK", "system", system.check_disk, ALL_KINDS,
+          {"paths": ("disk_paths", [{"path": "/", "min_free_gib": 1}, {"path": "/tmp", "min_free_gib": 1}])},
+          "free space on the configured paths"),
+        S("sys.cpu", "CPU", "system", system.check_cpu, ALL_KINDS, {},
+          "online CPU count matches the profile"),
+    ]
+
+
+_REGISTRY: Optional[list[CheckSpec]] = None
+
+
+def registry() -> list[CheckSpec]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = _registry()
+    return _REGISTRY
+
+
+def get_check(check_id: str) -> CheckSpec:
+    for spec in registry():
+        if spec.id == check_id:
+            return spec
+    raise KeyError(check_id)
+
+
+def param_schema() -> dict[str, dict[str, str]]:
+    """check id -> {param: validator name}, for config validation."""
+    return {s.id: {k: v[0] for k, v in s.params.items()} for s in registry()}
+
+
+def param_defaults(spec: CheckSpec) -> dict[str, Any]:
+    return {k: v[1] for k, v in spec.params.items()}
+
+
+def run_check(spec: CheckSpec, obs: Observations, inp: CheckInput) -> list[Finding]:
+    """Run one check; a bug in a check becomes an `incomplete` finding, never an exception."""
+    try:
+        findings = spec.func(obs, inp)
+    except Exception as e:  # noqa: BLE001 - a check bug must not take the whole run down
+        return [Finding(spec.id, Severity.INCOMPLETE, f"internal error in check: {type(e).__name__}: {e}",
+                        keyword="INTERNAL", evidence={"internal_error": True})]
+    return findings

@@ -1,0 +1,55 @@
+"""Small constructors shared by the checks, so every finding is built the same way."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gpuguard.model import Action, Finding, GpuInfo, NvmlObservation, Severity
+
+
+def ok(check_id: str, message: str, **evidence: Any) -> Finding:
+    return Finding(check_id, Severity.OK, message, evidence=evidence)
+
+
+def skip(check_id: str, message: str) -> Finding:
+    return Finding(check_id, Severity.SKIP, message)
+
+
+def warn(check_id: str, keyword: str, message: str, remediation: str = "", gpu: Optional[int] = None,
+         **evidence: Any) -> Finding:
+    return Finding(check_id, Severity.WARN, message, keyword=keyword, remediation=remediation, gpu=gpu,
+                   evidence=evidence)
+
+
+def fail(check_id: str, keyword: str, message: str, remediation: str, action: Action = Action.DRAIN,
+         gpu: Optional[int] = None, **evidence: Any) -> Finding:
+    return Finding(check_id, Severity.FAIL, message, keyword=keyword, remediation=remediation, action=action,
+                   gpu=gpu, evidence=evidence)
+
+
+def incomplete(check_id: str, keyword: str, message: str, **evidence: Any) -> Finding:
+    return Finding(check_id, Severity.INCOMPLETE, message, keyword=keyword,
+                   remediation="see why the probe could not finish (timeout, missing tool, permissions)",
+                   evidence=evidence)
+
+
+def nvml_unavailable(check_id: str, keyword: str, nvml: Optional[NvmlObservation]) -> Optional[Finding]:
+    """An `incomplete` finding when NVML gave no usable data (gpu.nvml reports the cause)."""
+    if nvml is None:
+        return incomplete(check_id, keyword, "NVML was not read")
+    if nvml.init_error or (not nvml.gpus and not nvml.status.complete):
+        return incomplete(check_id, keyword, f"NVML unavailable ({nvml.init_error or nvml.status.error}); see gpu.nvml")
+    return None
+
+
+def job_gpus(nvml: NvmlObservation, wanted: Optional[tuple[int, ...]]) -> list[GpuInfo]:
+    """The GPUs a check should look at: the job's (by index) or all; GPUs NVML lost are left out."""
+    gpus = [g for g in nvml.gpus if g.fatal_error is None]
+    if wanted is None:
+        return gpus
+    want = set(wanted)
+    return [g for g in gpus if g.index in want]
+
+
+def gpu_label(g: GpuInfo) -> str:
+    return f"GPU {g.index} ({g.pci_bus_id})" if g.pci_bus_id else f"GPU {g.index}"

@@ -1,0 +1,402 @@
+"""GPU checks over the NVML observation. Pure functions: no I/O, no clock, no Slurm."""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckInput
+from gpuguard.checks._util import fail, gpu_label, job_gpus, nvml_unavailable, ok, skip, warn
+from gpuguard.model import Action, Finding, Observations
+
+# NVML errors that mean the GPU is unusable until reset/reboot (DESIGN §6: never fail open on these).
+_FATAL_ACTIONS = {
+    "GPU_IS_LOST": (Action.REBOOT, "the GPU fell off the bus or stopped answering; reboot, replace if it recurs"),
+    "RESET_REQUIRED": (Action.RESET, "reset the GPU (nvidia-smi -r) or reboot the node"),
+    "GPU_NOT_FOUND": (Action.REBOOT, "the GPU is not visible to the driver; reboot, replace if it recurs"),
+}
+_INIT_REMEDIATION = {
+    "LIBRARY_NOT_FOUND": "install the NVIDIA driver (libnvidia-ml.so.1 not found)",
+    "DRIVER_NOT_LOADED": "load the nvidia kernel module / reboot; check `nvidia-smi` and the kernel log",
+    "LIB_RM_VERSION_MISMATCH": "the driver was upgraded without a reboot: reboot the node",
+    "TIMEOUT": "NVML hung: a GPU is likely wedged; check the kernel log for Xids and reboot",
+}
+
+
+def check_nvml(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.nvml"
+    nvml = obs.nvml
+    expects_gpus = bool(inp.profile.gpu_count)
+    if nvml is None:
+        return [skip(cid, "NVML not read")]
+    if nvml.init_error == "TIMEOUT" or (nvml.status.timed_out and not nvml.gpus):
+        return [fail(cid, "TIMEOUT", f"NVML did not answer within the deadline ({nvml.status.error or 'timeout'})",
+                     _INIT_REMEDIATION["TIMEOUT"], Action.REBOOT)]
+    if nvml.init_error:
+        if not expects_gpus and nvml.init_error in ("LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED"):
+            return [skip(cid, f"no NVIDIA driver ({nvml.init_error}) and the profile expects no GPUs")]
+        return [fail(cid, "NVML", f"NVML init failed: {nvml.init_error}",
+                     _INIT_REMEDIATION.get(nvml.init_error, "check `nvidia-smi` and the kernel log; reboot"),
+                     Action.REBOOT)]
+    findings: list[Finding] = []
+    for g in nvml.gpus:
+        if g.fatal_error in _FATAL_ACTIONS:
+            action, remediation = _FATAL_ACTIONS[g.fatal_error]
+            findings.append(fail(cid, "NVML", f"{gpu_label(g)}: NVML says {g.fatal_error}", remediation, action,
+                                 gpu=g.index, nvml_error=g.fatal_error))
+        elif g.errors:
+            findings.append(warn(cid, "NVML", f"{gpu_label(g)}: NVML query errors: "
+                                 + ", ".join(f"{k}={v}" for k, v in sorted(g.errors.items())),
+                                 "check `nvidia-smi -q -i %d`" % g.index, gpu=g.index, errors=dict(g.errors)))
+    if nvml.status.timed_out:
+        findings.append(fail(cid, "TIMEOUT", "NVML stopped answering part-way through the GPU queries",
+                             _INIT_REMEDIATION["TIMEOUT"], Action.REBOOT))
+    if not findings:
+        findings.append(ok(cid, f"NVML answers (driver {nvml.driver_version}, {nvml.device_count} GPUs)",
+                           driver=nvml.driver_version))
+    return findings
+
+
+def check_count(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.count"
+    expected = inp.profile.gpu_count
+    if expected is None:
+        return [skip(cid, "profile sets no gpu_count")]
+    bad = nvml_unavailable(cid, "GPUCOUNT", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    seen = obs.nvml.device_count or 0
+    findings: list[Finding] = []
+    if seen < expected:
+        findings.append(fail(cid, "GPUCOUNT", f"{expected} GPUs expected, NVML sees {seen}",
+                             "a GPU fell off the bus or is not enumerated: check `lspci | grep -i nvidia` and the "
+                             "kernel log; reboot, replace if it stays missing", Action.REBOOT,
+                             expected=expected, seen=seen))
+    elif seen > expected:
+        findings.append(warn(cid, "GPUCOUNT", f"{expected} GPUs expected, NVML sees {seen}",
+                             "the node profile looks wrong for this node", expected=expected, seen=seen))
+    missing = [g.index for g in obs.nvml.gpus if g.fatal_error == "NOT_FOUND"]
+    if missing:
+        findings.append(fail(cid, "GPUCOUNT", f"job GPU index {','.join(map(str, missing))} not present in NVML",
+                             "gres.conf and the driver disagree about the GPUs: check `nvidia-smi -L`", Action.REBOOT,
+                             missing=missing))
+    return findings or [ok(cid, f"{seen} GPUs present", seen=seen)]
+
+
+def check_model(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.model"
+    model = inp.profile.gpu_model
+    if not model:
+        return [skip(cid, "profile sets no gpu_model")]
+    bad = nvml_unavailable(cid, "GPUMODEL", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    findings = [
+        fail(cid, "GPUMODEL", f"{gpu_label(g)} is {g.name!r}, expected {model!r}",
+             "the node is not the instance type its profile says: fix node.profile", Action.DRAIN, gpu=g.index,
+             name=g.name)
+        for g in job_gpus(obs.nvml, inp.job_gpus)
+        if g.name is not None and model.lower() not in g.name.lower()
+    ]
+    return findings or [ok(cid, f"GPU model {model}")]
+
+
+def check_memory(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.memory"
+    expected = inp.profile.gpu_memory_mib
+    if not expected:
+        return [skip(cid, "profile sets no gpu_memory_mib")]
+    bad = nvml_unavailable(cid, "GPUMEM", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    tol = inp.params.get("tolerance_pct")
+    tol = inp.profile.gpu_memory_tolerance_pct if tol is None else tol
+    floor = expected * (1 - tol / 100.0)
+    findings = [
+        fail(cid, "GPUMEM", f"{gpu_label(g)} has {g.memory_total_mib} MiB, expected {expected} MiB",
+             "framebuffer smaller than this GPU model has: check ECC/MIG mode, else hardware inspection",
+             Action.DRAIN, gpu=g.index, total_mib=g.memory_total_mib, expected_mib=expected)
+        for g in job_gpus(obs.nvml, inp.job_gpus)
+        if g.memory_total_mib is not None and g.memory_total_mib < floor
+    ]
+    return findings or [ok(cid, f"GPU memory >= {int(floor)} MiB")]
+
+
+def check_ecc(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.ecc"
+    bad = nvml_unavailable(cid, "ECC", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    p = inp.params
+    findings: list[Finding] = []
+    supported = False
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        if g.ecc_enabled is None and g.ecc_volatile_uncorrected is None:
+            continue
+        supported = True
+        if p.get("require_enabled", True) and g.ecc_enabled is False:
+            then = " (enabled after the next reboot)" if g.ecc_pending_enabled else ""
+            findings.append(fail(cid, "ECC", f"{gpu_label(g)}: ECC is disabled{then}",
+                                 "enable ECC (`nvidia-smi -i %d -e 1`) and reboot" % g.index, Action.REBOOT,
+                                 gpu=g.index))
+        limit = p.get("max_volatile_uncorrected", 0)
+        if g.ecc_volatile_uncorrected is not None and g.ecc_volatile_uncorrected > limit:
+            findings.append(fail(cid, "ECC", f"{gpu_label(g)}: {g.ecc_volatile_uncorrected} uncorrectable ECC "
+                                 "errors since driver load",
+                                 "uncorrectable memory error: reset the GPU or reboot so the bad row/page is "
+                                 "remapped/retired; replace if it recurs", Action.RESET, gpu=g.index,
+                                 volatile_uncorrected=g.ecc_volatile_uncorrected))
+        agg = p.get("max_aggregate_uncorrected")
+        if agg is not None and g.ecc_aggregate_uncorrected is not None and g.ecc_aggregate_uncorrected > agg:
+            findings.append(fail(cid, "ECC", f"{gpu_label(g)}: {g.ecc_aggregate_uncorrected} uncorrectable ECC "
+                                 f"errors over its lifetime (limit {agg})",
+                                 "lifetime uncorrectable errors above the site limit: hardware inspection/RMA",
+                                 Action.REPLACE, gpu=g.index, aggregate_uncorrected=g.ecc_aggregate_uncorrected))
+    if not supported:
+        return [skip(cid, "ECC not supported by these GPUs")]
+    return findings or [ok(cid, "ECC enabled, no uncorrectable errors")]
+
+
+def check_retired_pages(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.retired_pages"
+    bad = nvml_unavailable(cid, "RETIRED", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    limit = inp.params.get("max_retired", 60)
+    findings: list[Finding] = []
+    supported = False
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        if g.retired_pages_pending is None and g.retired_pages_dbe is None and g.retired_pages_sbe is None:
+            continue  # Ampere and newer use row remapping instead
+        supported = True
+        if g.retired_pages_pending:
+            findings.append(fail(cid, "RETIRED", f"{gpu_label(g)}: page retirement pending",
+                                 "reset the GPU or reboot to retire the pending pages", Action.RESET, gpu=g.index))
+        total = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
+        if total >= limit:
+            findings.append(fail(cid, "RETIRED", f"{gpu_label(g)}: {total} retired pages (limit {limit})",
+                                 "retired-page count at NVIDIA's RMA level: replace the GPU", Action.REPLACE,
+                                 gpu=g.index, sbe=g.retired_pages_sbe, dbe=g.retired_pages_dbe))
+    if not supported:
+        return [skip(cid, "page retirement not supported (row remapping GPUs)")]
+    return findings or [ok(cid, "no page retirement pending")]
+
+
+def check_row_remap(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.row_remap"
+    bad = nvml_unavailable(cid, "ROWREMAP", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    limit = inp.params.get("max_uncorrectable")
+    findings: list[Finding] = []
+    supported = False
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        if g.remapped_rows_pending is None and g.remapped_rows_failure is None:
+            continue
+        supported = True
+        ev = {"correctable": g.remapped_rows_correctable, "uncorrectable": g.remapped_rows_uncorrectable}
+        if g.remapped_rows_failure:
+            findings.append(fail(cid, "ROWREMAP", f"{gpu_label(g)}: row remapping failed",
+                                 "the GPU has no spare rows left: replace it (RMA)", Action.REPLACE, gpu=g.index, **ev))
+        elif g.remapped_rows_pending:
+            findings.append(fail(cid, "ROWREMAP", f"{gpu_label(g)}: row remapping pending",
+                                 "reset the GPU (nvidia-smi -r) or reboot to apply the remap", Action.RESET,
+                                 gpu=g.index, **ev))
+        elif limit is not None and (g.remapped_rows_uncorrectable or 0) > limit:
+            findings.append(fail(cid, "ROWREMAP", f"{gpu_label(g)}: {g.remapped_rows_uncorrectable} rows remapped "
+                                 f"for uncorrectable errors (limit {limit})",
+                                 "remapped rows above the site limit: hardware inspection/RMA", Action.REPLACE,
+                                 gpu=g.index, **ev))
+    if not supported:
+        return [skip(cid, "row remapping not supported (pre-Ampere GPUs)")]
+    return findings or [ok(cid, "no row remapping pending or failed")]
+
+
+# NVML_GPU_RECOVERY_ACTION_* -> (name, our action)
+RECOVERY_ACTIONS = {
+    1: ("GPU_RESET", Action.RESET),
+    2: ("NODE_REBOOT", Action.REBOOT),
+    3: ("DRAIN_P2P", Action.DRAIN),
+    4: ("DRAIN_AND_RESET", Action.RESET),
+    5: ("RECOVER_IMEX_DOMAIN", Action.DRAIN),
+    6: ("BUS_RESET", Action.RESET),
+    7: ("SYSTEM_REBOOT", Action.REBOOT),
+}
+
+
+def check_recovery_action(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.recovery_action"
+    bad = nvml_unavailable(cid, "RECOVERY", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    findings: list[Finding] = []
+    supported = False
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        if g.recovery_action is None:
+            continue
+        supported = True
+        if g.recovery_action != 0:
+            name, action = RECOVERY_ACTIONS.get(g.recovery_action, (f"UNKNOWN_{g.recovery_action}", Action.REBOOT))
+            findings.append(fail(cid, "RECOVERY", f"{gpu_label(g)}: NVML recovery action {name}",
+                                 f"the driver asks for {name.replace('_', ' ').lower()} before this GPU is used again",
+                                 action, gpu=g.index, recovery_action=g.recovery_action))
+    if not supported:
+        return [skip(cid, "recovery action not reported (driver older than R565)")]
+    return findings or [ok(cid, "recovery action NONE on every GPU")]
+
+
+def check_temperature(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.temperature"
+    warn_c = inp.params.get("warn_c") or inp.profile.gpu_temp_warn_c
+    fail_c = inp.params.get("fail_c") or inp.profile.gpu_temp_fail_c
+    bad = nvml_unavailable(cid, "THERMAL", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    findings: list[Finding] = []
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        t = g.temperature_c
+        if t is None:
+            continue
+        limit = fail_c
+        if g.temperature_slowdown_c:  # the hardware's own slowdown point is a hard limit whatever we configured
+            limit = min(limit, g.temperature_slowdown_c) if limit else g.temperature_slowdown_c
+        if limit and t >= limit:
+            findings.append(fail(cid, "THERMAL", f"{gpu_label(g)} at {t}C (limit {limit}C)",
+                                 "check cooling: fans, airflow, blocked inlets, data-centre temperature",
+                                 Action.DRAIN, gpu=g.index, temperature_c=t, limit_c=limit))
+        elif warn_c and t >= warn_c:
+            findings.append(warn(cid, "THERMAL", f"{gpu_label(g)} at {t}C (warn {warn_c}C)",
+                                 "watch cooling for this node", gpu=g.index, temperature_c=t))
+    if not findings and not (warn_c or fail_c) and not any(g.temperature_slowdown_c for g in obs.nvml.gpus):
+        return [skip(cid, "no temperature limits in profile or config")]
+    return findings or [ok(cid, "GPU temperatures within limits")]
+
+
+# nvmlClocksEventReason* bits (nvml.h)
+THROTTLE_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clocks": 0x100,
+}
+
+
+def decode_throttle(mask: int) -> list[str]:
+    return [name for name, bit in THROTTLE_BITS.items() if mask & bit]
+
+
+def check_throttle(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.throttle"
+    bad = nvml_unavailable(cid, "CLOCKS", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    fail_bits = {n for n in inp.params.get("fail_reasons", []) if n in THROTTLE_BITS}
+    warn_bits = {n for n in inp.params.get("warn_reasons", []) if n in THROTTLE_BITS}
+    findings: list[Finding] = []
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        if g.clock_event_reasons is None:
+            continue
+        active = decode_throttle(g.clock_event_reasons)
+        hard = [r for r in active if r in fail_bits]
+        soft = [r for r in active if r in warn_bits]
+        if hard:
+            findings.append(fail(cid, "CLOCKS", f"{gpu_label(g)} clocks throttled: {','.join(hard)}",
+                                 "hardware slowdown: check cooling, power supplies and the power brake signal; "
+                                 "reboot, replace if it persists", Action.DRAIN, gpu=g.index, reasons=active,
+                                 mask=hex(g.clock_event_reasons)))
+        elif soft:
+            findings.append(warn(cid, "CLOCKS", f"{gpu_label(g)} clocks throttled: {','.join(soft)}",
+                                 "check cooling", gpu=g.index, reasons=active))
+    return findings or [ok(cid, "no hardware clock throttling")]
+
+
+def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.pcie"
+    gen, width = inp.profile.pcie_gen, inp.profile.pcie_width
+    if not gen and not width:
+        return [skip(cid, "profile sets no pcie_gen/pcie_width")]
+    bad = nvml_unavailable(cid, "PCIE", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    findings: list[Finding] = []
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        # The current generation drops at idle to save power, so only the width (which does not) and the
+        # maximum generation the link trained to are compared.
+        if width and g.pcie_width_current is not None and g.pcie_width_current < width:
+            findings.append(fail(cid, "PCIE", f"{gpu_label(g)} PCIe link x{g.pcie_width_current}, expected x{width}",
+                                 "degraded PCIe link: reboot; if it persists reseat the GPU/riser or replace",
+                                 Action.REBOOT, gpu=g.index, width=g.pcie_width_current, expected_width=width))
+        if gen and g.pcie_gen_max is not None and g.pcie_gen_max < gen:
+            findings.append(fail(cid, "PCIE", f"{gpu_label(g)} PCIe link at most Gen{g.pcie_gen_max}, expected Gen{gen}",
+                                 "PCIe link trained below its generation: check BIOS settings; reboot, reseat",
+                                 Action.REBOOT, gpu=g.index, gen_max=g.pcie_gen_max, expected_gen=gen))
+    return findings or [ok(cid, "PCIe links at expected width and generation")]
+
+
+def check_nvlink(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.nvlink"
+    expected = inp.profile.nvlinks_per_gpu
+    if not expected:
+        return [skip(cid, "profile sets no nvlinks_per_gpu")]
+    bad = nvml_unavailable(cid, "NVLINK", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    findings: list[Finding] = []
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        links = g.nvlink_active
+        if links is None:
+            findings.append(fail(cid, "NVLINK", f"{gpu_label(g)} reports no NVLinks, expected {expected}",
+                                 "check fabric manager (`systemctl status nvidia-fabricmanager`) and "
+                                 "`nvidia-smi nvlink -s`; reboot", Action.REBOOT, gpu=g.index))
+            continue
+        down = [i for i, up in enumerate(links[:expected]) if not up]
+        missing = max(0, expected - len(links))
+        if down or missing:
+            what = f"link {','.join(map(str, down))} down" if down else ""
+            if missing:
+                what = (what + "; " if what else "") + f"{missing} links missing"
+            findings.append(fail(cid, "NVLINK", f"{gpu_label(g)} NVLink {what} ({sum(links[:expected])}/{expected} active)",
+                                 "check `nvidia-smi nvlink -s` and fabric manager; reset/reboot, replace if it recurs",
+                                 Action.REBOOT, gpu=g.index, down=down, active=sum(links[:expected])))
+    return findings or [ok(cid, f"all {expected} NVLinks active on every GPU")]
+
+
+def check_processes(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.processes"
+    bad = nvml_unavailable(cid, "GPUPROC", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    severity = inp.params.get("severity", "fail")
+    findings: list[Finding] = []
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        if not g.processes:
+            continue
+        desc = ", ".join(f"pid {p.pid}" + (f" {p.name}" if p.name else "")
+                         + (f" {p.used_memory_mib} MiB" if p.used_memory_mib is not None else "")
+                         for p in g.processes[:3])
+        more = f" +{len(g.processes) - 3} more" if len(g.processes) > 3 else ""
+        msg = f"{gpu_label(g)} has {len(g.processes)} leftover process(es): {desc}{more}"
+        ev = {"pids": [p.pid for p in g.processes]}
+        remediation = "a previous job left processes on the GPU: kill them (the epilog should have); check the epilog"
+        if severity == "warn":
+            findings.append(warn(cid, "GPUPROC", msg, remediation, gpu=g.index, **ev))
+        else:
+            findings.append(fail(cid, "GPUPROC", msg, remediation, Action.DRAIN, gpu=g.index, **ev))
+    if inp.job_gpus == ():
+        return [skip(cid, "the job has no GPUs")]
+    return findings or [ok(cid, "no processes on the job's GPUs")]
+

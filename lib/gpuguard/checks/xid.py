@@ -1,0 +1,72 @@
+"""Xid check: fatal Xids in the kernel log since the last check drain the node."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from gpuguard.checks import CheckInput
+from gpuguard.checks._util import fail, incomplete, ok, warn
+from gpuguard.model import Action, Finding, GpuInfo, Observations, XidEvent
+
+if TYPE_CHECKING:
+    from gpuguard.xid import XidInfo
+
+_ACTIONS = {"none": Action.DRAIN, "drain": Action.DRAIN, "reset": Action.RESET, "reboot": Action.REBOOT,
+            "replace": Action.REPLACE}
+
+
+def _gpu_for(event: XidEvent, gpus: list[GpuInfo]) -> Optional[GpuInfo]:
+    for g in gpus:
+        if g.pci_bus_id and g.pci_bus_id.lower().startswith(event.pci.lower()):
+            return g
+    return None
+
+
+def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.xid"
+    log = obs.kernel_log
+    if log is None:
+        return [incomplete(cid, "XID", "kernel log not read")]
+    if inp.xid_catalog is None:
+        return [incomplete(cid, "XID", "Xid catalog not loaded")]
+    gpus = obs.nvml.gpus if obs.nvml else []
+    findings: list[Finding] = []
+    fatal: list[tuple[XidEvent, "XidInfo"]] = []
+    recorded: list[dict[str, object]] = []
+    for ev in log.events:
+        info = inp.xid_catalog.resolve(ev.code, ev.detail)  # Xid 154 names its own recovery action
+        entry = {"code": ev.code, "pci": ev.pci, "severity": info.severity, "detail": ev.detail[:160]}
+        recorded.append(entry)
+        if info.severity == "fatal":
+            fatal.append((ev, info))
+        elif info.severity == "warn":
+            g = _gpu_for(ev, gpus)
+            findings.append(warn(cid, f"XID{ev.code}", f"Xid {ev.code} ({info.name}) on {ev.pci}",
+                                 info.nvidia_action_text or "", gpu=g.index if g else None, xid=entry))
+    if fatal:
+        # One finding per GPU (the most invasive action wins); the reason names the first fatal Xid.
+        by_pci: dict[str, list[tuple[XidEvent, "XidInfo"]]] = {}
+        for ev, info in fatal:
+            by_pci.setdefault(ev.pci, []).append((ev, info))
+        for pci, items in by_pci.items():
+            ev, info = max(items, key=lambda x: _ACTIONS.get(x[1].action, Action.DRAIN).rank)
+            action = _ACTIONS.get(info.action, Action.DRAIN)
+            codes = sorted({e.code for e, _ in items})
+            g = _gpu_for(ev, gpus)
+            where = f"GPU {g.index} {pci}" if g else pci
+            extra = f" (also Xid {','.join(map(str, [c for c in codes if c != ev.code]))})" if len(codes) > 1 else ""
+            findings.append(fail(cid, f"XID{ev.code}", f"{info.name} on {where}{extra}",
+                                 info.nvidia_action_text or "see `gpuguard xid explain %d`" % ev.code,
+                                 action, gpu=g.index if g else None, xids=[e.code for e, _ in items],
+                                 first=ev.raw[:300], nvidia_action=info.nvidia_action))
+    if log.rejected_non_kernel:
+        findings.append(warn(cid, "XID", f"{log.rejected_non_kernel} Xid-looking line(s) not from the kernel ignored",
+                             "someone wrote fake NVRM lines to the log (logger?); investigate, the node is not drained "
+                             "for them", rejected=log.rejected_non_kernel))
+    if not log.status.complete:
+        findings.append(incomplete(cid, "XID", f"kernel log {log.source} not fully read: {log.status.error}"))
+    if not findings:
+        n_app = len(recorded)
+        msg = "no Xid since the last check" if not n_app else f"{n_app} non-fatal Xid(s) recorded, none fatal"
+        findings.append(ok(cid, msg, xids=recorded, malformed=log.malformed, source=log.source))
+    return findings

@@ -1,0 +1,310 @@
+"""`gpuguard` command line. Imports are lazy: the prolog runs before every job."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+HOOK_KINDS = ("prolog", "epilog", "healthcheck")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gpuguard", description="Keep GPU training clusters healthy under Slurm.")
+    _add_common(ap)
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    for kind, helptext in (("prolog", "slurmd Prolog= entry point: pre-flight the job's GPUs, drain on failure"),
+                           ("epilog", "slurmd Epilog= entry point: check the node after the job"),
+                           ("healthcheck", "slurmd HealthCheckProgram= entry point: scan all GPUs")):
+        p = sub.add_parser(kind, help=helptext)
+        _add_common(p)
+        p.add_argument("--simulate", metavar="SCENARIO", help="run against a simulated node")
+
+    p = sub.add_parser("check", help="run the checks by hand and print a report")
+    _add_common(p)
+    p.add_argument("--context", default="manual", choices=("manual", "prolog", "epilog", "healthcheck"),
+                   help="which run kind's checks to run (default manual: all of them)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--dry-run", action="store_true", help="never drain, never advance the kernel-log cursor")
+    p.add_argument("--simulate", metavar="SCENARIO", help="a scenario file: check a simulated node")
+    p.add_argument("--node", help="node name (default: this host / $SLURMD_NODENAME)")
+    p.add_argument("--gpus", help="only these GPU indices, e.g. 0,1 or 0-3 (default: all)")
+    p.add_argument("-v", "--verbose", action="store_true", help="also show skipped checks")
+
+    p = sub.add_parser("xid", help="Xid tools")
+    xs = p.add_subparsers(dest="xid_cmd", metavar="SUBCOMMAND")
+    s = xs.add_parser("scan", help="find Xid events in a kernel log file (dmesg, journalctl -k, syslog, kmsg)")
+    _add_common(s)
+    s.add_argument("--file", required=True, help="log file ('-' for stdin)")
+    s.add_argument("--json", action="store_true")
+    e = xs.add_parser("explain", help="what an Xid code means and what gpuguard does about it")
+    _add_common(e)
+    e.add_argument("code", type=int)
+
+    p = sub.add_parser("slurm-conf", help="print the slurm.conf lines gpuguard needs, with why")
+    p.add_argument("--prefix", default="/usr/local", help="where gpuguard is installed (default /usr/local)")
+
+    p = sub.add_parser("profiles", help="list instance profiles, or show one")
+    _add_common(p)
+    p.add_argument("name", nargs="?")
+
+    p = sub.add_parser("config", help="validate a config file and print the effective settings")
+    _add_common(p)
+
+    p = sub.add_parser("history", help="recent runs and drains from the history store")
+    _add_common(p)
+    p.add_argument("--node")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("simulate", help="simulation helpers")
+    ss = p.add_subparsers(dest="sim_cmd", metavar="SUBCOMMAND")
+    b = ss.add_parser("build", help="compile the fake libnvidia-ml.so.1")
+    b.add_argument("--out", help="output directory")
+    return ap
+
+
+# --------------------------------------------------------------------------- hooks (prolog/epilog/healthcheck)
+
+
+def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> None:
+    """Last line of defence: whatever hangs, the hook exits before slurmd's own timeout."""
+    import threading
+
+    def fire() -> None:
+        log.error(f"{state['kind']}: total deadline of {seconds:g}s exceeded; exiting with {state['exit_code']}")
+        os._exit(state["exit_code"])
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+
+
+def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None) -> int:
+    from gpuguard.config import ConfigError, load_config
+    from gpuguard.context import context_from_env
+    from gpuguard.log import HookLog
+
+    ctx = context_from_env(kind, os.environ)
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as e:
+        # Fail open: a typo in the config must not drain the whole fleet. Loud, though.
+        HookLog().error(f"{kind} on {ctx.node}: INTERNAL ERROR (config) - not draining: {e}")
+        return 0
+    lg = cfg.sections["logging"]
+    log = HookLog(lg["syslog"], lg["file"], lg["level"], stderr=kind != "healthcheck")
+    if ctx.ignored_env:
+        log.warning(f"{kind} on {ctx.node}: ignored malformed environment variables: {', '.join(ctx.ignored_env)}")
+    open_policy = cfg.sections["policy"]["on_internal_error"] == "open"
+    deadline = cfg.sections["deadlines"][f"{kind}_s"]
+    state = {"kind": kind, "exit_code": 0 if open_policy else 1}
+    _watchdog(deadline + 1.0, state, log)
+    try:
+        from gpuguard.runner import execute
+
+        result = execute(ctx, cfg, simulate=simulate, deadline_s=deadline)
+    except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback
+        import traceback
+
+        log.error(f"{kind} on {ctx.node} job {ctx.job_id}: INTERNAL ERROR {type(e).__name__}: {e} | "
+                  + traceback.format_exc(limit=6).replace("\n", " | "))
+        if open_policy:
+            return 0
+        _drain_internal(cfg, ctx, kind, f"{type(e).__name__}: {e}", log)
+        return 1
+    v = result.verdict
+    msg = (f"{kind} node={ctx.node} job={ctx.job_id} verdict={v.outcome} took={result.duration_s:.3f}s"
+           + (f" reason={v.reason!r} drain={result.drain['outcome'] if result.drain else 'n/a'}" if v.reason else ""))
+    bad = [f"{f.check_id}:{f.severity.value}:{f.message}" for f in result.findings
+           if f.severity.value in ("fail", "warn", "incomplete")]
+    log.log("error" if v.outcome == "drain" else ("warning" if v.outcome == "warn" else "info"),
+            msg + (" findings=" + " ; ".join(bad) if bad else ""))
+    state["exit_code"] = result.exit_code
+    return result.exit_code
+
+
+def _drain_internal(cfg: Any, ctx: Any, kind: str, detail: str, log: Any) -> None:
+    from gpuguard.reason import format_reason
+    from gpuguard.slurm import drain_node, make_client
+
+    try:
+        client = make_client(cfg.sections["slurm"]["backend"], cfg.sections["slurm"]["scontrol"],
+                             timeout_s=cfg.sections["deadlines"]["scontrol_s"])
+        out = drain_node(client, ctx.node, format_reason("gpuguard", "INTERNAL", detail, kind))
+        log.error(f"{kind} on {ctx.node}: drained for internal error (policy closed): {out.outcome} {out.detail}")
+    except Exception as e:  # noqa: BLE001
+        log.error(f"{kind} on {ctx.node}: could not drain for internal error: {e}")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from gpuguard.config import load_config
+    from gpuguard.context import RunContext, context_from_env, parse_gpu_list
+    from gpuguard.report import print_report
+    from gpuguard.runner import execute
+
+    cfg = load_config(args.config)
+    base = context_from_env(args.context if args.context != "manual" else "manual", os.environ, node=args.node
+                            or cfg.sections["node"]["name"])
+    gpus = parse_gpu_list(args.gpus) if args.gpus else (base.gpu_indices if args.context in ("prolog", "epilog")
+                                                        else None)
+    ctx = RunContext(kind=args.context, node=base.node, job_id=base.job_id, job_user=base.job_user,
+                     gpu_indices=gpus, restart_count=base.restart_count, exclusive=base.exclusive)
+    result = execute(ctx, cfg, simulate=args.simulate, dry_run=args.dry_run)
+    print_report(result, args.json, verbose=args.verbose)
+    return result.exit_code
+
+
+def cmd_xid(args: argparse.Namespace) -> int:
+    if args.xid_cmd == "explain":
+        from gpuguard.config import load_config
+        from gpuguard.xid import load_catalog
+
+        overrides = load_config(args.config).sections["xid"]["overrides"] if args.config else None
+        print(load_catalog(overrides=overrides or None).explain(args.code))
+        return 0
+    if args.xid_cmd == "scan":
+        import json
+
+        from gpuguard.probes.kernel_log import scan_xid_file
+        from gpuguard.xid import load_catalog
+
+        catalog = load_catalog()
+        path = "/dev/stdin" if args.file == "-" else args.file
+        res = scan_xid_file(path)
+        events = []
+        for ev in res.events:
+            info = catalog.lookup(ev.code)
+            events.append({"code": ev.code, "pci": ev.pci, "fatal": info.severity == "fatal", "severity": info.severity,
+                           "name": info.name, "action": info.action, "pid": ev.pid, "process": ev.process_name,
+                           "timestamp": ev.timestamp, "detail": ev.detail})
+        if args.json:
+            print(json.dumps({"events": events, "lines": res.lines_scanned, "malformed": res.malformed,
+                              "rejected_non_kernel": res.rejected_non_kernel}, indent=2))
+        else:
+            for e in events:
+                print(f"Xid {e['code']:>3} {'FATAL' if e['fatal'] else e['severity']:<6} {e['pci']}  {e['name']}"
+                      f"  ({e['timestamp'] or '-'})")
+            print(f"{len(events)} Xid events ({sum(e['fatal'] for e in events)} fatal) in {res.lines_scanned} lines; "
+                  f"{res.malformed} malformed, {res.rejected_non_kernel} not from the kernel")
+        return 1 if any(e["fatal"] for e in events) else 0
+    print("usage: gpuguard xid {scan,explain} ...", file=sys.stderr)
+    return 2
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from gpuguard.config import load_config
+    from gpuguard.profiles import list_profiles, load_profile
+
+    extra = load_config(args.config).sections["node"]["profile_dir"] if args.config else None
+    if args.name:
+        prof = load_profile(args.name, extra)
+        for k, v in dataclasses.asdict(prof).items():
+            if v not in (None, {}, ()):
+                print(f"{k:<26} {v}")
+        return 0
+    for name, path in list_profiles(extra).items():
+        prof = load_profile(name, extra)
+        print(f"{name:<20} {prof.description}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    import json
+
+    from gpuguard.config import load_config
+
+    cfg = load_config(args.config)
+    print(f"# {cfg.source}: valid")
+    print(json.dumps({"sections": cfg.sections, "checks": cfg.checks}, indent=2, default=str))
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from gpuguard.config import load_config
+    from gpuguard.store import Store
+
+    cfg = load_config(args.config)
+    path = cfg.sections["store"]["path"].replace("{node}", args.node or "")
+    if "{node}" in cfg.sections["store"]["path"] and not args.node:
+        print("store.path is per node: give --node", file=sys.stderr)
+        return 2
+    with Store(path) as st:
+        runs = st.runs(node=args.node, limit=args.limit)
+        drains = st.drains(node=args.node, limit=args.limit)
+    if args.json:
+        print(json.dumps({"runs": runs, "drains": drains}, indent=2))
+        return 0
+    print("runs:")
+    for r in runs:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"]))
+        print(f"  {when} {r['node']:<10} {r['kind']:<11} job={r['job_id'] or '-':<8} {r['verdict']:<6} "
+              f"{r['duration_ms']:.0f}ms {r['reason'] or ''}")
+    print("drains:")
+    for d in drains:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["ts"]))
+        print(f"  {when} {d['node']:<10} {d['op']:<8} {d['outcome']:<8} {d['reason'] or ''} {d['detail'] or ''}")
+    return 0
+
+
+def cmd_slurm_conf(args: argparse.Namespace) -> int:
+    from gpuguard.slurmconf import recommended_lines
+
+    print(recommended_lines(args.prefix))
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.sim_cmd == "build":
+        from pathlib import Path
+
+        from gpuguard.simulate.build import build_fake_nvml
+
+        print(build_fake_nvml(Path(args.out) if args.out else None))
+        return 0
+    print("usage: gpuguard simulate build [--out DIR]", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Fast path for the hooks: no argparse help machinery needed beyond a tiny parse.
+    if argv and argv[0] in HOOK_KINDS:
+        args = build_parser().parse_args(argv)
+        code = run_hook(argv[0], args.config, getattr(args, "simulate", None))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # never wait for a probe thread stuck in the driver
+    args = build_parser().parse_args(argv)
+    handlers = {"check": cmd_check, "xid": cmd_xid, "profiles": cmd_profiles, "config": cmd_config,
+                "history": cmd_history, "slurm-conf": cmd_slurm_conf, "simulate": cmd_simulate}
+    if args.cmd not in handlers:
+        build_parser().print_help()
+        return 2
+    from gpuguard.config import ConfigError
+    from gpuguard.profiles import ProfileError
+
+    try:
+        code = handlers[args.cmd](args)
+    except (ConfigError, ProfileError, ValueError) as e:
+        print(f"gpuguard: error: {e}", file=sys.stderr)
+        return 2
+    if args.cmd == "check":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # same reason as the hooks: a hung NVML thread must not block exit
+    return code

@@ -1,0 +1,335 @@
+"""Site configuration: `/etc/gpuguard/config.yaml` (or `--config` / `$GPUGUARD_CONFIG`).
+
+Validated against a schema; an error names the key path *and* the line, e.g.
+``/etc/gpuguard/config.yaml: line 7: deadlines.prolog_s: expected a number > 0, got 'soon'``.
+Every check can be switched off fleet-wide (`checks.<id>.enabled: false`) without a redeploy.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from gpuguard.yamlutil import Located, YamlError, load_yaml_located, strip_located
+
+DEFAULT_CONFIG_PATH = "/etc/gpuguard/config.yaml"
+ENV_CONFIG = "GPUGUARD_CONFIG"
+
+
+class ConfigError(ValueError):
+    """Bad configuration. The message names the file, the line and the key."""
+
+
+# --------------------------------------------------------------------------- schema primitives
+
+Validator = Callable[[Any], Any]  # returns the normalised value or raises ValueError(msg)
+
+
+def _num(minimum: float = 0.0, strict: bool = True, allow_none: bool = False) -> Validator:
+    def v(x: Any) -> Any:
+        if x is None and allow_none:
+            return None
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"expected a number{' or null' if allow_none else ''}, got {x!r}")
+        if (x <= minimum) if strict else (x < minimum):
+            raise ValueError(f"expected a number {'>' if strict else '>='} {minimum:g}, got {x!r}")
+        return x
+
+    return v
+
+
+def _int(minimum: int = 0, allow_none: bool = False) -> Validator:
+    def v(x: Any) -> Any:
+        if x is None and allow_none:
+            return None
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise ValueError(f"expected an integer{' or null' if allow_none else ''}, got {x!r}")
+        if x < minimum:
+            raise ValueError(f"expected an integer >= {minimum}, got {x!r}")
+        return x
+
+    return v
+
+
+def _bool(x: Any) -> Any:
+    if not isinstance(x, bool):
+        raise ValueError(f"expected true or false, got {x!r}")
+    return x
+
+
+def _str(allow_none: bool = False) -> Validator:
+    def v(x: Any) -> Any:
+        if x is None and allow_none:
+            return None
+        if not isinstance(x, str) or not x:
+            raise ValueError(f"expected a non-empty string{' or null' if allow_none else ''}, got {x!r}")
+        return x
+
+    return v
+
+
+def _choice(*choices: str) -> Validator:
+    def v(x: Any) -> Any:
+        if x not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {x!r}")
+        return x
+
+    return v
+
+
+def _str_list(x: Any) -> Any:
+    if not isinstance(x, list) or not all(isinstance(i, str) and i for i in x):
+        raise ValueError(f"expected a list of strings, got {x!r}")
+    return list(x)
+
+
+def _any_mapping(x: Any) -> Any:
+    if not isinstance(x, dict):
+        raise ValueError(f"expected a mapping, got {x!r}")
+    return x
+
+
+def _disk_paths(x: Any) -> Any:
+    if not isinstance(x, list):
+        raise ValueError(f"expected a list of {{path, min_free_gib}}, got {x!r}")
+    out = []
+    for i, item in enumerate(x):
+        if not isinstance(item, dict) or set(item) - {"path", "min_free_gib"} or "path" not in item:
+            raise ValueError(f"item {i}: expected {{path: ..., min_free_gib: ...}}, got {item!r}")
+        if not isinstance(item["path"], str) or not item["path"].startswith("/"):
+            raise ValueError(f"item {i}: path must be absolute, got {item['path']!r}")
+        _num(0, strict=False)(item.get("min_free_gib", 1))
+        out.append({"path": item["path"], "min_free_gib": item.get("min_free_gib", 1)})
+    return out
+
+
+# Sections with fixed keys: key -> (validator, default)
+SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
+    "node": {
+        # profile name, EC2 instance type, or "auto" (EC2 instance metadata, else "generic")
+        "profile": (_str(), "auto"),
+        "profile_dir": (_str(allow_none=True), None),
+        "overrides": (_any_mapping, {}),
+        "name": (_str(allow_none=True), None),  # node name when not run by slurmd
+    },
+    "policy": {
+        # a gpuguard bug or unreadable input: "open" = never drain for it (logged loudly), "closed" = drain
+        "on_internal_error": (_choice("open", "closed"), "open"),
+        # hardware evidence: "drain" (fail closed) or "report" (record and log only, e.g. a first rollout)
+        "on_failure": (_choice("drain", "report"), "drain"),
+        # a probe that could not finish (timeout, missing tool): "warn" or "drain"
+        "on_incomplete": (_choice("warn", "drain"), "warn"),
+        # ... but the same check incomplete this many runs in a row drains (0 = never)
+        "incomplete_escalate_after": (_int(0), 3),
+    },
+    "deadlines": {
+        "prolog_s": (_num(), 30.0),
+        "epilog_s": (_num(), 30.0),
+        "healthcheck_s": (_num(), 20.0),
+        "manual_s": (_num(), 60.0),
+        "nvml_s": (_num(), 10.0),
+        "kernel_log_s": (_num(), 5.0),
+        "fabric_s": (_num(), 5.0),
+        "system_s": (_num(), 5.0),
+        "scontrol_s": (_num(), 5.0),
+        "imds_s": (_num(), 1.0),
+    },
+    "sources": {
+        "kernel_log": (_str(), "auto"),  # auto | kmsg[:PATH] | journal | dmesg | file:PATH
+        "sysfs_root": (_str(), "/sys"),
+        "procfs_root": (_str(), "/proc"),
+        "boot_id_path": (_str(), "/proc/sys/kernel/random/boot_id"),
+        "fi_info": (_str(allow_none=True), "fi_info"),
+        "nvml_library": (_str(allow_none=True), None),
+        "imds_endpoint": (_str(), "http://169.254.169.254"),
+    },
+    "store": {
+        # SQLite history; "{node}" is replaced by the node name (several slurmd on one host)
+        "path": (_str(), "/var/lib/gpuguard/state.db"),
+    },
+    "slurm": {
+        "backend": (_choice("auto", "cli", "pyslurm"), "auto"),
+        "scontrol": (_str(), "scontrol"),
+    },
+    "xid": {
+        "overrides": (_any_mapping, {}),
+    },
+    "simulation": {
+        # a scenario file, or a directory holding <node>.yaml (falls back to default.yaml)
+        "scenario": (_str(allow_none=True), None),
+        "scenario_dir": (_str(allow_none=True), None),
+        "fake_nvml": (_str(allow_none=True), None),
+        "workdir": (_str(allow_none=True), None),
+    },
+    "logging": {
+        "syslog": (_bool, True),
+        "file": (_str(allow_none=True), None),
+        "level": (_choice("debug", "info", "warning", "error"), "info"),
+    },
+}
+
+# Parameters every check accepts, plus per-check parameters (defaults live with the check registry).
+COMMON_CHECK_PARAMS: dict[str, tuple[Validator, Any]] = {
+    "enabled": (_bool, True),
+}
+
+PARAM_VALIDATORS: dict[str, Validator] = {
+    "int": _int(0),
+    "int?": _int(0, allow_none=True),
+    "num": _num(0, strict=False),
+    "num?": _num(0, strict=False, allow_none=True),
+    "bool": _bool,
+    "str?": _str(allow_none=True),
+    "strlist": _str_list,
+    "disk_paths": _disk_paths,
+    "action": _choice("drain", "reset", "reboot", "replace"),
+    "severity": _choice("fail", "warn"),
+}
+
+
+@dataclass
+class Config:
+    source: str = "<defaults>"
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # check id -> params given in config
+
+    def get(self, section: str, key: str) -> Any:
+        return self.sections[section][key]
+
+    def check_enabled(self, check_id: str) -> bool:
+        return bool(self.checks.get(check_id, {}).get("enabled", True))
+
+    def check_params(self, check_id: str, defaults: dict[str, Any]) -> dict[str, Any]:
+        params = dict(defaults)
+        params.update({k: v for k, v in self.checks.get(check_id, {}).items() if k != "enabled"})
+        return params
+
+
+def _suggest(key: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(key, options, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _err(source: str, line: Optional[int], path: str, msg: str) -> ConfigError:
+    where = f"line {line}: " if line else ""
+    return ConfigError(f"{source}: {where}{path}: {msg}")
+
+
+def parse_config(text: str, source: str = "<string>", check_params: Optional[dict[str, dict[str, str]]] = None) -> Config:
+    """Validate YAML text into a Config. `check_params`: check id -> {param: validator name}."""
+    if check_params is None:
+        from gpuguard.checks import param_schema
+
+        check_params = param_schema()
+    try:
+        root = load_yaml_located(text, source)
+    except YamlError as e:
+        raise ConfigError(str(e)) from None
+    cfg = Config(source=source)
+    for section, keys in SCHEMA.items():
+        cfg.sections[section] = {k: (dict(d) if isinstance(d, dict) else list(d) if isinstance(d, list) else d)
+                                 for k, (_, d) in keys.items()}
+    if root is None:
+        return cfg
+    if not isinstance(root, Located):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    allowed = sorted(list(SCHEMA) + ["checks"])
+    for section, value in root.value.items():
+        line = root.lines.get(str(section))
+        if section not in allowed:
+            raise _err(source, line, str(section), f"unknown section{_suggest(str(section), allowed)}; known: {', '.join(allowed)}")
+        if value is None:
+            continue
+        if not isinstance(value, Located):
+            raise _err(source, line, str(section), "expected a mapping")
+        if section == "checks":
+            _parse_checks(cfg, value, source, check_params)
+            continue
+        schema = SCHEMA[section]
+        for key, raw in value.value.items():
+            kline = value.lines.get(str(key))
+            path = f"{section}.{key}"
+            if key not in schema:
+                raise _err(source, kline, path, f"unknown key{_suggest(str(key), list(schema))}; known: {', '.join(schema)}")
+            validator, _ = schema[key]
+            try:
+                cfg.sections[section][key] = validator(strip_located(raw))
+            except ValueError as e:
+                raise _err(source, kline, path, str(e)) from None
+    _parse_xid_overrides(cfg, root, source)
+    return cfg
+
+
+def _parse_checks(cfg: Config, node: Located, source: str, check_params: dict[str, dict[str, str]]) -> None:
+    known = sorted(check_params)
+    for check_id, raw in node.value.items():
+        line = node.lines.get(str(check_id))
+        path = f"checks.{check_id}"
+        if check_id not in check_params:
+            raise _err(source, line, path, f"unknown check{_suggest(str(check_id), known)}")
+        if isinstance(raw, bool):  # shorthand: `gpu.nvlink: false`
+            cfg.checks[check_id] = {"enabled": raw}
+            continue
+        if raw is None:
+            continue
+        if not isinstance(raw, Located):
+            raise _err(source, line, path, "expected a mapping of parameters or true/false")
+        params: dict[str, Any] = {}
+        spec = {**{k: "bool" for k in COMMON_CHECK_PARAMS}, **check_params[check_id]}
+        for key, value in raw.value.items():
+            kline = raw.lines.get(str(key))
+            if key not in spec:
+                raise _err(source, kline, f"{path}.{key}", f"unknown parameter{_suggest(str(key), list(spec))}; known: {', '.join(sorted(spec))}")
+            try:
+                params[key] = PARAM_VALIDATORS[spec[key]](strip_located(value))
+            except ValueError as e:
+                raise _err(source, kline, f"{path}.{key}", str(e)) from None
+        cfg.checks[check_id] = params
+
+
+def _parse_xid_overrides(cfg: Config, root: Located, source: str) -> None:
+    overrides = cfg.sections["xid"]["overrides"]
+    if not overrides:
+        return
+    xid_node = root.value.get("xid")
+    line = xid_node.lines.get("overrides") if isinstance(xid_node, Located) else None
+    normalised: dict[Any, dict[str, Any]] = {}
+    for code, value in overrides.items():
+        if code != "unknown" and (isinstance(code, bool) or not isinstance(code, int)):
+            raise _err(source, line, f"xid.overrides.{code}", "keys must be Xid codes (integers) or 'unknown'")
+        if not isinstance(value, dict):
+            raise _err(source, line, f"xid.overrides.{code}", "expected a mapping like {severity: fatal, action: reboot}")
+        normalised[code] = value
+    try:
+        from gpuguard.xid import load_catalog
+
+        load_catalog(overrides=normalised)
+    except (ValueError, KeyError) as e:
+        raise _err(source, line, "xid.overrides", str(e)) from None
+    cfg.sections["xid"]["overrides"] = normalised
+
+
+def config_path(explicit: Optional[str] = None) -> tuple[str, bool]:
+    """(path, must_exist): an explicit path or $GPUGUARD_CONFIG must exist; the default may be absent."""
+    if explicit:
+        return explicit, True
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        return env, True
+    return DEFAULT_CONFIG_PATH, False
+
+
+def load_config(explicit: Optional[str] = None) -> Config:
+    path, must_exist = config_path(explicit)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if must_exist:
+            raise ConfigError(f"{path}: config file not found") from None
+        return parse_config("", source=f"{path} (absent: defaults)")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    return parse_config(text, source=path)

@@ -1,0 +1,125 @@
+"""Who is running us and for what: built from Slurm's environment or the command line.
+
+Everything read from the environment is treated as hostile (a job's environment and comment are user
+controlled): values are validated and anything malformed is dropped, never interpreted.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+KINDS = ("prolog", "epilog", "healthcheck", "manual")
+
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_JOB_RE = re.compile(r"^\d{1,12}(?:_\d{1,9})?$")
+_USER_RE = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,31}\$?$")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    kind: str  # prolog | epilog | healthcheck | manual
+    node: str
+    job_id: Optional[str] = None
+    job_user: Optional[str] = None
+    gpu_indices: Optional[tuple[int, ...]] = None  # the job's GPUs (NVML indices); None = all GPUs
+    restart_count: int = 0
+    exclusive: Optional[bool] = None
+    job_exit_code: Optional[int] = None  # epilog: SLURM_JOB_EXIT_CODE2 style "exit:signal" -> raw
+    ignored_env: tuple[str, ...] = field(default_factory=tuple)  # env vars that were malformed
+
+
+def parse_gpu_list(value: Optional[str]) -> Optional[tuple[int, ...]]:
+    """'0,1,5' or '0-3,6' -> (0,1,5) / (0,1,2,3,6). Raises ValueError on anything else (UUIDs, junk)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value == "":
+        return ()
+    out: list[int] = []
+    for part in value.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d{1,3})(?:-(\d{1,3}))?", part)
+        if not m:
+            raise ValueError(f"not a GPU index list: {value[:40]!r}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        if hi < lo or hi - lo > 255:
+            raise ValueError(f"bad GPU index range: {part!r}")
+        out.extend(range(lo, hi + 1))
+    return tuple(sorted(set(out)))
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = None) -> RunContext:
+    """Build the context slurmd gives a Prolog/Epilog/HealthCheckProgram."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown run kind {kind!r}")
+    ignored: list[str] = []
+
+    def pick(name: str, pattern: re.Pattern[str]) -> Optional[str]:
+        v = env.get(name)
+        if v is None or v == "":
+            return None
+        if pattern.match(v):
+            return v
+        ignored.append(name)
+        return None
+
+    node_name = node or pick("SLURMD_NODENAME", _NODE_RE) or _short_hostname()
+    job_id = pick("SLURM_JOB_ID", _JOB_RE) or pick("SLURM_JOBID", _JOB_RE)
+    user = pick("SLURM_JOB_USER", _USER_RE)
+
+    gpus: Optional[tuple[int, ...]] = None
+    if kind in ("prolog", "epilog"):
+        # Slurm sets SLURM_JOB_GPUS (and CUDA_VISIBLE_DEVICES) to the physical indices in the prolog.
+        for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+            if var in env:
+                try:
+                    gpus = parse_gpu_list(env[var])
+                    break
+                except ValueError:
+                    ignored.append(var)
+        # A job without GPUs: node-level checks still run, per-GPU checks have nothing to look at.
+        if gpus is None and job_id is not None:
+            gpus = ()
+
+    restart = 0
+    for var in ("SLURM_JOB_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        v = env.get(var)
+        if v is not None:
+            if v.isdigit() and len(v) < 6:
+                restart = int(v)
+                break
+            ignored.append(var)
+
+    exclusive: Optional[bool] = None
+    v = env.get("SLURM_JOB_EXCLUSIVE")
+    if v is not None:
+        exclusive = v.strip() in ("1", "yes", "true", "exclusive", "user", "mcs")
+
+    exit_code: Optional[int] = None
+    v = env.get("SLURM_JOB_EXIT_CODE2") or env.get("SLURM_JOB_EXIT_CODE")
+    if v is not None:
+        m = re.fullmatch(r"(\d{1,3})(?::(\d{1,3}))?", v.strip())
+        if m:
+            exit_code = int(m.group(2)) + 128 if m.group(2) and int(m.group(2)) else int(m.group(1))
+        else:
+            ignored.append("SLURM_JOB_EXIT_CODE2")
+
+    return RunContext(
+        kind=kind,
+        node=node_name,
+        job_id=job_id,
+        job_user=user,
+        gpu_indices=gpus,
+        restart_count=restart,
+        exclusive=exclusive,
+        job_exit_code=exit_code,
+        ignored_env=tuple(ignored),
+    )

@@ -1,0 +1,239 @@
+"""Plain data shared by every layer: observations (what probes saw) and findings (what checks concluded).
+
+Observations are produced by `gpuguard.probes`, consumed by the pure functions in `gpuguard.checks`.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+
+class Severity(str, enum.Enum):
+    """Outcome of one check. `skip` = not applicable / no threshold configured."""
+
+    OK = "ok"
+    SKIP = "skip"
+    WARN = "warn"
+    INCOMPLETE = "incomplete"
+    FAIL = "fail"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {
+    Severity.OK: 0,
+    Severity.SKIP: 0,
+    Severity.WARN: 1,
+    Severity.INCOMPLETE: 2,
+    Severity.FAIL: 3,
+}
+
+
+class Action(str, enum.Enum):
+    """What should happen to the node when a check fails (least to most invasive)."""
+
+    NONE = "none"
+    DRAIN = "drain"      # take no new jobs until an admin (or the health check) clears it
+    RESET = "reset"      # drain; a GPU reset is expected to fix it
+    REBOOT = "reboot"    # drain; a node reboot is expected to fix it
+    REPLACE = "replace"  # drain; hardware inspection / RMA
+
+    @property
+    def rank(self) -> int:
+        return _ACTION_RANK[self]
+
+
+_ACTION_RANK = {Action.NONE: 0, Action.DRAIN: 1, Action.RESET: 2, Action.REBOOT: 3, Action.REPLACE: 4}
+
+
+@dataclass
+class Finding:
+    """One conclusion of one check, with what to do about it and the evidence behind it."""
+
+    check_id: str
+    severity: Severity
+    message: str
+    keyword: str = ""
+    remediation: str = ""
+    action: Action = Action.NONE
+    evidence: dict[str, Any] = field(default_factory=dict)
+    gpu: Optional[int] = None  # GPU index the finding is about, when it is about one
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["severity"] = self.severity.value
+        d["action"] = self.action.value
+        return d
+
+
+@dataclass
+class ProbeStatus:
+    """How a probe went: `complete` False means its observation is partial or empty."""
+
+    complete: bool = True
+    error: Optional[str] = None
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    used_memory_mib: Optional[int] = None
+    name: Optional[str] = None  # filled from /proc when the pid is visible
+
+
+@dataclass
+class GpuInfo:
+    """One GPU as NVML reports it. None = not supported / not readable (see `errors`)."""
+
+    index: int
+    uuid: Optional[str] = None
+    pci_bus_id: Optional[str] = None  # normalised "0000:3b:00.0"
+    name: Optional[str] = None
+    serial: Optional[str] = None
+    memory_total_mib: Optional[int] = None
+    memory_used_mib: Optional[int] = None
+    ecc_enabled: Optional[bool] = None
+    ecc_pending_enabled: Optional[bool] = None
+    ecc_volatile_uncorrected: Optional[int] = None
+    ecc_volatile_corrected: Optional[int] = None
+    ecc_aggregate_uncorrected: Optional[int] = None
+    ecc_aggregate_corrected: Optional[int] = None
+    retired_pages_sbe: Optional[int] = None
+    retired_pages_dbe: Optional[int] = None
+    retired_pages_pending: Optional[bool] = None
+    remapped_rows_correctable: Optional[int] = None
+    remapped_rows_uncorrectable: Optional[int] = None
+    remapped_rows_pending: Optional[bool] = None
+    remapped_rows_failure: Optional[bool] = None
+    recovery_action: Optional[int] = None  # NVML_GPU_RECOVERY_ACTION_*; 0 = none
+    temperature_c: Optional[int] = None
+    temperature_slowdown_c: Optional[int] = None
+    temperature_shutdown_c: Optional[int] = None
+    clock_event_reasons: Optional[int] = None  # bitmask, nvmlClocksEventReason*
+    pcie_gen_current: Optional[int] = None
+    pcie_gen_max: Optional[int] = None
+    pcie_width_current: Optional[int] = None
+    pcie_width_max: Optional[int] = None
+    nvlink_active: Optional[list[bool]] = None  # one entry per link that exists; None = no NVLink
+    power_mw: Optional[int] = None
+    utilization_gpu_pct: Optional[int] = None
+    processes: list[GpuProcess] = field(default_factory=list)
+    # NVML errors other than NOT_SUPPORTED, by query name -> NVML error name, e.g. {"temperature": "GPU_IS_LOST"}
+    errors: dict[str, str] = field(default_factory=dict)
+    # set when NVML says the GPU is gone or needs a reset (GPU_IS_LOST, RESET_REQUIRED, ...)
+    fatal_error: Optional[str] = None
+
+
+@dataclass
+class NvmlObservation:
+    status: ProbeStatus = field(default_factory=ProbeStatus)
+    init_error: Optional[str] = None  # NVML error name when nvmlInit failed, or "TIMEOUT"
+    driver_version: Optional[str] = None
+    device_count: Optional[int] = None
+    gpus: list[GpuInfo] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- kernel log
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One `NVRM: Xid (PCI:...): <code>, ...` kernel message."""
+
+    code: int
+    pci: str  # "0000:3b:00" as the driver prints it (domain:bus:device), lower-case
+    detail: str  # the text after the code
+    pid: Optional[int] = None
+    process_name: Optional[str] = None
+    timestamp: Optional[str] = None  # as printed (wall clock or kernel monotonic seconds)
+    monotonic_s: Optional[float] = None
+    seq: Optional[int] = None  # /dev/kmsg sequence number when known
+    raw: str = ""
+
+
+@dataclass
+class KernelLogObservation:
+    status: ProbeStatus = field(default_factory=ProbeStatus)
+    source: str = ""
+    events: list[XidEvent] = field(default_factory=list)
+    lines_scanned: int = 0
+    malformed: int = 0  # Xid-looking lines that could not be parsed (skipped, counted)
+    rejected_non_kernel: int = 0  # Xid-looking lines that did not come from the kernel (e.g. `logger`)
+    cursor: Optional[dict[str, Any]] = None  # where the next scan should start
+
+
+# --------------------------------------------------------------------------- fabric
+
+
+@dataclass
+class RdmaPort:
+    port: int
+    state: Optional[str] = None  # "ACTIVE", "DOWN", "INIT", ...
+    phys_state: Optional[str] = None  # "LinkUp", "Polling", ...
+    rate: Optional[str] = None  # "100 Gb/sec (4X EDR)"
+    link_layer: Optional[str] = None  # "InfiniBand", "Ethernet", "Unspecified" (EFA)
+
+
+@dataclass
+class RdmaDevice:
+    name: str  # "rdmap16s27", "mlx5_0", "efa_0"
+    kind: str  # "efa" | "ib" | "roce" | "other"
+    ports: list[RdmaPort] = field(default_factory=list)
+
+
+@dataclass
+class FiInfo:
+    """What `fi_info -p efa` said."""
+
+    ran: bool = False
+    provider_found: bool = False
+    devices: int = 0
+    domains: list[str] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+@dataclass
+class FabricObservation:
+    status: ProbeStatus = field(default_factory=ProbeStatus)
+    devices: list[RdmaDevice] = field(default_factory=list)
+    fi_info: Optional[FiInfo] = None
+
+
+# --------------------------------------------------------------------------- system
+
+
+@dataclass
+class DiskUsage:
+    path: str
+    total_mib: Optional[int] = None
+    free_mib: Optional[int] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class SystemObservation:
+    status: ProbeStatus = field(default_factory=ProbeStatus)
+    cpus_online: Optional[int] = None
+    mem_total_mib: Optional[int] = None
+    mem_available_mib: Optional[int] = None
+    disks: list[DiskUsage] = field(default_factory=list)
+
+
+@dataclass
+class Observations:
+    """Everything gathered for one run. A probe that was not planned leaves its field None."""
+
+    nvml: Optional[NvmlObservation] = None
+    kernel_log: Optional[KernelLogObservation] = None
+    fabric: Optional[FabricObservation] = None
+    system: Optional[SystemObservation] = None

@@ -1,0 +1,117 @@
+"""Instance profiles: what hardware a node of a given type must have, and its limits.
+
+Profiles are data (`<name>.yaml` beside this file, or in a site directory). A field left out (None) means
+"no expectation": the check that needs it is skipped, never guessed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+PROFILE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str = ""
+    instance_types: tuple[str, ...] = ()  # EC2 instance types this profile describes
+    gpu_count: Optional[int] = None
+    gpu_model: Optional[str] = None  # substring of nvmlDeviceGetName, e.g. "H100 80GB HBM3"
+    gpu_memory_mib: Optional[int] = None  # total framebuffer NVML reports per GPU (MiB)
+    gpu_memory_tolerance_pct: float = 2.0
+    nvlinks_per_gpu: Optional[int] = None
+    pcie_gen: Optional[int] = None  # expected max link generation of each GPU
+    pcie_width: Optional[int] = None  # expected link width of each GPU
+    gpu_temp_warn_c: Optional[int] = None
+    gpu_temp_fail_c: Optional[int] = None
+    efa_devices: Optional[int] = None
+    ib_devices: Optional[int] = None  # InfiniBand HCAs used for the compute fabric
+    ib_device_pattern: Optional[str] = None  # glob over /sys/class/infiniband names, e.g. "mlx5_*"
+    # exact compute-fabric HCA names where the node also has storage/management HCAs (DGX: 8 of 10 ports)
+    ib_compute_devices: tuple[str, ...] = ()
+    ib_rate_gbps: Optional[int] = None
+    libfabric_provider: Optional[str] = None  # "efa" where fi_info must find it
+    cpus: Optional[int] = None  # online logical CPUs
+    memory_gib: Optional[int] = None  # minimum MemTotal
+    nccl_busbw_gbps: Optional[float] = None  # single-node all_reduce large-message busbw floor
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+PROFILE_FIELDS = {f.name: f for f in fields(Profile)}
+
+
+class ProfileError(ValueError):
+    pass
+
+
+def profile_dirs(extra_dir: Optional[str] = None) -> list[Path]:
+    dirs = []
+    if extra_dir:
+        dirs.append(Path(extra_dir))
+    dirs.append(PROFILE_DIR)
+    return dirs
+
+
+def _profile_from_mapping(name: str, data: dict[str, Any], source: str) -> Profile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile must be a mapping")
+    kwargs: dict[str, Any] = {"name": data.get("name", name)}
+    for key, value in data.items():
+        if key == "name":
+            continue
+        if key not in PROFILE_FIELDS:
+            raise ProfileError(f"{source}: unknown profile key '{key}'")
+        if key in ("instance_types", "ib_compute_devices"):
+            value = tuple(value or ())
+        kwargs[key] = value
+    return Profile(**kwargs)
+
+
+def load_profile_file(path: Path) -> Profile:
+    from gpuguard.yamlutil import load_yaml_file
+
+    data = load_yaml_file(path)
+    return _profile_from_mapping(path.stem, data or {}, str(path))
+
+
+def list_profiles(extra_dir: Optional[str] = None) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in reversed(profile_dirs(extra_dir)):  # site directory wins
+        if d.is_dir():
+            for p in sorted(d.glob("*.yaml")):
+                found[p.stem] = p
+    return found
+
+
+def load_profile(name: str, extra_dir: Optional[str] = None) -> Profile:
+    """Load a profile by name or by EC2 instance type (file names are the instance types)."""
+    for d in profile_dirs(extra_dir):
+        p = d / f"{name}.yaml"
+        if p.is_file():
+            return load_profile_file(p)
+    # fall back to a profile that lists the instance type
+    for path in list_profiles(extra_dir).values():
+        prof = load_profile_file(path)
+        if name in prof.instance_types:
+            return prof
+    known = ", ".join(sorted(list_profiles(extra_dir)))
+    raise ProfileError(f"no profile named '{name}' (known: {known})")
+
+
+def apply_overrides(profile: Profile, overrides: dict[str, Any]) -> Profile:
+    if not overrides:
+        return profile
+    data = {f: getattr(profile, f) for f in PROFILE_FIELDS}
+    for k, v in overrides.items():
+        if k not in PROFILE_FIELDS or k == "name":
+            raise ProfileError(f"unknown profile key '{k}'")
+        data[k] = v
+    return Profile(**data)
+
+
+def is_valid_profile_name(name: str) -> bool:
+    return bool(name) and os.sep not in name and not name.startswith(".")

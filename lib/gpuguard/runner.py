@@ -1,0 +1,330 @@
+"""One run, end to end: context -> plan -> gather -> evaluate -> decide -> act -> record.
+
+Probes run concurrently in daemon threads, each under its own deadline and all under the run's total
+deadline: a hung GPU (NVML blocked in the driver) or a hung filesystem leaves an *incomplete* or
+*timed-out* observation behind and the run goes on. The process exits with os._exit, so a thread stuck
+in a C call can never keep a prolog alive.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from gpuguard.checks import CheckInput, CheckSpec, param_defaults, registry, run_check
+from gpuguard.config import Config
+from gpuguard.context import RunContext
+from gpuguard.model import (Finding, KernelLogObservation, NvmlObservation, Observations, ProbeStatus,
+                            Severity, SystemObservation, FabricObservation)
+from gpuguard.policy import Verdict, decide
+from gpuguard.profiles import Profile
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def bound(self, seconds: float) -> float:
+        return max(0.01, min(seconds, self.remaining()))
+
+
+@dataclass
+class Sources:
+    """Every path and tool the probes use (DESIGN: each one a parameter, so simulation can redirect it)."""
+
+    kernel_log: str = "auto"
+    boot_id_path: str = "/proc/sys/kernel/random/boot_id"
+    boot_id: Optional[str] = None
+    sysfs_root: str = "/sys"
+    procfs_root: str = "/proc"
+    fi_info: Optional[str] = "fi_info"
+    nvml_library: Optional[str] = None
+    nvml_env: dict[str, str] = field(default_factory=dict)
+    simulated: Optional[str] = None  # scenario path when simulating
+
+
+@dataclass
+class RunResult:
+    context: RunContext
+    profile: Profile
+    observations: Observations
+    findings: list[Finding]
+    verdict: Verdict
+    exit_code: int
+    duration_s: float
+    started: float
+    drain: Optional[dict[str, Any]] = None
+    run_id: Optional[int] = None
+    simulated: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+    boot_id: Optional[str] = None
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan_checks(cfg: Config, kind: str) -> list[CheckSpec]:
+    return [s for s in registry() if kind in s.kinds and cfg.check_enabled(s.id)]
+
+
+def resolve_sources(cfg: Config, node: str, simulate: Optional[str] = None) -> tuple[Sources, Optional[Profile]]:
+    """Real sources from config, or a simulated node's when a scenario applies to this node."""
+    src = cfg.sections["sources"]
+    sim_cfg = cfg.sections["simulation"]
+    if simulate or sim_cfg["scenario"] or sim_cfg["scenario_dir"]:
+        from gpuguard.simulate.scenario import materialize, scenario_for_node
+
+        path = simulate or scenario_for_node(sim_cfg["scenario"], sim_cfg["scenario_dir"], node)
+        assert path is not None
+        workdir = sim_cfg["workdir"] or os.path.join(_state_dir(cfg), "sim")
+        sim = materialize(path, os.path.join(workdir, node), fake_nvml=sim_cfg["fake_nvml"],
+                          profile_dir=cfg.sections["node"]["profile_dir"])
+        return Sources(kernel_log=sim.kernel_log, boot_id=sim.boot_id, sysfs_root=sim.sysfs_root,
+                       procfs_root=sim.procfs_root, fi_info=sim.fi_info, nvml_library=sim.nvml_library,
+                       nvml_env=sim.nvml_env, simulated=sim.scenario), sim.profile
+    return Sources(kernel_log=src["kernel_log"], boot_id_path=src["boot_id_path"], sysfs_root=src["sysfs_root"],
+                   procfs_root=src["procfs_root"], fi_info=src["fi_info"],
+                   nvml_library=src["nvml_library"]), None
+
+
+def _state_dir(cfg: Config) -> str:
+    return os.path.dirname(cfg.sections["store"]["path"]) or "."
+
+
+def resolve_profile(cfg: Config, node: str) -> tuple[Profile, str]:
+    """(profile, how it was chosen). `auto` asks EC2 instance metadata once per boot, else `generic`."""
+    from gpuguard.profiles import apply_overrides, load_profile
+
+    ncfg = cfg.sections["node"]
+    name = ncfg["profile"]
+    how = "config"
+    if name == "auto":
+        from gpuguard.probes.imds import get_instance_type
+
+        itype = get_instance_type(os.path.join(_state_dir(cfg), "instance-type.json"),
+                                  timeout_s=cfg.sections["deadlines"]["imds_s"],
+                                  endpoint=cfg.sections["sources"]["imds_endpoint"],
+                                  boot_id_path=cfg.sections["sources"]["boot_id_path"])
+        name, how = (itype, "ec2-metadata") if itype else ("generic", "default (not on EC2)")
+        try:
+            prof = load_profile(name, ncfg["profile_dir"])
+        except ValueError:
+            prof, how = load_profile("generic", ncfg["profile_dir"]), f"generic (no profile for {name})"
+    else:
+        prof = load_profile(name, ncfg["profile_dir"])
+    return apply_overrides(prof, ncfg["overrides"]), how
+
+
+# --------------------------------------------------------------------------- gather
+
+
+@dataclass
+class _Probe:
+    name: str
+    fn: Callable[[], Any]
+    timeout_s: float
+    on_timeout: Callable[[str], Any]
+
+
+def gather(probes: list[_Probe], deadline: Deadline) -> dict[str, Any]:
+    """Start every probe at once; collect each within its own deadline (and the run's)."""
+    boxes: dict[str, dict[str, Any]] = {}
+    threads: dict[str, tuple[threading.Thread, float]] = {}
+    for p in probes:
+        box: dict[str, Any] = {}
+        boxes[p.name] = box
+
+        def target(p: _Probe = p, box: dict[str, Any] = box) -> None:
+            t0 = time.monotonic()
+            try:
+                box["value"] = p.fn()
+            except BaseException as e:  # noqa: BLE001
+                box["error"] = f"{type(e).__name__}: {e}"
+            box["took"] = time.monotonic() - t0
+
+        t = threading.Thread(target=target, name=f"probe-{p.name}", daemon=True)
+        t.start()
+        threads[p.name] = (t, time.monotonic() + deadline.bound(p.timeout_s))
+    out: dict[str, Any] = {}
+    for p in probes:
+        t, until = threads[p.name]
+        t.join(max(0.0, until - time.monotonic()))
+        box = boxes[p.name]
+        if t.is_alive():
+            out[p.name] = p.on_timeout(f"{p.name} probe timed out after {p.timeout_s:g}s")
+        elif "error" in box:
+            out[p.name] = p.on_timeout(f"{p.name} probe error: {box['error']}")
+            status = getattr(out[p.name], "status", None)
+            if status is not None:
+                status.timed_out = False
+        else:
+            out[p.name] = box.get("value")
+            status = getattr(out[p.name], "status", None)
+            if status is not None:
+                status.duration_s = box.get("took", 0.0)
+    return out
+
+
+def _timed_out(cls: type, **extra: Any) -> Callable[[str], Any]:
+    def make(msg: str) -> Any:
+        obj = cls(status=ProbeStatus(complete=False, error=msg, timed_out=True))
+        for k, v in extra.items():
+            setattr(obj, k, v)
+        return obj
+
+    return make
+
+
+def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: Sources, profile: Profile,
+                 kernel_cursor: Optional[dict[str, Any]]) -> list[_Probe]:
+    needs = {s.needs for s in specs}
+    dl = cfg.sections["deadlines"]
+    probes: list[_Probe] = []
+    if "nvml" in needs:
+        from gpuguard.probes.nvml import read_nvml
+
+        want_procs = any(s.id == "gpu.processes" for s in specs)
+        probes.append(_Probe("nvml", lambda: read_nvml(
+            gpu_indices=list(ctx.gpu_indices) if ctx.gpu_indices is not None else None,
+            nvlinks=profile.nvlinks_per_gpu, library_path=sources.nvml_library, env=sources.nvml_env or None,
+            with_processes=want_procs), dl["nvml_s"], _timed_out(NvmlObservation, init_error="TIMEOUT")))
+    if "kernel_log" in needs:
+        from gpuguard.probes.kernel_log import read_xid_events
+
+        probes.append(_Probe("kernel_log", lambda: read_xid_events(
+            sources.kernel_log, kernel_cursor, timeout_s=dl["kernel_log_s"], boot_id_path=sources.boot_id_path,
+            boot_id=sources.boot_id), dl["kernel_log_s"] + 0.5, _timed_out(KernelLogObservation)))
+    if "fabric" in needs:
+        from gpuguard.probes.fabric import read_fabric
+
+        want_fi = bool(profile.libfabric_provider) and any(
+            s.id == "fabric.efa" and cfg.check_params(s.id, param_defaults(s)).get("check_provider", True)
+            for s in specs)
+        probes.append(_Probe("fabric", lambda: read_fabric(
+            sysfs_root=sources.sysfs_root, fi_info=sources.fi_info if want_fi else None,
+            timeout_s=dl["fabric_s"]), dl["fabric_s"] + 0.5, _timed_out(FabricObservation)))
+    if "system" in needs:
+        from gpuguard.probes.system import read_system
+
+        disk_spec = next((s for s in specs if s.id == "sys.disk"), None)
+        paths = [p["path"] for p in cfg.check_params("sys.disk", param_defaults(disk_spec))["paths"]] \
+            if disk_spec else []
+        probes.append(_Probe("system", lambda: read_system(paths, procfs_root=sources.procfs_root,
+                                                           sysfs_root=sources.sysfs_root),
+                             dl["system_s"], _timed_out(SystemObservation)))
+    return probes
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunContext, profile: Profile) -> list[Finding]:
+    catalog = None
+    if any(s.needs == "kernel_log" for s in specs):
+        from gpuguard.xid import load_catalog
+
+        catalog = load_catalog(overrides=cfg.sections["xid"]["overrides"] or None)
+    findings: list[Finding] = []
+    for spec in specs:
+        inp = CheckInput(profile=profile, params=cfg.check_params(spec.id, param_defaults(spec)),
+                         job_gpus=ctx.gpu_indices, kind=ctx.kind, xid_catalog=catalog)
+        findings.extend(run_check(spec, obs, inp))
+    return findings
+
+
+def read_boot_id(sources: Sources) -> Optional[str]:
+    if sources.boot_id:
+        return sources.boot_id
+    try:
+        with open(sources.boot_id_path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry_run: bool = False,
+            deadline_s: Optional[float] = None, slurm_client: Any = None) -> RunResult:
+    """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller
+    applies the fail-open/closed policy)."""
+    from gpuguard.store import Store
+
+    started = time.time()
+    dl_cfg = cfg.sections["deadlines"]
+    deadline = Deadline(deadline_s or dl_cfg.get(f"{ctx.kind}_s", dl_cfg["manual_s"]))
+    sources, sim_profile = resolve_sources(cfg, ctx.node, simulate)
+    profile, _how = (sim_profile, "scenario") if sim_profile else resolve_profile(cfg, ctx.node)
+    specs = plan_checks(cfg, ctx.kind)
+
+    store_path = cfg.sections["store"]["path"].replace("{node}", ctx.node)
+    store = Store(store_path, timeout_s=min(5.0, max(0.5, deadline.remaining() / 4)))
+    cursor_name = f"kernel_log:{ctx.node}"
+    cursor = store.get_cursor(cursor_name)
+
+    raw = gather(build_probes(specs, cfg, ctx, sources, profile, cursor), deadline)
+    obs = Observations(nvml=raw.get("nvml"), kernel_log=raw.get("kernel_log"), fabric=raw.get("fabric"),
+                       system=raw.get("system"))
+    _name_processes(obs, sources.procfs_root)
+
+    findings = evaluate(specs, obs, cfg, ctx, profile)
+    pol = cfg.sections["policy"]
+    streaks = store.incomplete_streaks(ctx.node, [f.check_id for f in findings if f.severity is Severity.INCOMPLETE])
+    verdict = decide(findings, ctx.kind, on_failure=pol["on_failure"], on_incomplete=pol["on_incomplete"],
+                     incomplete_escalate_after=pol["incomplete_escalate_after"], incomplete_history=streaks)
+
+    exit_code = 1 if verdict.outcome == "drain" else 0
+    result = RunResult(ctx, profile, obs, findings, verdict, exit_code, 0.0, started, simulated=sources.simulated,
+                       boot_id=read_boot_id(sources))
+
+    if verdict.outcome == "drain" and verdict.reason:
+        if dry_run:
+            result.drain = {"outcome": "skipped", "detail": "dry run", "reason": verdict.reason}
+        else:
+            from gpuguard.slurm import drain_node, make_client
+
+            client = slurm_client or make_client(cfg.sections["slurm"]["backend"], cfg.sections["slurm"]["scontrol"],
+                                                 timeout_s=deadline.bound(dl_cfg["scontrol_s"]))
+            out = drain_node(client, ctx.node, verdict.reason)
+            result.drain = {"outcome": out.outcome, "detail": out.detail, "reason": verdict.reason,
+                            "previous_reason": out.previous_reason}
+
+    result.duration_s = time.time() - started
+    result.run_id = store.record_run(
+        started=started, duration_ms=result.duration_s * 1000, node=ctx.node, kind=ctx.kind, job_id=ctx.job_id,
+        profile=profile.name, verdict=verdict.outcome, action=verdict.action.value, reason=verdict.reason,
+        exit_code=exit_code, error=None, boot_id=result.boot_id, findings=findings)
+    if result.drain:
+        primary = verdict.primary
+        store.record_drain(node=ctx.node, op="drain", outcome=result.drain["outcome"], reason=verdict.reason,
+                           check_id=primary.check_id if primary else None, action=verdict.action.value,
+                           run_id=result.run_id, detail=result.drain["detail"])
+    # Advance the kernel-log cursor only after the run is recorded: an Xid is judged at least once.
+    kl = obs.kernel_log
+    if kl is not None and kl.cursor is not None and kl.status.complete and not dry_run:
+        store.set_cursor(cursor_name, kl.cursor)
+    store.close()
+    return result
+
+
+def _name_processes(obs: Observations, procfs_root: str) -> None:
+    """Fill process names for GPU processes from /proc (for the report; pids may be gone already)."""
+    if obs.nvml is None:
+        return
+    for g in obs.nvml.gpus:
+        for p in g.processes:
+            if p.name:
+                continue
+            try:
+                with open(os.path.join(procfs_root, str(p.pid), "comm")) as f:
+                    p.name = f.read().strip()[:32]
+            except OSError:
+                pass

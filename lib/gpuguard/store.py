@@ -1,0 +1,210 @@
+"""The history: one SQLite file with runs, findings, drains and kernel-log cursors.
+
+WAL mode + a busy timeout make it safe under a prolog and a health check running at once. A corrupt
+file is moved aside (kept for forensics) and recreated: losing history must never block a prolog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from gpuguard.model import Finding
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    started REAL NOT NULL,
+    duration_ms REAL,
+    node TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    job_id TEXT,
+    profile TEXT,
+    verdict TEXT NOT NULL,
+    action TEXT,
+    reason TEXT,
+    exit_code INTEGER,
+    error TEXT,
+    boot_id TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_node_time ON runs(node, started);
+CREATE TABLE IF NOT EXISTS findings (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    check_id TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    keyword TEXT,
+    gpu INTEGER,
+    action TEXT,
+    message TEXT,
+    remediation TEXT,
+    evidence TEXT
+);
+CREATE INDEX IF NOT EXISTS findings_run ON findings(run_id);
+CREATE TABLE IF NOT EXISTS drains (
+    id INTEGER PRIMARY KEY,
+    ts REAL NOT NULL,
+    node TEXT NOT NULL,
+    op TEXT NOT NULL,          -- drain | undrain
+    outcome TEXT NOT NULL,     -- done | already | foreign | failed | skipped
+    reason TEXT,
+    check_id TEXT,
+    action TEXT,
+    run_id INTEGER,
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS drains_node_time ON drains(node, ts);
+CREATE TABLE IF NOT EXISTS cursors (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    updated REAL NOT NULL
+);
+"""
+
+
+class Store:
+    def __init__(self, path: str, timeout_s: float = 5.0) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self.recreated_from: Optional[str] = None
+        self.conn = self._open()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout=%d" % int(self.timeout_s * 1000))
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+            conn.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes, cheap
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as e:
+            if self.path == ":memory:" or "locked" in str(e).lower():
+                raise
+            aside = f"{self.path}.corrupt-{int(time.time())}"
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(self.path + suffix):
+                    os.replace(self.path + suffix, aside + suffix)
+            self.recreated_from = aside
+            return self._connect()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ writes
+    def record_run(self, *, started: float, duration_ms: float, node: str, kind: str, job_id: Optional[str],
+                   profile: Optional[str], verdict: str, action: Optional[str], reason: Optional[str],
+                   exit_code: Optional[int], error: Optional[str], boot_id: Optional[str],
+                   findings: Iterable[Finding]) -> int:
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            cur = c.execute(
+                "INSERT INTO runs(started,duration_ms,node,kind,job_id,profile,verdict,action,reason,exit_code,error,"
+                "boot_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (started, duration_ms, node, kind, job_id, profile, verdict, action, reason, exit_code, error, boot_id))
+            run_id = int(cur.lastrowid or 0)
+            c.executemany(
+                "INSERT INTO findings(run_id,check_id,severity,keyword,gpu,action,message,remediation,evidence) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                [(run_id, f.check_id, f.severity.value, f.keyword, f.gpu, f.action.value, f.message, f.remediation,
+                  json.dumps(f.evidence, default=str)) for f in findings])
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        return run_id
+
+    def record_drain(self, *, node: str, op: str, outcome: str, reason: Optional[str], check_id: Optional[str],
+                     action: Optional[str], run_id: Optional[int], detail: str = "", ts: Optional[float] = None) -> None:
+        self.conn.execute(
+            "INSERT INTO drains(ts,node,op,outcome,reason,check_id,action,run_id,detail) VALUES (?,?,?,?,?,?,?,?,?)",
+            (ts or time.time(), node, op, outcome, reason, check_id, action, run_id, detail))
+
+    def set_cursor(self, name: str, value: dict[str, Any]) -> None:
+        self.conn.execute(
+            "INSERT INTO cursors(name,value,updated) VALUES (?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET value=excluded.value, updated=excluded.updated",
+            (name, json.dumps(value), time.time()))
+
+    # ------------------------------------------------------------------ reads
+    def get_cursor(self, name: str) -> Optional[dict[str, Any]]:
+        row = self.conn.execute("SELECT value FROM cursors WHERE name=?", (name,)).fetchone()
+        if not row:
+            return None
+        try:
+            value = json.loads(row[0])
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def incomplete_streaks(self, node: str, check_ids: Iterable[str], kind: Optional[str] = None,
+                           limit: int = 20) -> dict[str, int]:
+        """check id -> how many of the most recent runs in a row had it incomplete."""
+        q = "SELECT id FROM runs WHERE node=?" + (" AND kind=?" if kind else "") + " ORDER BY id DESC LIMIT ?"
+        args: tuple[Any, ...] = (node, kind, limit) if kind else (node, limit)
+        run_ids = [r[0] for r in self.conn.execute(q, args)]
+        out: dict[str, int] = {}
+        if not run_ids:
+            return out
+        marks = ",".join("?" * len(run_ids))
+        rows = self.conn.execute(
+            f"SELECT run_id, check_id FROM findings WHERE severity='incomplete' AND run_id IN ({marks})", run_ids)
+        incomplete: dict[str, set[int]] = {}
+        for run_id, check_id in rows:
+            incomplete.setdefault(check_id, set()).add(run_id)
+        for cid in check_ids:
+            n = 0
+            for rid in run_ids:
+                if rid in incomplete.get(cid, ()):
+                    n += 1
+                else:
+                    break
+            if n:
+                out[cid] = n
+        return out
+
+    def runs(self, node: Optional[str] = None, since: Optional[float] = None, limit: int = 200) -> list[dict[str, Any]]:
+        q = "SELECT * FROM runs WHERE 1=1"
+        args: list[Any] = []
+        if node:
+            q += " AND node=?"
+            args.append(node)
+        if since:
+            q += " AND started>=?"
+            args.append(since)
+        q += " ORDER BY id DESC LIMIT ?"
+        args.append(limit)
+        cur = self.conn.execute(q, args)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur]
+
+    def findings_for(self, run_id: int) -> list[dict[str, Any]]:
+        cur = self.conn.execute("SELECT * FROM findings WHERE run_id=?", (run_id,))
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur]
+
+    def drains(self, node: Optional[str] = None, limit: int = 200) -> list[dict[str, Any]]:
+        q = "SELECT * FROM drains" + (" WHERE node=?" if node else "") + " ORDER BY id DESC LIMIT ?"
+        cur = self.conn.execute(q, (node, limit) if node else (limit,))
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur]

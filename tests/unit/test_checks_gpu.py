@@ -1,0 +1,194 @@
+"""GPU checks over NVML observations. Values mirror a real p5.48xlarge (8x H100 80GB HBM3, driver 550):
+81559 MiB framebuffer, PCIe Gen5 x16, 18 NVLinks, idle at ~30C with the GPU-idle clock reason set."""
+
+from dataclasses import replace
+
+import pytest
+
+from gpuguard.checks import CheckInput, get_check, param_defaults
+from gpuguard.model import Action, GpuInfo, GpuProcess, NvmlObservation, Observations, ProbeStatus, Severity
+from gpuguard.profiles import load_profile
+
+P5 = load_profile("p5.48xlarge")
+BUS = ["53", "64", "75", "86", "97", "a8", "b9", "ca"]
+
+
+def h100(i: int, **kw) -> GpuInfo:
+    g = GpuInfo(index=i, uuid=f"GPU-{i}", pci_bus_id=f"0000:{BUS[i]}:00.0", name="NVIDIA H100 80GB HBM3",
+                memory_total_mib=81559, memory_used_mib=0, ecc_enabled=True, ecc_pending_enabled=True,
+                ecc_volatile_uncorrected=0, ecc_volatile_corrected=0, ecc_aggregate_uncorrected=0,
+                ecc_aggregate_corrected=2, remapped_rows_correctable=0, remapped_rows_uncorrectable=0,
+                remapped_rows_pending=False, remapped_rows_failure=False, recovery_action=0, temperature_c=31,
+                temperature_slowdown_c=90, temperature_shutdown_c=92, clock_event_reasons=0x1, pcie_gen_current=1,
+                pcie_gen_max=5, pcie_width_current=16, pcie_width_max=16, nvlink_active=[True] * 18)
+    return replace(g, **kw)
+
+
+def node(*gpus: GpuInfo, count=None) -> Observations:
+    gl = list(gpus) or [h100(i) for i in range(8)]
+    return Observations(nvml=NvmlObservation(status=ProbeStatus(), driver_version="550.90.07",
+                                              device_count=len(gl) if count is None else count, gpus=gl))
+
+
+def bad_gpu(i: int, **kw) -> Observations:
+    return node(*[h100(j, **kw) if j == i else h100(j) for j in range(8)])
+
+
+def run(check_id: str, obs: Observations, job_gpus=None, params=None, profile=P5):
+    spec = get_check(check_id)
+    p = {**param_defaults(spec), **(params or {})}
+    return spec.func(obs, CheckInput(profile=profile, params=p, job_gpus=job_gpus, kind="prolog"))
+
+
+def sev(findings):
+    return {f.severity for f in findings}
+
+
+ALL_NVML_CHECKS = ["gpu.nvml", "gpu.count", "gpu.model", "gpu.memory", "gpu.ecc", "gpu.row_remap",
+                   "gpu.recovery_action", "gpu.temperature", "gpu.throttle", "gpu.pcie", "gpu.nvlink", "gpu.processes"]
+
+
+@pytest.mark.parametrize("check_id", ALL_NVML_CHECKS)
+def test_healthy_p5_passes_every_check(check_id):
+    assert sev(run(check_id, node(), job_gpus=tuple(range(8)))) == {Severity.OK}
+
+
+def test_nvml_init_failure_fails_closed():
+    obs = Observations(nvml=NvmlObservation(status=ProbeStatus(complete=False), init_error="DRIVER_NOT_LOADED"))
+    f = run("gpu.nvml", obs)
+    assert f[0].severity is Severity.FAIL and f[0].keyword == "NVML" and f[0].action is Action.REBOOT
+    # the other checks report incomplete instead of piling up failures
+    assert run("gpu.ecc", obs)[0].severity is Severity.INCOMPLETE
+
+
+def test_nvml_timeout_drains_with_timeout_keyword():
+    obs = Observations(nvml=NvmlObservation(status=ProbeStatus(complete=False, timed_out=True, error="nvml probe timed out"),
+                                            init_error="TIMEOUT"))
+    f = run("gpu.nvml", obs)[0]
+    assert f.severity is Severity.FAIL and f.keyword == "TIMEOUT"
+
+
+def test_no_driver_on_cpu_profile_is_skipped():
+    obs = Observations(nvml=NvmlObservation(status=ProbeStatus(complete=False), init_error="LIBRARY_NOT_FOUND"))
+    assert run("gpu.nvml", obs, profile=load_profile("generic"))[0].severity is Severity.SKIP
+
+
+def test_gpu_lost_is_fatal_with_reboot():
+    obs = bad_gpu(3, fatal_error="GPU_IS_LOST")
+    f = [x for x in run("gpu.nvml", obs) if x.severity is Severity.FAIL]
+    assert len(f) == 1 and f[0].gpu == 3 and f[0].action is Action.REBOOT and "GPU_IS_LOST" in f[0].message
+
+
+def test_missing_gpu():
+    f = run("gpu.count", node(*[h100(i) for i in range(7)]))
+    assert f[0].severity is Severity.FAIL and f[0].keyword == "GPUCOUNT" and "8 GPUs expected, NVML sees 7" in f[0].message
+
+
+def test_job_gpu_not_in_nvml():
+    obs = node(*[h100(i) for i in range(7)], GpuInfo(index=9, fatal_error="NOT_FOUND"), count=8)
+    f = run("gpu.count", obs, job_gpus=(9,))
+    assert any("job GPU index 9" in x.message for x in f)
+
+
+def test_wrong_model_and_memory():
+    assert run("gpu.model", bad_gpu(0, name="NVIDIA A100-SXM4-40GB"))[0].keyword == "GPUMODEL"
+    assert run("gpu.memory", bad_gpu(0, memory_total_mib=40960))[0].severity is Severity.FAIL
+    assert run("gpu.memory", bad_gpu(0, memory_total_mib=81000))[0].severity is Severity.OK  # within 2%
+
+
+def test_ecc_dbe_needs_reset():
+    f = run("gpu.ecc", bad_gpu(5, ecc_volatile_uncorrected=2))
+    assert f[0].severity is Severity.FAIL and f[0].gpu == 5 and f[0].action is Action.RESET
+    assert "2 uncorrectable ECC errors" in f[0].message
+
+
+def test_ecc_disabled_and_aggregate_limit():
+    assert run("gpu.ecc", bad_gpu(1, ecc_enabled=False))[0].action is Action.REBOOT
+    f = run("gpu.ecc", bad_gpu(1, ecc_aggregate_uncorrected=12), params={"max_aggregate_uncorrected": 10})
+    assert f[0].action is Action.REPLACE
+    assert sev(run("gpu.ecc", bad_gpu(1, ecc_aggregate_uncorrected=12))) == {Severity.OK}  # no limit configured
+
+
+def test_only_job_gpus_are_judged():
+    obs = bad_gpu(5, ecc_volatile_uncorrected=2)
+    assert sev(run("gpu.ecc", obs, job_gpus=(0, 1))) == {Severity.OK}
+    assert Severity.FAIL in sev(run("gpu.ecc", obs, job_gpus=(5,)))
+
+
+def test_row_remap_pending_and_failure():
+    f = run("gpu.row_remap", bad_gpu(2, remapped_rows_pending=True, remapped_rows_uncorrectable=1))
+    assert f[0].keyword == "ROWREMAP" and f[0].action is Action.RESET and "pending" in f[0].message
+    f = run("gpu.row_remap", bad_gpu(2, remapped_rows_failure=True))
+    assert f[0].action is Action.REPLACE and "failed" in f[0].message
+
+
+def test_retired_pages_on_older_gpus():
+    def v100(**kw):
+        base = dict(remapped_rows_pending=None, remapped_rows_failure=None, retired_pages_sbe=1,
+                    retired_pages_dbe=0, retired_pages_pending=False)
+        return h100(0, **{**base, **kw})
+
+    assert sev(run("gpu.retired_pages", node(v100()))) == {Severity.OK}
+    assert run("gpu.retired_pages", node(v100(retired_pages_pending=True)))[0].action is Action.RESET
+    assert run("gpu.retired_pages", node(h100(0)))[0].severity is Severity.SKIP  # H100: row remapping instead
+    f = run("gpu.retired_pages", node(replace(v100(), retired_pages_dbe=59)))
+    assert f[0].action is Action.REPLACE and "60 retired pages" in f[0].message
+
+
+@pytest.mark.parametrize("value,action", [(1, Action.RESET), (2, Action.REBOOT), (4, Action.RESET), (3, Action.DRAIN)])
+def test_recovery_action(value, action):
+    f = run("gpu.recovery_action", bad_gpu(0, recovery_action=value))
+    assert f[0].severity is Severity.FAIL and f[0].action is action and f[0].keyword == "RECOVERY"
+
+
+def test_recovery_action_not_reported_by_old_driver_is_skipped():
+    obs = node(*[h100(i, recovery_action=None) for i in range(8)])
+    assert run("gpu.recovery_action", obs)[0].severity is Severity.SKIP
+
+
+def test_temperature_warn_fail_and_hardware_slowdown_limit():
+    warn_c, fail_c = P5.gpu_temp_warn_c, P5.gpu_temp_fail_c
+    assert run("gpu.temperature", bad_gpu(0, temperature_c=warn_c))[0].severity is Severity.WARN
+    f = run("gpu.temperature", bad_gpu(0, temperature_c=fail_c))[0]
+    assert f.severity is Severity.FAIL and f.keyword == "THERMAL"
+    # a config limit above the GPU's own slowdown point is capped by it
+    f = run("gpu.temperature", bad_gpu(0, temperature_c=91), params={"fail_c": 99})[0]
+    assert f.severity is Severity.FAIL and "limit 90C" in f.message
+
+
+def test_throttle_reasons():
+    f = run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x1 | 0x40))[0]
+    assert f.severity is Severity.FAIL and "hw_thermal" in f.message and f.keyword == "CLOCKS"
+    assert run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x80))[0].severity is Severity.FAIL
+    assert run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x20))[0].severity is Severity.WARN
+    assert sev(run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x4))) == {Severity.OK}  # SW power cap is normal
+
+
+def test_pcie_width_degraded_but_idle_gen_is_fine():
+    assert sev(run("gpu.pcie", bad_gpu(6, pcie_gen_current=1))) == {Severity.OK}
+    f = run("gpu.pcie", bad_gpu(6, pcie_width_current=8))[0]
+    assert f.severity is Severity.FAIL and "x8, expected x16" in f.message
+    assert run("gpu.pcie", bad_gpu(6, pcie_gen_max=4))[0].keyword == "PCIE"
+
+
+def test_nvlink_down():
+    links = [True] * 18
+    links[3] = links[7] = False
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=links))[0]
+    assert f.severity is Severity.FAIL and "link 3,7 down (16/18 active)" in f.message
+    assert run("gpu.nvlink", bad_gpu(2, nvlink_active=None))[0].severity is Severity.FAIL
+
+
+def test_leftover_processes():
+    obs = bad_gpu(1, processes=[GpuProcess(pid=4242, used_memory_mib=30000, name="python")])
+    f = run("gpu.processes", obs, job_gpus=(0, 1))[0]
+    assert f.severity is Severity.FAIL and "pid 4242 python 30000 MiB" in f.message and f.keyword == "GPUPROC"
+    assert run("gpu.processes", obs, job_gpus=(1,), params={"severity": "warn"})[0].severity is Severity.WARN
+    assert sev(run("gpu.processes", obs, job_gpus=(0,))) == {Severity.OK}
+    assert run("gpu.processes", obs, job_gpus=())[0].severity is Severity.SKIP
+
+
+def test_generic_profile_skips_hardware_expectations():
+    gen = load_profile("generic")
+    for cid in ("gpu.count", "gpu.model", "gpu.memory", "gpu.pcie", "gpu.nvlink"):
+        assert run(cid, node(), profile=gen)[0].severity is Severity.SKIP, cid

@@ -1,0 +1,120 @@
+"""Xid, fabric and host checks."""
+
+from gpuguard.checks import CheckInput, get_check, param_defaults
+from gpuguard.model import (Action, DiskUsage, FabricObservation, FiInfo, GpuInfo, KernelLogObservation,
+                            NvmlObservation, Observations, ProbeStatus, RdmaDevice, RdmaPort, Severity,
+                            SystemObservation, XidEvent)
+from gpuguard.profiles import load_profile
+from gpuguard.xid import load_catalog
+
+P5 = load_profile("p5.48xlarge")
+DGX = load_profile("dgx-h100-ib")
+CATALOG = load_catalog()
+
+# Real driver lines (NVIDIA forums / GitHub issues, see tests/fixtures/kernel_log/)
+XID79 = XidEvent(79, "0000:86:00", "GPU has fallen off the bus.", pid=None,
+                 raw="NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+XID13 = XidEvent(13, "0000:53:00", "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+                 pid=4242, process_name="python")
+XID48 = XidEvent(48, "0000:86:00", "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer")
+
+
+def run(check_id, obs, profile=P5, params=None, job_gpus=None):
+    spec = get_check(check_id)
+    inp = CheckInput(profile=profile, params={**param_defaults(spec), **(params or {})}, job_gpus=job_gpus,
+                     kind="prolog", xid_catalog=CATALOG)
+    return spec.func(obs, inp)
+
+
+def klog(*events, **kw):
+    nvml = NvmlObservation(device_count=8, gpus=[GpuInfo(index=3, pci_bus_id="0000:86:00.0")])
+    return Observations(nvml=nvml, kernel_log=KernelLogObservation(source="kmsg:/dev/kmsg", events=list(events), **kw))
+
+
+def test_fatal_xid_fails_with_catalog_action_and_gpu():
+    f = run("gpu.xid", klog(XID79))
+    assert len(f) == 1 and f[0].severity is Severity.FAIL
+    assert f[0].keyword == "XID79" and f[0].action is Action.REBOOT and f[0].gpu == 3
+    assert "GPU 3 0000:86:00" in f[0].message
+
+
+def test_app_xid_is_recorded_not_fatal():
+    f = run("gpu.xid", klog(XID13))
+    assert [x.severity for x in f] == [Severity.OK] and f[0].evidence["xids"][0]["code"] == 13
+
+
+def test_several_xids_on_one_gpu_make_one_finding_with_strongest_action():
+    f = run("gpu.xid", klog(XID48, XID79, XID13))
+    fails = [x for x in f if x.severity is Severity.FAIL]
+    assert len(fails) == 1 and fails[0].action is Action.REBOOT and "also Xid 48" in fails[0].message
+
+
+def test_forged_lines_warn_but_never_fail():
+    f = run("gpu.xid", klog(rejected_non_kernel=2))
+    assert [x.severity for x in f] == [Severity.WARN] and "not from the kernel" in f[0].message
+
+
+def test_unreadable_log_is_incomplete():
+    f = run("gpu.xid", klog(status=ProbeStatus(complete=False, error="permission denied")))
+    assert f[0].severity is Severity.INCOMPLETE
+
+
+def test_xid_override_to_fatal():
+    cat = load_catalog(overrides={13: {"severity": "fatal", "action": "reset"}})
+    spec = get_check("gpu.xid")
+    f = spec.func(klog(XID13), CheckInput(profile=P5, xid_catalog=cat))
+    assert f[0].severity is Severity.FAIL and f[0].action is Action.RESET
+
+
+def efa_obs(n=32, down=(), fi=None):
+    devs = [RdmaDevice(f"rdmap{16 + i}s27", "efa", [RdmaPort(1, "DOWN" if i in down else "ACTIVE")]) for i in range(n)]
+    return Observations(fabric=FabricObservation(devices=devs, fi_info=fi or FiInfo(ran=True, provider_found=True,
+                                                                                        devices=n)))
+
+
+def test_efa_healthy_missing_down_provider():
+    assert run("fabric.efa", efa_obs())[0].severity is Severity.OK
+    f = run("fabric.efa", efa_obs(31, fi=FiInfo(ran=True, provider_found=True, devices=31)))
+    assert f[0].keyword == "EFA" and "32 EFA devices expected, 31 found" in f[0].message
+    assert "rdmap21s27/1:DOWN" in run("fabric.efa", efa_obs(down=(5,)))[0].message
+    f = run("fabric.efa", efa_obs(fi=FiInfo(ran=True, provider_found=False, error="fi_getinfo: -61")))
+    assert f[0].severity is Severity.FAIL and "provider efa not available" in f[0].message
+    assert run("fabric.efa", efa_obs(fi=FiInfo(ran=False, error="fi_info not found")))[0].severity is Severity.INCOMPLETE
+    assert run("fabric.efa", efa_obs(fi=FiInfo(ran=False)), params={"check_provider": False})[0].severity is Severity.OK
+    assert run("fabric.efa", efa_obs(), profile=DGX)[0].severity is Severity.SKIP
+
+
+def ib_obs(names, down=(), rate="400 Gb/sec (4X NDR)"):
+    devs = [RdmaDevice(n, "ib", [RdmaPort(1, "DOWN" if n in down else "ACTIVE", rate=rate)]) for n in names]
+    return Observations(fabric=FabricObservation(devices=devs))
+
+
+def test_ib_uses_compute_hcas_only():
+    compute = list(DGX.ib_compute_devices)
+    storage_down = ib_obs(compute + ["mlx5_1", "mlx5_2"], down=("mlx5_1", "mlx5_2"))
+    assert run("fabric.ib", storage_down, profile=DGX)[0].severity is Severity.OK
+    f = run("fabric.ib", ib_obs(compute[1:]), profile=DGX)[0]
+    assert f.severity is Severity.FAIL and "missing mlx5_0" in f.message
+    assert "mlx5_4/1:DOWN" in run("fabric.ib", ib_obs(compute, down=("mlx5_4",)), profile=DGX)[0].message
+    f = run("fabric.ib", ib_obs(compute, rate="200 Gb/sec (4X HDR)"), profile=DGX)[0]
+    assert f.severity is Severity.FAIL and "below 400 Gb/s" in f.message
+
+
+def sysobs(**kw):
+    base = dict(cpus_online=192, mem_total_mib=2_000_000, mem_available_mib=1_900_000,
+                disks=[DiskUsage("/", 100_000, 50_000), DiskUsage("/tmp", 100_000, 50_000)])
+    base.update(kw)
+    return Observations(system=SystemObservation(**base))
+
+
+def test_system_checks():
+    assert run("sys.memory", sysobs())[0].severity is Severity.OK
+    assert run("sys.memory", sysobs(mem_total_mib=1_500_000))[0].action is Action.REPLACE
+    f = run("sys.memory", sysobs(mem_available_mib=10_000), params={"min_available_gib": 64})[0]
+    assert f.keyword == "MEM" and "need 64 GiB" in f.message
+    assert run("sys.cpu", sysobs(cpus_online=96))[0].keyword == "CPU"
+    f = run("sys.disk", sysobs(disks=[DiskUsage("/", 100_000, 50_000), DiskUsage("/tmp", 100_000, 500)]))[0]
+    assert f.severity is Severity.FAIL and "/tmp has 0.5 GiB free" in f.message
+    f = run("sys.disk", sysobs(disks=[DiskUsage("/", error="Stale file handle")]), params={"paths": [{"path": "/", "min_free_gib": 1}]})
+    assert f[0].severity is Severity.FAIL and "Stale file handle" in f[0].message
+    assert run("sys.memory", sysobs(), profile=load_profile("generic"))[0].severity is Severity.SKIP

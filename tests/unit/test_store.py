@@ -1,0 +1,68 @@
+"""History store on a real SQLite file: runs, findings, drains, cursors, corruption, concurrency."""
+
+import multiprocessing
+import sqlite3
+
+from gpuguard.model import Finding, Severity
+from gpuguard.store import Store
+
+
+def _run(st, node="n1", sev=Severity.OK, cid="gpu.ecc"):
+    return st.record_run(started=1.0, duration_ms=5.0, node=node, kind="prolog", job_id="7", profile="p5.48xlarge",
+                         verdict="pass", action="none", reason=None, exit_code=0, error=None, boot_id="b",
+                         findings=[Finding(cid, sev, "msg", evidence={"x": 1})])
+
+
+def test_roundtrip(tmp_path):
+    path = str(tmp_path / "state.db")
+    with Store(path) as st:
+        rid = _run(st)
+        st.record_drain(node="n1", op="drain", outcome="done", reason="gpuguard: gpu.ecc ECC: x [prolog]",
+                        check_id="gpu.ecc", action="reset", run_id=rid)
+        st.set_cursor("kernel_log:n1", {"kind": "kmsg", "seq": 41})
+        st.set_cursor("kernel_log:n1", {"kind": "kmsg", "seq": 42})
+    with Store(path) as st:
+        assert st.runs(node="n1")[0]["profile"] == "p5.48xlarge"
+        assert st.findings_for(rid)[0]["evidence"] == '{"x": 1}'
+        assert st.drains("n1")[0]["outcome"] == "done"
+        assert st.get_cursor("kernel_log:n1") == {"kind": "kmsg", "seq": 42}
+        assert st.get_cursor("other") is None
+
+
+def test_incomplete_streaks(tmp_path):
+    with Store(str(tmp_path / "s.db")) as st:
+        _run(st, sev=Severity.INCOMPLETE, cid="fabric.efa")
+        _run(st, sev=Severity.OK, cid="fabric.efa")
+        _run(st, sev=Severity.INCOMPLETE, cid="fabric.efa")
+        _run(st, sev=Severity.INCOMPLETE, cid="fabric.efa")
+        _run(st, node="n2", sev=Severity.OK, cid="fabric.efa")
+        assert st.incomplete_streaks("n1", ["fabric.efa", "gpu.ecc"]) == {"fabric.efa": 2}
+
+
+def test_corrupt_file_is_moved_aside_and_recreated(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"this is not a database" * 100)
+    st = Store(str(path))
+    assert st.recreated_from and (tmp_path / st.recreated_from.split("/")[-1]).exists()
+    _run(st)
+    assert len(st.runs()) == 1
+    st.close()
+
+
+def _writer(path, n):
+    with Store(path) as st:
+        for _ in range(n):
+            _run(st, node="n%d" % multiprocessing.current_process().pid)
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = str(tmp_path / "c.db")
+    Store(path).close()
+    procs = [multiprocessing.Process(target=_writer, args=(path, 40)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    n = sqlite3.connect(path).execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    assert n == 160
