@@ -132,11 +132,10 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
 
 def _drain_internal(cfg: Any, ctx: Any, kind: str, detail: str, log: Any) -> None:
     from gpuguard.reason import format_reason
-    from gpuguard.slurm import drain_node, make_client
+    from gpuguard.slurm import client_from_config, drain_node
 
     try:
-        client = make_client(cfg.sections["slurm"]["backend"], cfg.sections["slurm"]["scontrol"],
-                             timeout_s=cfg.sections["deadlines"]["scontrol_s"])
+        client = client_from_config(cfg.sections["slurm"], cfg.sections["deadlines"]["scontrol_s"])
         out = drain_node(client, ctx.node, format_reason("gpuguard", "INTERNAL", detail, kind))
         log.error(f"{kind} on {ctx.node}: drained for internal error (policy closed): {out.outcome} {out.detail}")
     except Exception as e:  # noqa: BLE001

@@ -153,6 +153,7 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
     "slurm": {
         "backend": (_choice("auto", "cli", "pyslurm"), "auto"),
         "scontrol": (_str(), "scontrol"),
+        "conf": (_str(allow_none=True), None),  # slurm.conf for scontrol when the caller's env has no SLURM_CONF
     },
     "xid": {
         "overrides": (_any_mapping, {}),

@@ -134,105 +134,14 @@ class DevClusterError(RuntimeError):
 # --------------------------------------------------------------------------------------------- parsing
 
 
-# A key as `scontrol show ... -o` prints them: `NodeName`, `Socks/Node`, `ReqB:S:C:T`, `NtasksPerN:B:S:C`.
-_KEY_AT = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
-# Slurm appends who set a node's reason and when: `Reason=Prolog error [root@2024-05-01T10:00:00]`.
-_REASON_STAMP = re.compile(r"\s\[([^\[\]\s@]+)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d|Unknown|None)\]")
-
-
-def _split_fields(text: str) -> dict[str, str]:
-    """Split `Key=value Key2=value with spaces` at each ` Key=`; the first occurrence of a key wins.
-
-    A value containing ` Word=` is split wrongly here; callers fix the free-text fields they know about.
-    """
-    line = " ".join(text.strip().splitlines())
-    fields: dict[str, str] = {}
-    matches = list(_KEY_AT.finditer(line))
-    for index, match in enumerate(matches):
-        end = matches[index + 1].start() if index + 1 < len(matches) else len(line)
-        fields.setdefault(match.group(1), line[match.end() : end].rstrip())
-    return fields
-
-
-def parse_node_line(text: str) -> dict[str, str]:
-    """Parse one node of `scontrol show node -o` into {key: value}.
-
-    `Reason` is free text an admin typed (spaces, `=`, `:` and `[...]` allowed), so it is cut out first, up to the
-    ` [user@time]` stamp Slurm appends; the stamp goes to `ReasonUser` / `ReasonTime`. Everything after the stamp
-    (e.g. `Comment=`) is parsed normally.
-    """
-    line = " ".join(text.strip().splitlines())
-    reason_at = re.search(r"(?:^|\s)Reason=", line)
-    if reason_at is None:
-        return _split_fields(line)
-    head, tail = line[: reason_at.start()], line[reason_at.end() :]
-    fields = _split_fields(head)
-    stamp = _stamp_ending_reason(tail)
-    if stamp is None:
-        # No stamp (not seen in 22.05, but cheap to survive): the reason runs to the end of the line.
-        fields["Reason"] = tail.strip()
-        return fields
-    fields["Reason"] = tail[: stamp.start()].strip()
-    fields["ReasonUser"], fields["ReasonTime"] = stamp.group(1), stamp.group(2)
-    for key, value in _split_fields(tail[stamp.end() :]).items():
-        fields.setdefault(key, value)
-    return fields
-
-
-def _stamp_ending_reason(tail: str) -> Optional[re.Match[str]]:
-    """The first `[user@time]` stamp that is followed by the end of the line or by another ` Key=`."""
-    for stamp in _REASON_STAMP.finditer(tail):
-        rest = tail[stamp.end() :]
-        if not rest.strip() or _KEY_AT.match(rest.lstrip()):
-            return stamp
-    return None
-
-
-def parse_node_lines(text: str) -> dict[str, dict[str, str]]:
-    """Parse all of `scontrol show node -o` (one node a line) into {node name: fields}."""
-    nodes = {}
-    for line in text.splitlines():
-        if line.strip():
-            fields = parse_node_line(line)
-            nodes[fields.get("NodeName", "")] = fields
-    return nodes
-
-
-# The user picks a job's name, and scontrol prints it unescaped right before `UserId=name(uid) GroupId=`.
-_JOB_NAME = re.compile(r"(?:^|\s)JobName=(.*?) UserId=(\S*\(\d+\)) GroupId=")
-
-
-def parse_job_line(text: str) -> dict[str, str]:
-    """Parse one job of `scontrol show job -o` into {key: value}.
-
-    A value is everything up to the next ` Key=`, so values with spaces (`Command`, paths) are kept whole.
-    `JobName` (user-chosen, may even contain ` Key=`) is cut out first, anchored on the `UserId=name(uid)` that
-    always follows it. Other free text (`Comment=`) containing ` Key=` cannot be told apart from a real field in
-    this format; the first occurrence of each key wins. A job's `Reason` is a fixed word (`BeginTime`, `None`,
-    `launch_failed_requeued_held`).
-    """
-    line = " ".join(text.strip().splitlines())
-    name = _JOB_NAME.search(line)
-    if name is None:
-        return _split_fields(line)
-    fields = _split_fields(line[: name.start()])
-    fields["JobName"] = name.group(1)
-    for key, value in _split_fields(line[name.end(1) :]).items():
-        fields.setdefault(key, value)
-    return fields
-
-
-def parse_job_lines(text: str) -> list[dict[str, str]]:
-    return [parse_job_line(line) for line in text.splitlines() if line.strip()]
-
-
-def node_state_flags(state: str) -> set[str]:
-    """`IDLE+DRAIN+MAINTENANCE+RESERVED` -> {"IDLE", "DRAIN", "MAINTENANCE", "RESERVED"} (Slurm's `*` suffix =
-    not responding)."""
-    flags = {part for part in state.rstrip("*").split("+") if part}
-    if state.endswith("*"):
-        flags.add("NOT_RESPONDING")
-    return flags
+# The parsers live with the Slurm client: gpuguard reads `scontrol show node -o` the same way in production.
+from gpuguard.slurm import (  # noqa: E402,F401 - re-exported for tests and the demo
+    node_state_flags,
+    parse_job_line,
+    parse_job_lines,
+    parse_node_line,
+    parse_node_lines,
+)
 
 
 # --------------------------------------------------------------------------------------------- environment
@@ -551,10 +460,11 @@ class DevCluster:
         settings.update(self.extra_conf)
         lines = [f"{key}={value}" for key, value in settings.items()]
         cpus = os.cpu_count() or 1
+        gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
         for node in self.node_names:
             lines.append(
                 f"NodeName={node} NodeHostname={self.hostname} NodeAddr=127.0.0.1 Port={self.node_ports[node]} "
-                f"CPUs={cpus} RealMemory=1024 Gres=gpu:{self.gpus_per_node} State=UNKNOWN"
+                f"CPUs={cpus} RealMemory=1024{gres} State=UNKNOWN"
             )
         lines.append("PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
@@ -592,7 +502,7 @@ class DevCluster:
             [
                 _which("munged") or "munged",
                 "--foreground",
-                "--force",  # allow running as root and a socket in a non-standard place
+                "--force",  # a reused workdir may hold the stale socket of a killed run; munged would refuse it
                 f"--socket={self.munge_socket}",
                 f"--key-file={munge}/munge.key",
                 f"--pid-file={munge}/munged.pid",
@@ -631,7 +541,7 @@ class DevCluster:
         """Poll `ready()` with a short, growing interval until true; fail fast if a daemon died."""
         deadline = time.monotonic() + timeout
         delay = 0.02
-        while not ready():
+        while not _ready_within(ready):
             self._check_alive()
             if time.monotonic() > deadline:
                 raise DevClusterError(f"timed out after {timeout}s waiting for {what}\n{self.log_tails()}")
@@ -730,6 +640,14 @@ class DevCluster:
         self._run_ok(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
         if wait:
             self.wait_nodes(lambda flags: not flags & _UNUSABLE, nodes=[node], timeout=timeout)
+
+
+def _ready_within(ready: Callable[[], bool]) -> bool:
+    # A client command that hangs (slurmctld busy or still starting) counts as "not yet", not as an error.
+    try:
+        return ready()
+    except subprocess.TimeoutExpired:
+        return False
 
 
 # --------------------------------------------------------------------------------------------- processes

@@ -289,10 +289,9 @@ def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry
         if dry_run:
             result.drain = {"outcome": "skipped", "detail": "dry run", "reason": verdict.reason}
         else:
-            from gpuguard.slurm import drain_node, make_client
+            from gpuguard.slurm import client_from_config, drain_node
 
-            client = slurm_client or make_client(cfg.sections["slurm"]["backend"], cfg.sections["slurm"]["scontrol"],
-                                                 timeout_s=deadline.bound(dl_cfg["scontrol_s"]))
+            client = slurm_client or client_from_config(cfg.sections["slurm"], deadline.bound(dl_cfg["scontrol_s"]))
             out = drain_node(client, ctx.node, verdict.reason)
             result.drain = {"outcome": out.outcome, "detail": out.detail, "reason": verdict.reason,
                             "previous_reason": out.previous_reason}

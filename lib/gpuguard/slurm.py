@@ -8,12 +8,16 @@ and never touches a node that is down or in a maintenance reservation.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from gpuguard.reason import is_ours
+
+
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class SlurmError(RuntimeError):
@@ -44,7 +48,9 @@ class NodeState:
 
     @property
     def maintenance(self) -> bool:
-        return bool({"MAINT", "RESERVED", "REBOOT_REQUESTED", "REBOOT_ISSUED"} & self.states)
+        # An admin's maintenance reservation or a pending reboot: hands off. A plain (user) reservation is not:
+        # a broken node in a big run's reservation must still be drained.
+        return bool({"MAINTENANCE", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED", "POWERING_DOWN"} & self.states)
 
 
 class SlurmClient(Protocol):
@@ -55,48 +61,118 @@ class SlurmClient(Protocol):
     def undrain(self, name: str) -> None: ...
 
 
-# --------------------------------------------------------------------------- parsing `scontrol show node -o`
+# --------------------------------------------------------------------------- parsing `scontrol show ... -o`
+# Verified on 22.05 (see devcluster.py): Reason comes last, verbatim (spaces, ':', '=', '[...]' unescaped),
+# followed by Slurm's " [user@time]" stamp. Parse the plain -o form: every Slurm version prints it.
 
-# Keys Slurm prints after Reason= (22.05 .. 25.x). Inside a reason only these end the value, so a free-text
-# reason containing "x=y" is not cut short.
-_AFTER_REASON_KEYS = {"Comment", "Extra", "ResumeAfterTime", "ExtSensorsJoules", "ExtSensorsWatts",
-                      "ExtSensorsTemp", "CapWatts", "CurrentWatts", "AveWatts", "LastBusyTime", "Reservation",
-                      "InstanceId", "InstanceType", "Topology", "GresDrain", "GresUsed", "NodeName", "MCS_label",
-                      "Partitions", "BootTime", "SlurmdStartTime", "CfgTRES", "AllocTRES", "Owner", "Weight"}
-_KEY_TOKEN = re.compile(r"^([A-Z][A-Za-z_]*)=(.*)$", re.S)
-_REASON_SUFFIX = re.compile(r"^(.*?)\s*\[([^\[\]@]+)@([^\[\]]+)\]\s*$", re.S)
+# A key as `scontrol show ... -o` prints them: `NodeName`, `Socks/Node`, `ReqB:S:C:T`, `NtasksPerN:B:S:C`.
+_KEY_AT = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+# Slurm appends who set a node's reason and when: `Reason=Prolog error [root@2024-05-01T10:00:00]`.
+_REASON_STAMP = re.compile(r"\s\[([^\[\]\s@]+)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d|Unknown|None)\]")
 
 
-def parse_node_line(line: str) -> dict[str, str]:
-    """One line of `scontrol show node -o` -> {key: value}. Values may contain spaces (Reason, OS)."""
-    out: dict[str, str] = {}
-    key: Optional[str] = None
-    for token in line.strip().split(" "):
-        m = _KEY_TOKEN.match(token)
-        starts_field = bool(m) and (key != "Reason" or m.group(1) in _AFTER_REASON_KEYS)  # type: ignore[union-attr]
-        if m and starts_field:
-            key = m.group(1)
-            out[key] = m.group(2)
-        elif key is not None:
-            out[key] += " " + token
-    return out
+def _split_fields(text: str) -> dict[str, str]:
+    """Split `Key=value Key2=value with spaces` at each ` Key=`; the first occurrence of a key wins.
+
+    A value containing ` Word=` is split wrongly here; callers fix the free-text fields they know about.
+    """
+    line = " ".join(text.strip().splitlines())
+    fields: dict[str, str] = {}
+    matches = list(_KEY_AT.finditer(line))
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(line)
+        fields.setdefault(match.group(1), line[match.end() : end].rstrip())
+    return fields
+
+
+def parse_node_line(text: str) -> dict[str, str]:
+    """Parse one node of `scontrol show node -o` into {key: value}.
+
+    `Reason` is free text an admin typed (spaces, `=`, `:` and `[...]` allowed), so it is cut out first, up to the
+    ` [user@time]` stamp Slurm appends; the stamp goes to `ReasonUser` / `ReasonTime`. Everything after the stamp
+    (e.g. `Comment=`) is parsed normally.
+    """
+    line = " ".join(text.strip().splitlines())
+    reason_at = re.search(r"(?:^|\s)Reason=", line)
+    if reason_at is None:
+        return _split_fields(line)
+    head, tail = line[: reason_at.start()], line[reason_at.end() :]
+    fields = _split_fields(head)
+    stamp = _stamp_ending_reason(tail)
+    if stamp is None:
+        # No stamp (not seen in 22.05, but cheap to survive): the reason runs to the end of the line.
+        fields["Reason"] = tail.strip()
+        return fields
+    fields["Reason"] = tail[: stamp.start()].strip()
+    fields["ReasonUser"], fields["ReasonTime"] = stamp.group(1), stamp.group(2)
+    for key, value in _split_fields(tail[stamp.end() :]).items():
+        fields.setdefault(key, value)
+    return fields
+
+
+def _stamp_ending_reason(tail: str) -> Optional[re.Match[str]]:
+    """The first `[user@time]` stamp that is followed by the end of the line or by another ` Key=`."""
+    for stamp in _REASON_STAMP.finditer(tail):
+        rest = tail[stamp.end() :]
+        if not rest.strip() or _KEY_AT.match(rest.lstrip()):
+            return stamp
+    return None
+
+
+def parse_node_lines(text: str) -> dict[str, dict[str, str]]:
+    """Parse all of `scontrol show node -o` (one node a line) into {node name: fields}."""
+    nodes = {}
+    for line in text.splitlines():
+        if line.strip():
+            fields = parse_node_line(line)
+            nodes[fields.get("NodeName", "")] = fields
+    return nodes
+
+
+# The user picks a job's name, and scontrol prints it unescaped right before `UserId=name(uid) GroupId=`.
+_JOB_NAME = re.compile(r"(?:^|\s)JobName=(.*?) UserId=(\S*\(\d+\)) GroupId=")
+
+
+def parse_job_line(text: str) -> dict[str, str]:
+    """Parse one job of `scontrol show job -o` into {key: value}.
+
+    A value is everything up to the next ` Key=`, so values with spaces (`Command`, paths) are kept whole.
+    `JobName` (user-chosen, may even contain ` Key=`) is cut out first, anchored on the `UserId=name(uid)` that
+    always follows it. Other free text (`Comment=`) containing ` Key=` cannot be told apart from a real field in
+    this format; the first occurrence of each key wins. A job's `Reason` is a fixed word (`BeginTime`, `None`,
+    `launch_failed_requeued_held`).
+    """
+    line = " ".join(text.strip().splitlines())
+    name = _JOB_NAME.search(line)
+    if name is None:
+        return _split_fields(line)
+    fields = _split_fields(line[: name.start()])
+    fields["JobName"] = name.group(1)
+    for key, value in _split_fields(line[name.end(1) :]).items():
+        fields.setdefault(key, value)
+    return fields
+
+
+def parse_job_lines(text: str) -> list[dict[str, str]]:
+    return [parse_job_line(line) for line in text.splitlines() if line.strip()]
+
+
+def node_state_flags(state: str) -> set[str]:
+    """`IDLE+DRAIN+MAINTENANCE+RESERVED` -> {"IDLE", "DRAIN", "MAINTENANCE", "RESERVED"} (Slurm's `*` suffix =
+    not responding)."""
+    flags = {part for part in state.rstrip("*").split("+") if part}
+    if state.endswith("*"):
+        flags.add("NOT_RESPONDING")
+    return flags
 
 
 def node_state_from_fields(f: dict[str, str]) -> NodeState:
-    state = f.get("State", "")
-    states = frozenset(s for s in re.split(r"[+*~#!%$@^-]+", state.upper()) if s)
-    if state.endswith("*"):
-        states = states | {"NOT_RESPONDING"}
     reason = f.get("Reason")
-    user = when = None
-    if reason is not None:
-        m = _REASON_SUFFIX.match(reason)
-        if m:
-            reason, user, when = m.group(1), m.group(2), m.group(3)
-        if reason in ("", "(null)", "None"):
-            reason = None
-    return NodeState(name=f.get("NodeName", ""), states=states, reason=reason, reason_user=user,
-                     reason_time=when, boot_time=f.get("BootTime"), fields=f)
+    if reason in ("", "(null)", "None"):
+        reason = None
+    return NodeState(name=f.get("NodeName", ""), states=frozenset(node_state_flags(f.get("State", ""))),
+                     reason=reason, reason_user=f.get("ReasonUser"), reason_time=f.get("ReasonTime"),
+                     boot_time=f.get("BootTime"), fields=f)
 
 
 # --------------------------------------------------------------------------- CLI client
@@ -105,18 +181,24 @@ def node_state_from_fields(f: dict[str, str]) -> NodeState:
 class CliSlurmClient:
     """scontrol, every call bounded by a timeout (slurmctld may be down or the node not registered yet)."""
 
-    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 5.0) -> None:
+    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 5.0, slurm_conf: Optional[str] = None) -> None:
         self.scontrol = scontrol
         self.timeout_s = timeout_s
+        # The HealthCheckProgram gets no SLURM_CONF from slurmd (only SLURMD_NODENAME): config can supply it.
+        self.slurm_conf = slurm_conf
 
     def _run(self, args: list[str], timeout_s: Optional[float] = None) -> str:
         import subprocess
 
-        exe = shutil.which(self.scontrol) or self.scontrol
+        # slurmd runs hooks without PATH: fall back to the usual places
+        exe = shutil.which(self.scontrol, path=os.environ.get("PATH") or _DEFAULT_PATH) or self.scontrol
         t = self.timeout_s if timeout_s is None else timeout_s
+        env = None
+        if self.slurm_conf:
+            env = {**os.environ, "SLURM_CONF": self.slurm_conf}
         try:
             # argv list, never a shell: reasons and node names are data, not code
-            p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=t,
+            p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=t, env=env,
                                stdin=subprocess.DEVNULL, errors="replace")
         except subprocess.TimeoutExpired:
             raise SlurmTimeout(f"scontrol {args[0]} did not answer within {t:g}s") from None
@@ -221,13 +303,39 @@ def pyslurm_usable(slurm_version: Optional[str]) -> bool:
     return int(m.group(1)) == int(s.group(1)) and int(m.group(2)) == int(s.group(2))
 
 
+def running_slurm_version(scontrol: str = "scontrol", timeout_s: float = 2.0,
+                          slurm_conf: Optional[str] = None) -> Optional[str]:
+    """`scontrol --version` -> "slurm 22.05.8" (None when it cannot tell in time)."""
+    import subprocess
+
+    exe = shutil.which(scontrol, path=os.environ.get("PATH") or _DEFAULT_PATH) or scontrol
+    env = {**os.environ, "SLURM_CONF": slurm_conf} if slurm_conf else None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=timeout_s, env=env,
+                             stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.strip() or None
+
+
 def make_client(backend: str = "auto", scontrol: str = "scontrol", timeout_s: float = 5.0,
-                slurm_version: Optional[str] = None) -> SlurmClient:
-    if backend == "pyslurm" or (backend == "auto" and slurm_version and pyslurm_usable(slurm_version)):
-        if backend == "pyslurm" and not pyslurm_usable(slurm_version or "0.0"):
+                slurm_conf: Optional[str] = None) -> SlurmClient:
+    """`cli` always works. `pyslurm` / `auto` use pyslurm only when it is installed *and* built for the
+    running Slurm major.minor (checked against `scontrol --version`); `auto` falls back to the CLI."""
+    if backend != "cli":
+        import importlib.util
+
+        if importlib.util.find_spec("pyslurm") is not None and \
+                pyslurm_usable(running_slurm_version(scontrol, min(timeout_s, 2.0), slurm_conf)):
+            return PyslurmClient(timeout_s)
+        if backend == "pyslurm":
             raise SlurmError("slurm.backend is pyslurm but pyslurm is not installed or not built for this Slurm")
-        return PyslurmClient(timeout_s)
-    return CliSlurmClient(scontrol, timeout_s)
+    return CliSlurmClient(scontrol, timeout_s, slurm_conf)
+
+
+def client_from_config(slurm_cfg: dict, timeout_s: float) -> SlurmClient:  # type: ignore[type-arg]
+    """The client the `slurm:` config section asks for."""
+    return make_client(slurm_cfg["backend"], slurm_cfg["scontrol"], timeout_s=timeout_s, slurm_conf=slurm_cfg["conf"])
 
 
 # --------------------------------------------------------------------------- ownership-safe drain
