@@ -37,7 +37,7 @@ $(FAKENVML): lib/gpuguard/simulate/fakenvml.c
 fakenvml: $(FAKENVML)
 
 demo: deps venv fakenvml
-	@$(PY) -m gpuguard.demo
+	@$(PY) -m gpuguard.demo $(DEMO_ARGS)
 
 test: deps venv fakenvml
 	@$(PY) -m pytest -q tests

@@ -300,7 +300,8 @@ def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry
     result.run_id = store.record_run(
         started=started, duration_ms=result.duration_s * 1000, node=ctx.node, kind=ctx.kind, job_id=ctx.job_id,
         profile=profile.name, verdict=verdict.outcome, action=verdict.action.value, reason=verdict.reason,
-        exit_code=exit_code, error=None, boot_id=result.boot_id, findings=findings)
+        exit_code=exit_code, error=None, boot_id=result.boot_id, findings=findings,
+        restart_count=ctx.restart_count if ctx.job_id else None)
     if result.drain:
         primary = verdict.primary
         store.record_drain(node=ctx.node, op="drain", outcome=result.drain["outcome"], reason=verdict.reason,

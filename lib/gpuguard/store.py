@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS runs (
     node TEXT NOT NULL,
     kind TEXT NOT NULL,
     job_id TEXT,
+    restart_count INTEGER,     -- SLURM_JOB_RESTART_COUNT: which attempt of the job this prolog ran for
     profile TEXT,
     verdict TEXT NOT NULL,
     action TEXT,
@@ -114,14 +115,15 @@ class Store:
     def record_run(self, *, started: float, duration_ms: float, node: str, kind: str, job_id: Optional[str],
                    profile: Optional[str], verdict: str, action: Optional[str], reason: Optional[str],
                    exit_code: Optional[int], error: Optional[str], boot_id: Optional[str],
-                   findings: Iterable[Finding]) -> int:
+                   findings: Iterable[Finding], restart_count: Optional[int] = None) -> int:
         c = self.conn
         c.execute("BEGIN IMMEDIATE")
         try:
             cur = c.execute(
-                "INSERT INTO runs(started,duration_ms,node,kind,job_id,profile,verdict,action,reason,exit_code,error,"
-                "boot_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (started, duration_ms, node, kind, job_id, profile, verdict, action, reason, exit_code, error, boot_id))
+                "INSERT INTO runs(started,duration_ms,node,kind,job_id,restart_count,profile,verdict,action,reason,"
+                "exit_code,error,boot_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (started, duration_ms, node, kind, job_id, restart_count, profile, verdict, action, reason, exit_code,
+                 error, boot_id))
             run_id = int(cur.lastrowid or 0)
             c.executemany(
                 "INSERT INTO findings(run_id,check_id,severity,keyword,gpu,action,message,remediation,evidence) "
