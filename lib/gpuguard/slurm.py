@@ -269,24 +269,25 @@ class PyslurmClient:
 
         def load() -> Optional[NodeState]:
             try:
-                n = pyslurm.Node.load(name)
+                # pyslurm >= 23.2 has Node.load(); the 22.x object API only Node(name).reload()
+                n = pyslurm.Node.load(name) if hasattr(pyslurm.Node, "load") else pyslurm.Node(name).reload()
             except pyslurm.RPCError:
                 return None
-            state = "+".join([str(n.state)] + [str(s) for s in (n.state_flags or [])]) if hasattr(n, "state_flags") \
-                else str(n.state)
-            return node_state_from_fields({"NodeName": name, "State": state, "Reason": n.reason or ""})
+            # `state` is slurm_node_state_string_complete(): "IDLE+DRAIN", the same text scontrol prints
+            return node_state_from_fields({"NodeName": name, "State": str(n.state or ""),
+                                           "Reason": n.reason or ""})
 
         return self._bounded(load)  # type: ignore[no-any-return]
 
     def drain(self, name: str, reason: str) -> None:
         import pyslurm
 
-        self._bounded(lambda: pyslurm.Node(name).modify(pyslurm.Node(state="DRAIN", reason=reason)))
+        self._bounded(lambda: pyslurm.Node(name).modify(state="DRAIN", reason=reason))
 
     def undrain(self, name: str) -> None:
         import pyslurm
 
-        self._bounded(lambda: pyslurm.Node(name).modify(pyslurm.Node(state="UNDRAIN")))
+        self._bounded(lambda: pyslurm.Node(name).modify(state="UNDRAIN"))
 
 
 def pyslurm_usable(slurm_version: Optional[str]) -> bool:
@@ -359,13 +360,13 @@ def drain_node(client: SlurmClient, node: str, reason: str) -> DrainOutcome:
     if state.maintenance:
         return DrainOutcome("foreign", f"node in maintenance/reboot ({'+'.join(sorted(state.states))}); not touched",
                             state.reason)
-    if state.drained or state.down:
-        if state.reason and not is_ours(state.reason):
-            return DrainOutcome("foreign", "drained/down by someone else; reason kept", state.reason)
-        if state.drained and is_ours(state.reason):
+    if state.down:  # whoever or whatever downed it (slurmctld, an admin) owns it now
+        return DrainOutcome("foreign", "node is DOWN; not touched", state.reason)
+    if state.drained:
+        if is_ours(state.reason):
             return DrainOutcome("already", "already drained by gpuguard; first reason kept", state.reason)
-        if state.down and not state.drained:
-            return DrainOutcome("foreign", "node is DOWN; not touched", state.reason)
+        if state.reason:
+            return DrainOutcome("foreign", "drained by someone else; reason kept", state.reason)
     try:
         client.drain(node, reason)
     except SlurmError as e:
