@@ -302,6 +302,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ConfigError, ProfileError, ValueError) as e:
         print(f"gpuguard: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `gpuguard history | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if args.cmd == "check":
         sys.stdout.flush()
         sys.stderr.flush()

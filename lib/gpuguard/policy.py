@@ -16,7 +16,7 @@ from gpuguard.reason import format_reason
 # When several checks fail, the reason names the most actionable one: root causes first.
 CHECK_PRIORITY = [
     "gpu.xid", "gpu.nvml", "gpu.count", "gpu.recovery_action", "gpu.row_remap", "gpu.retired_pages", "gpu.ecc",
-    "gpu.nvlink", "gpu.pcie", "gpu.throttle", "gpu.temperature", "fabric.efa", "fabric.ib", "gpu.model",
+    "gpu.nvlink", "gpu.pcie", "gpu.temperature", "gpu.throttle", "fabric.efa", "fabric.ib", "gpu.model",
     "gpu.memory", "gpu.processes", "sys.memory", "sys.disk", "sys.cpu",
 ]
 

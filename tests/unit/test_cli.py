@@ -1,0 +1,78 @@
+"""The gpuguard command line, run as a user would (subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"
+
+
+def gg(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuguard", *args], capture_output=True, text=True, timeout=60,
+                          input=input)
+
+
+def test_xid_scan_json_shape_on_real_dmesg():
+    p = gg("xid", "scan", "--file", str(FIX / "dmesg.txt"), "--json")
+    out = json.loads(p.stdout)
+    ev = out["events"]
+    assert ev and all(isinstance(e["code"], int) and isinstance(e["fatal"], bool) for e in ev)
+    first = ev[0]
+    assert (first["code"], first["pci"], first["fatal"]) == (13, "0000:43:00", False)
+    assert p.returncode == (1 if any(e["fatal"] for e in ev) else 0)
+
+
+def test_xid_scan_ignores_forged_lines_and_reads_stdin():
+    text = ("Nov 20 10:11:12 gpu-17 kernel: [ 1234.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+            "Nov 20 10:11:13 gpu-17 alice: NVRM: Xid (PCI:0000:53:00): 79, pid=2, name=y, GPU has fallen off the bus.\n")
+    out = json.loads(gg("xid", "scan", "--file", "-", "--json", input=text).stdout)
+    assert [(e["code"], e["pci"], e["fatal"]) for e in out["events"]] == [(79, "0000:3b:00", True)]
+    assert out["rejected_non_kernel"] == 1
+
+
+def test_xid_scan_text_and_every_format_fixture():
+    for name in ("dmesg.txt", "syslog.txt", "kmsg.txt", "journal_json.txt", "bare.txt"):
+        p = gg("xid", "scan", "--file", str(FIX / name))
+        assert "Xid events" in p.stdout, (name, p.stderr)
+
+
+def test_xid_explain():
+    p = gg("xid", "explain", "79")
+    assert p.returncode == 0 and "fallen off the bus" in p.stdout and "reboot" in p.stdout
+    assert "app" in gg("xid", "explain", "13").stdout
+
+
+def test_bad_config_exits_2_naming_line_and_key(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("node:\n  profile: p5.48xlarge\npolicy:\n  on_failure: sometimes\n")
+    p = gg("config", "--config", str(cfg))
+    assert p.returncode == 2
+    assert f"{cfg}: line 4: policy.on_failure: expected one of drain, report, got 'sometimes'" in p.stderr
+    cfg.write_text("node:\n  profile: p5.48xlarge\n")
+    assert gg("config", "--config", str(cfg)).returncode == 0
+
+
+def test_slurm_conf_and_profiles():
+    out = gg("slurm-conf", "--prefix", "/opt/gg").stdout
+    for line in ("Prolog=/opt/gg/libexec/gpuguard/gpuguard-prolog", "PrologFlags=Alloc",
+                 "SchedulerParameters=nohold_on_prolog_fail", "PrologEpilogTimeout=60",
+                 "HealthCheckProgram=/opt/gg/libexec/gpuguard/gpuguard-healthcheck", "HealthCheckNodeState=ANY,CYCLE"):
+        assert line in out.splitlines()
+    assert sum(1 for ln in out.splitlines() if ln.startswith("# ")) >= 9  # a why for every line
+    assert "p5.48xlarge" in gg("profiles").stdout
+    show = gg("profiles", "p5en.48xlarge").stdout
+    assert "efa_devices" in show and "NVIDIA H200" in show
+
+
+def test_history_after_a_check(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"store: {{path: {tmp_path}/s.db}}\nsimulation: {{workdir: {tmp_path}/sim}}\nlogging: {{syslog: false}}\n")
+    scen = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "missing-gpu.yaml"
+    gg("check", "--config", str(cfg), "--simulate", str(scen), "--dry-run", "--node", "n9")
+    out = json.loads(gg("history", "--config", str(cfg), "--json").stdout)
+    assert out["runs"][0]["node"] == "n9" and out["runs"][0]["verdict"] == "drain"
+    assert out["drains"][0]["outcome"] == "skipped"
+    assert "missing-gpu" not in gg("history", "--config", str(cfg)).stderr
