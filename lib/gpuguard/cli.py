@@ -9,6 +9,10 @@ from typing import Any, Optional, Sequence
 
 HOOK_KINDS = ("prolog", "epilog", "healthcheck")
 
+# Subcommands contributed by feature modules, imported only when the full parser is built (never on the
+# hooks' hot path). Each module exposes `add_parser(subparsers) -> None` and `run(args) -> int`.
+FEATURE_COMMANDS: dict[str, str] = {}
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
@@ -67,7 +71,21 @@ def build_parser() -> argparse.ArgumentParser:
     ss = p.add_subparsers(dest="sim_cmd", metavar="SUBCOMMAND")
     b = ss.add_parser("build", help="compile the fake libnvidia-ml.so.1")
     b.add_argument("--out", help="output directory")
+
+    import importlib
+
+    for module in dict.fromkeys(FEATURE_COMMANDS.values()):
+        importlib.import_module(module).add_parser(sub)
     return ap
+
+
+def build_hook_parser(kind: str) -> argparse.ArgumentParser:
+    """The hooks' own tiny parser: slurmd passes no arguments, the hot path imports nothing else."""
+    p = argparse.ArgumentParser(prog=f"gpuguard {kind}")
+    p.add_argument("kind", choices=HOOK_KINDS)
+    _add_common(p)
+    p.add_argument("--simulate", metavar="SCENARIO", help="run against a simulated node")
+    return p
 
 
 # --------------------------------------------------------------------------- hooks (prolog/epilog/healthcheck)
@@ -115,6 +133,7 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
 
         log.error(f"{kind} on {ctx.node} job {ctx.job_id}: INTERNAL ERROR {type(e).__name__}: {e} | "
                   + traceback.format_exc(limit=6).replace("\n", " | "))
+        _record_internal_error(cfg, ctx, f"{type(e).__name__}: {e}", 0 if open_policy else 1)
         if open_policy:
             return 0
         _drain_internal(cfg, ctx, kind, f"{type(e).__name__}: {e}", log)
@@ -128,6 +147,21 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
             msg + (" findings=" + " ; ".join(bad) if bad else ""))
     state["exit_code"] = result.exit_code
     return result.exit_code
+
+
+def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> None:
+    """Best effort: `gpuguard history` should show that a run crashed, not just that it is missing."""
+    import time
+
+    try:
+        from gpuguard.store import Store
+
+        with Store(cfg.sections["store"]["path"].replace("{node}", ctx.node), timeout_s=1.0) as st:
+            st.record_run(started=time.time(), duration_ms=None, node=ctx.node, kind=ctx.kind, job_id=ctx.job_id,
+                          profile=None, verdict="error", action=None, reason=None, exit_code=exit_code,
+                          error=error[:500], boot_id=None, findings=[])
+    except Exception:  # noqa: BLE001 - the log line above is the primary record
+        pass
 
 
 def _drain_internal(cfg: Any, ctx: Any, kind: str, detail: str, log: Any) -> None:
@@ -251,8 +285,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     print("runs:")
     for r in runs:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"]))
+        took = f"{r['duration_ms']:.0f}ms" if r["duration_ms"] is not None else "-"
         print(f"  {when} {r['node']:<10} {r['kind']:<11} job={r['job_id'] or '-':<8} {r['verdict']:<6} "
-              f"{r['duration_ms']:.0f}ms {r['reason'] or ''}")
+              f"{took:>7} {r['reason'] or r['error'] or ''}")
     print("drains:")
     for d in drains:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["ts"]))
@@ -283,14 +318,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Fast path for the hooks: no argparse help machinery needed beyond a tiny parse.
     if argv and argv[0] in HOOK_KINDS:
-        args = build_parser().parse_args(argv)
-        code = run_hook(argv[0], args.config, getattr(args, "simulate", None))
+        args = build_hook_parser(argv[0]).parse_args(argv)
+        code = run_hook(argv[0], args.config, args.simulate)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # never wait for a probe thread stuck in the driver
     args = build_parser().parse_args(argv)
     handlers = {"check": cmd_check, "xid": cmd_xid, "profiles": cmd_profiles, "config": cmd_config,
                 "history": cmd_history, "slurm-conf": cmd_slurm_conf, "simulate": cmd_simulate}
+    if args.cmd in FEATURE_COMMANDS:
+        import importlib
+
+        handlers[args.cmd] = importlib.import_module(FEATURE_COMMANDS[args.cmd]).run
     if args.cmd not in handlers:
         build_parser().print_help()
         return 2

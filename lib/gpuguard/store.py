@@ -112,7 +112,7 @@ class Store:
         self.close()
 
     # ------------------------------------------------------------------ writes
-    def record_run(self, *, started: float, duration_ms: float, node: str, kind: str, job_id: Optional[str],
+    def record_run(self, *, started: float, duration_ms: Optional[float], node: str, kind: str, job_id: Optional[str],
                    profile: Optional[str], verdict: str, action: Optional[str], reason: Optional[str],
                    exit_code: Optional[int], error: Optional[str], boot_id: Optional[str],
                    findings: Iterable[Finding], restart_count: Optional[int] = None) -> int:
