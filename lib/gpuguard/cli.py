@@ -11,7 +11,12 @@ HOOK_KINDS = ("prolog", "epilog", "healthcheck")
 
 # Subcommands contributed by feature modules, imported only when the full parser is built (never on the
 # hooks' hot path). Each module exposes `add_parser(subparsers) -> None` and `run(args) -> int`.
-FEATURE_COMMANDS: dict[str, str] = {}
+FEATURE_COMMANDS: dict[str, str] = {
+    # @command:watch
+    # @command:templates
+    # @command:nccl
+    # @command:monitor
+}
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

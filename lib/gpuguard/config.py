@@ -165,6 +165,13 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "fake_nvml": (_str(allow_none=True), None),
         "workdir": (_str(allow_none=True), None),
     },
+    # Feature sections are inserted at their marker (one per feature owner), keep the markers.
+    # @section:watch
+    # @section:templates
+    # @section:nccl
+    # @section:notify
+    # @section:metrics
+    # @section:monitor
     "logging": {
         "syslog": (_bool, True),
         "file": (_str(allow_none=True), None),
