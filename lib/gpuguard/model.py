@@ -237,3 +237,7 @@ class Observations:
     kernel_log: Optional[KernelLogObservation] = None
     fabric: Optional[FabricObservation] = None
     system: Optional[SystemObservation] = None
+    # optional tiers (NCCL / DCGM / EFA counter deltas); their dataclasses live with their probes
+    nccl: Optional[Any] = None
+    dcgm: Optional[Any] = None
+    efa_counters: Optional[Any] = None

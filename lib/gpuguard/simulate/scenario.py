@@ -47,7 +47,10 @@ GPU_KEYS = {
     "utilization_pct", "processes", "lost", "errors", "hang", "retired_pages_supported", "row_remap_supported",
 }
 TOP_KEYS = {"description", "profile", "instance_type", "boot_id", "driver_version", "gpus", "nvml", "kernel_log",
-            "fabric", "system"}
+            "fabric", "system",
+            "nccl",  # simulated nccl-tests / collective bandwidth of this node (gpuguard.nccl)
+            "dcgm",  # simulated `dcgmi diag` results
+            }
 
 
 class ScenarioError(ValueError):
