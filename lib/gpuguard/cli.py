@@ -72,10 +72,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("undrain", help="lift a drain gpuguard put on a node (admin)")
+    _add_common(p)
+    p.add_argument("node")
+    p.add_argument("--force", action="store_true",
+                   help="also lift a drain gpuguard did not set, or a FLAPPING / down / maintenance node")
+
     p = sub.add_parser("simulate", help="simulation helpers")
     ss = p.add_subparsers(dest="sim_cmd", metavar="SUBCOMMAND")
     b = ss.add_parser("build", help="compile the fake libnvidia-ml.so.1")
     b.add_argument("--out", help="output directory")
+    i = ss.add_parser("inject", help="change a scenario as hardware would under a running job")
+    i.add_argument("scenario", help="scenario file to change in place")
+    i.add_argument("--kernel-line", action="append", default=[], help="append a kernel log line (repeatable)")
+    i.add_argument("--process", action="append", default=[], metavar="GPU:PID",
+                   help="a live process on a GPU (listed while the pid runs)")
+    i.add_argument("--set", metavar="GPU:KEY=VALUE", help="set one GPU field, e.g. 3:ecc_volatile_uncorrected=2")
 
     import importlib
 
@@ -150,8 +162,11 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
            if f.severity.value in ("fail", "warn", "incomplete")]
     log.log("error" if v.outcome == "drain" else ("warning" if v.outcome == "warn" else "info"),
             msg + (" findings=" + " ; ".join(bad) if bad else ""))
-    state["exit_code"] = result.exit_code
-    return result.exit_code
+    # slurmd ignores a HealthCheckProgram's exit code (only logs "health_check failed"): gpuguard has drained
+    # the node itself, so exit 0 and keep slurmd's log for real errors.
+    code = 0 if kind == "healthcheck" else result.exit_code
+    state["exit_code"] = code
+    return code
 
 
 def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> None:
@@ -300,6 +315,55 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_undrain(args: argparse.Namespace) -> int:
+    """The admin's undrain, with the health check's ownership rules unless --force."""
+    from gpuguard.config import load_config
+    from gpuguard.reason import is_ours, parse_reason
+    from gpuguard.slurm import SlurmError, client_from_config
+    from gpuguard.store import Store
+
+    cfg = load_config(args.config)
+    client = client_from_config(cfg.sections["slurm"], cfg.sections["deadlines"]["scontrol_s"])
+    try:
+        state = client.get_node(args.node)
+    except SlurmError as e:
+        print(f"gpuguard: cannot read {args.node}: {e}", file=sys.stderr)
+        return 2
+    if state is None:
+        print(f"gpuguard: no node {args.node} in Slurm", file=sys.stderr)
+        return 2
+    if not state.drained:
+        print(f"{args.node} is not drained ({'+'.join(sorted(state.states))}); nothing to do")
+        return 0
+    parsed = parse_reason(state.reason or "")
+    refuse = None
+    if not is_ours(state.reason):
+        refuse = f"drained by someone else (Reason={state.reason!r}); gpuguard does not lift it"
+    elif state.down or state.maintenance:
+        refuse = f"node is {'+'.join(sorted(state.states))}"
+    elif parsed and parsed.keyword == "FLAPPING":
+        refuse = f"node is FLAPPING ({state.reason}); make sure the hardware was fixed"
+    if refuse and not args.force:
+        print(f"gpuguard: not undraining {args.node}: {refuse}. Use --force to override.", file=sys.stderr)
+        return 1
+    try:
+        client.undrain(args.node)
+    except SlurmError as e:
+        print(f"gpuguard: undrain failed: {e}", file=sys.stderr)
+        return 2
+    try:
+        with Store(cfg.sections["store"]["path"].replace("{node}", args.node), timeout_s=2.0) as st:
+            active = st.active_drain(args.node)
+            st.record_drain(node=args.node, op="undrain", outcome="done", reason=state.reason,
+                            check_id=active["check_id"] if active else None,
+                            action=active["action"] if active else None, run_id=None,
+                            detail="admin" + (" --force" if args.force else ""))
+    except Exception:  # noqa: BLE001 - the node's own store learns it from Slurm at its next health check
+        pass
+    print(f"undrained {args.node} (was: {state.reason})")
+    return 0
+
+
 def cmd_slurm_conf(args: argparse.Namespace) -> int:
     from gpuguard.slurmconf import recommended_lines
 
@@ -315,7 +379,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         print(build_fake_nvml(Path(args.out) if args.out else None))
         return 0
-    print("usage: gpuguard simulate build [--out DIR]", file=sys.stderr)
+    if args.sim_cmd == "inject":
+        import yaml
+
+        from gpuguard.simulate.scenario import inject
+
+        procs = []
+        for item in args.process:
+            gpu, _, pid = item.partition(":")
+            procs.append((int(gpu), int(pid)))
+        set_gpu = None
+        if args.set:
+            gpu, _, kv = args.set.partition(":")
+            key, _, value = kv.partition("=")
+            set_gpu = (int(gpu), key, yaml.safe_load(value))
+        inject(args.scenario, kernel_lines=args.kernel_line, processes=procs, set_gpu=set_gpu)
+        return 0
+    print("usage: gpuguard simulate {build,inject} ...", file=sys.stderr)
     return 2
 
 
@@ -330,7 +410,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os._exit(code)  # never wait for a probe thread stuck in the driver
     args = build_parser().parse_args(argv)
     handlers = {"check": cmd_check, "xid": cmd_xid, "profiles": cmd_profiles, "config": cmd_config,
-                "history": cmd_history, "slurm-conf": cmd_slurm_conf, "simulate": cmd_simulate}
+                "history": cmd_history, "slurm-conf": cmd_slurm_conf, "simulate": cmd_simulate,
+                "undrain": cmd_undrain}
     if args.cmd in FEATURE_COMMANDS:
         import importlib
 

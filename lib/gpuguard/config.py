@@ -86,6 +86,12 @@ def _str_list(x: Any) -> Any:
     return list(x)
 
 
+def _int_list(x: Any) -> Any:
+    if not isinstance(x, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in x):
+        raise ValueError(f"expected a list of integers, got {x!r}")
+    return list(x)
+
+
 def _any_mapping(x: Any) -> Any:
     if not isinstance(x, dict):
         raise ValueError(f"expected a mapping, got {x!r}")
@@ -165,13 +171,110 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "fake_nvml": (_str(allow_none=True), None),
         "workdir": (_str(allow_none=True), None),
     },
+    "locking": {
+        # runs on one node are serialised (prolog, epilog, health check); a run that cannot get the lock in
+        # this time goes on read-only (no kernel-log cursor advance, no undrain)
+        "wait_s": (_num(), 5.0),
+    },
+    "undrain": {
+        "enabled": (_bool, True),
+        "passes": (_int(1), 2),  # consecutive passing health-check runs of the check that drained the node
+        "replace": (_bool, False),  # auto-undrain hardware-inspection faults too (default: an admin does)
+        "max_undrains": (_int(0), 3),  # more undrains than this within window_h: stays drained as FLAPPING
+        "window_h": (_num(), 24.0),
+    },
+    "reboot": {
+        # reboot-class faults: also ask Slurm to reboot the node when idle (`scontrol reboot ASAP
+        # nextstate=resume`; needs RebootProgram in slurm.conf)
+        "auto": (_bool, False),
+        "escalate_after": (_int(0), 2),  # same fault back after this many reboots: action replace
+        "window_days": (_num(), 30.0),
+    },
+    "epilog": {
+        "kill_leftovers": (_bool, True),  # terminate the job user's processes left on its GPUs
+        "kill_grace_s": (_num(), 5.0),  # SIGTERM, this long, then SIGKILL
+        # a job that died with one of these codes (128+signal: SIGABRT, SIGBUS, SIGKILL, SIGSEGV) gets the
+        # health check's deeper set of checks in its epilog
+        "deep_on_exit_codes": (_int_list, [134, 135, 137, 139]),
+    },
     # Feature sections are inserted at their marker (one per feature owner), keep the markers.
     # @section:watch
+    "watch": {
+        # kernel log the watch daemon follows; null = sources.kernel_log (on a simulated node: its kmsg file)
+        "source": (_str(allow_none=True), None),
+        # first start (no cursor yet): "boot" judges this boot's whole kernel log, "end" only new lines,
+        # "auto" = boot for kmsg/journal, end for a text file (it spans boots: old lines are not this boot's)
+        "start_at": (_choice("auto", "boot", "end"), "auto"),
+        "dedupe_window_s": (_num(), 300.0),  # the same Xid code on the same GPU within this is one event
+        "poll_interval_s": (_num(), 0.25),  # file sources only: how often to look for new lines
+        "retry_initial_s": (_num(), 1.0),  # a drain that failed (scontrol down) is retried after this, doubling
+        "retry_max_s": (_num(), 60.0),  # ... up to this, until it goes through
+        "record_non_fatal": (_bool, True),  # record app/warn-class Xids (folded by the dedupe window) in history
+    },
     # @section:templates
     # @section:nccl
     # @section:notify
+    "notify": {
+        # apprise URLs (json://, slack://, mailto://, sns://, ...); none = notifications off, nothing imported
+        "urls": (_str_list, []),
+        "min_severity": (_choice("info", "warning", "critical"), "info"),
+        "kinds": (_str_list, ["drain", "undrain", "prolog_failure", "straggler", "hang", "requeue",
+                              "internal_error", "flapping"]),
+        # the same node + check + kind again within this window is suppressed (counted into the next message)
+        "dedup_window_s": (_num(0, strict=False), 3600.0),
+        # at most rate_limit messages per rate_window_s from one state file; the rest go out as one digest
+        "rate_limit": (_int(1), 10),
+        "rate_window_s": (_num(), 600.0),
+        # fleet-wide aggregation through a directory on a shared filesystem: the same kind + check on more than
+        # group_threshold nodes within group_window_s is summarised in one digest ("one bad rack pages once")
+        "shared_dir": (_str(allow_none=True), None),
+        "group_threshold": (_int(1), 3),
+        "group_window_s": (_num(), 600.0),
+        "state_path": (_str(allow_none=True), None),  # SQLite spool + limiter state (default: store.path)
+        "timeout_s": (_num(), 5.0),  # one delivery attempt to one URL
+        "spool_max_age_h": (_num(), 72.0),  # undeliverable messages are retried by flush() this long
+        "title_prefix": (_str(), "gpuguard"),
+    },
     # @section:metrics
+    "metrics": {
+        # node_exporter --collector.textfile.directory ("{node}" = node name); null = no metrics, no cost
+        "textfile_dir": (_str(allow_none=True), None),
+    },
     # @section:monitor
+    "monitor": {
+        "interval_s": (_num(), 10.0),
+        # node thresholds (CloudWatch alarm practice: above 80-90 % for 5 minutes); null = not checked
+        "cpu_percent_max": (_num(0, strict=False, allow_none=True), 90.0),
+        "memory_percent_max": (_num(0, strict=False, allow_none=True), 90.0),
+        "disk_percent_max": (_num(0, strict=False, allow_none=True), 90.0),
+        "disk_paths": (_str_list, ["/", "/tmp"]),
+        "sustain_s": (_num(0, strict=False), 300.0),  # a node threshold must hold this long before it alerts
+        # GPU thresholds; gpu_temp_max_c null = 5 C below the GPU's own slowdown temperature
+        "gpu_temp_max_c": (_num(0, strict=False, allow_none=True), None),
+        "gpu_power_max_w": (_num(0, strict=False, allow_none=True), None),
+        "gpu_memory_percent_max": (_num(0, strict=False, allow_none=True), None),
+        "ecc_uncorrected_max": (_int(0), 0),  # volatile uncorrected ECC errors gained during the job
+        "throttle": (_bool, True),  # alert on HW slowdown / HW thermal / power brake / SW thermal
+        # stragglers, compared with the job's other GPUs and nodes (reports in the shared job directory)
+        "straggler_clock_ratio": (_num(), 0.85),  # SM clock below 85 % of the job's median while busy
+        "straggler_util_gap_pct": (_num(), 25.0),  # utilisation this many points below the job's median
+        "straggler_step_ratio": (_num(), 1.2),  # step time 20 % above the other nodes' median
+        "straggler_samples": (_int(1), 3),  # consecutive samples before a straggler alert
+        "busy_util_pct": (_num(0, strict=False), 50.0),  # a GPU counts as busy (clocks comparable) above this
+        # hangs: no new iteration in the training log, or every GPU idle, for this long
+        "hang_minutes": (_num(), 15.0),
+        "startup_minutes": (_num(), 30.0),  # allowance before the first iteration appears
+        "idle_minutes": (_num(), 10.0),
+        "idle_util_pct": (_num(0, strict=False), 1.0),
+        # the training log: "auto" = <job dir>/train.log, else the job's StdOut from `scontrol show job`;
+        # "{job_dir}", "{job_id}", "{node}" are substituted; null = hang detection from GPU idleness only
+        "train_log": (_str(allow_none=True), "auto"),
+        "py_spy": (_str(allow_none=True), "py-spy"),  # null = never dump stacks
+        "requeue_on_hang": (_bool, False),
+        # how to requeue: by default the torchrun template's own USR1 trap (checkpoint, ledger, max requeues)
+        "requeue_command": (_str_list, ["scancel", "--batch", "--signal=USR1", "{job_id}"]),
+        "command_timeout_s": (_num(), 20.0),
+    },
     "logging": {
         "syslog": (_bool, True),
         "file": (_str(allow_none=True), None),

@@ -24,6 +24,7 @@ class RunContext:
     node: str
     job_id: Optional[str] = None
     job_user: Optional[str] = None
+    job_uid: Optional[int] = None
     gpu_indices: Optional[tuple[int, ...]] = None  # the job's GPUs (NVML indices); None = all GPUs
     restart_count: int = 0
     exclusive: Optional[bool] = None
@@ -74,6 +75,7 @@ def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = No
     node_name = node or pick("SLURMD_NODENAME", _NODE_RE) or _short_hostname()
     job_id = pick("SLURM_JOB_ID", _JOB_RE) or pick("SLURM_JOBID", _JOB_RE)
     user = pick("SLURM_JOB_USER", _USER_RE)
+    uid_s = pick("SLURM_JOB_UID", re.compile(r"^\d{1,10}$"))
 
     gpus: Optional[tuple[int, ...]] = None
     if kind in ("prolog", "epilog"):
@@ -117,6 +119,7 @@ def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = No
         node=node_name,
         job_id=job_id,
         job_user=user,
+        job_uid=int(uid_s) if uid_s is not None else None,
         gpu_indices=gpus,
         restart_count=restart,
         exclusive=exclusive,

@@ -316,7 +316,9 @@ class DevCluster:
             self._start_slurmctld()
             for node in self.node_names:
                 self._start_slurmd(node)
-            self.wait_nodes(lambda flags: "IDLE" in flags and not flags & _UNUSABLE, timeout=self.boot_timeout)
+            # registered and answering; a node the HealthCheckProgram drained at start counts as booted
+            self.wait_nodes(lambda flags: "IDLE" in flags and not flags & (_UNUSABLE - {"DRAIN"}),
+                            timeout=self.boot_timeout)
         except BaseException:
             self.stop(keep_workdir=True)
             raise

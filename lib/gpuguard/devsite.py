@@ -136,18 +136,31 @@ class DevSite:
             return []
         return [line for line in self.log_path.read_text(errors="replace").splitlines() if needle in line]
 
-    def hook_env(self, node: str, **extra: str) -> dict[str, str]:
-        """The bare environment slurmd gives a prolog (verified on 22.05: no PATH, SLURM_CONF set)."""
-        env = {"SLURMD_NODENAME": node, "SLURM_CONF": str(self.cluster.conf_path),
-               "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
+    def hook_env(self, node: str, kind: str = "prolog", **extra: str) -> dict[str, str]:
+        """The bare environment slurmd gives a hook (verified on 22.05: never PATH; a prolog/epilog gets
+        SLURM_CONF and the job's variables, a HealthCheckProgram only SLURMD_NODENAME)."""
+        env = {"SLURMD_NODENAME": node}
+        if kind != "healthcheck":
+            env.update({"SLURM_CONF": str(self.cluster.conf_path), "SLURM_SCRIPT_CONTEXT": f"{kind}_slurmd"})
         env.update(extra)
         return env
 
     def run_hook(self, kind: str, node: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
         """Run an installed hook the way slurmd does (e.g. for a node Slurm would not schedule on)."""
         script = self.libexec / f"gpuguard-{kind}"
-        return subprocess.run([str(script)], env=self.hook_env(node, **env), capture_output=True, text=True,
+        return subprocess.run([str(script)], env=self.hook_env(node, kind, **env), capture_output=True, text=True,
                               timeout=timeout, cwd="/")
+
+    def write_scenario(self, node: str, base: str, **changes: Any) -> Path:
+        """`node`'s scenario = an example scenario with top-level keys replaced (e.g. boot_id=... to simulate a
+        reboot)."""
+        data = yaml.safe_load(scenario_path(base).read_text()) or {}
+        data.update(changes)
+        dest = self.scenarios / f"{node}.yaml"
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+        os.replace(tmp, dest)
+        return dest
 
     def gpuguard(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "GPUGUARD_CONFIG": str(self.config_path), **self.cluster.env}

@@ -230,6 +230,19 @@ class SystemObservation:
 
 
 @dataclass
+class JobCleanup:
+    """What the epilog found and did about processes left on the job's GPUs."""
+
+    job_id: Optional[str] = None
+    job_uid: Optional[int] = None
+    killed: list[GpuProcess] = field(default_factory=list)  # leftovers gpuguard terminated
+    survivors: list[GpuProcess] = field(default_factory=list)  # still alive after SIGKILL (stuck in the driver)
+    foreign: list[GpuProcess] = field(default_factory=list)  # not the job user's: reported, never killed
+    not_killed: list[GpuProcess] = field(default_factory=list)  # the job's, left alone (epilog.kill_leftovers off)
+    error: Optional[str] = None
+
+
+@dataclass
 class Observations:
     """Everything gathered for one run. A probe that was not planned leaves its field None."""
 
@@ -241,3 +254,4 @@ class Observations:
     nccl: Optional[Any] = None
     dcgm: Optional[Any] = None
     efa_counters: Optional[Any] = None
+    cleanup: Optional[JobCleanup] = None  # epilog only

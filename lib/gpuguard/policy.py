@@ -17,7 +17,7 @@ from gpuguard.reason import format_reason
 CHECK_PRIORITY = [
     "gpu.xid", "gpu.nvml", "gpu.count", "gpu.recovery_action", "gpu.row_remap", "gpu.retired_pages", "gpu.ecc",
     "gpu.nvlink", "gpu.pcie", "gpu.temperature", "gpu.throttle", "fabric.efa", "fabric.ib", "gpu.model",
-    "gpu.memory", "gpu.processes", "sys.memory", "sys.disk", "sys.cpu",
+    "gpu.memory", "gpu.leftovers", "gpu.memory_released", "gpu.processes", "sys.memory", "sys.disk", "sys.cpu",
 ]
 
 
@@ -42,6 +42,23 @@ def _priority(f: Finding) -> tuple[int, int]:
     except ValueError:
         idx = len(CHECK_PRIORITY)
     return (-f.action.rank, idx)
+
+
+def escalate_recurring(findings: list[Finding], recurrences: Mapping[tuple[str, str], int],
+                       escalate_after: int) -> list[Finding]:
+    """A reboot/reset-class fault that already drained the node in `escalate_after` earlier boots is not fixed
+    by rebooting: the node needs hardware inspection (action replace)."""
+    if not escalate_after:
+        return findings
+    out = []
+    for f in findings:
+        seen = recurrences.get((f.check_id, f.keyword), 0)
+        if f.severity is Severity.FAIL and f.action in (Action.REBOOT, Action.RESET) and seen >= escalate_after:
+            f = Finding(f.check_id, f.severity, f"{f.message}; back after {seen} reboots", keyword=f.keyword,
+                        remediation="the fault survived reboots: hardware inspection / RMA. " + f.remediation,
+                        action=Action.REPLACE, evidence={**f.evidence, "recurred_boots": seen}, gpu=f.gpu)
+        out.append(f)
+    return out
 
 
 def decide(
@@ -86,3 +103,53 @@ def decide(
     if warns:
         return Verdict("warn", Action.NONE, sorted(warns, key=_priority)[0], warns)
     return Verdict("pass")
+
+
+# --------------------------------------------------------------------------- undrain
+
+
+@dataclass
+class UndrainDecision:
+    action: str  # undrain | wait | flapping | admin | closed
+    detail: str
+
+
+def decide_undrain(
+    *,
+    drain_action: str,
+    node_drained: bool,
+    node_reason: Optional[str],
+    node_down: bool,
+    node_maintenance: bool,
+    verdict: str,
+    passes: int,
+    required_passes: int,
+    boot_changed: bool,
+    undrains_in_window: int,
+    max_undrains: int,
+    undrain_replace: bool = False,
+) -> UndrainDecision:
+    """May the health check lift the drain gpuguard put on this node? Ownership first (DESIGN §3): only a
+    node that is still drained with a gpuguard reason, never one an admin took over."""
+    from gpuguard.reason import is_ours, parse_reason
+
+    if not node_drained:
+        return UndrainDecision("closed", "no longer drained (resumed by someone else)")
+    if not is_ours(node_reason):
+        return UndrainDecision("closed", f"reason changed to {node_reason!r}: an admin owns the node now")
+    if node_down or node_maintenance:
+        return UndrainDecision("wait", "node is down or in maintenance")
+    parsed = parse_reason(node_reason or "")
+    if parsed and parsed.keyword == "FLAPPING":
+        return UndrainDecision("flapping", "marked FLAPPING: stays drained until an admin runs gpuguard undrain")
+    if verdict == "drain":
+        return UndrainDecision("wait", "still failing")
+    if drain_action == "replace" and not undrain_replace:
+        return UndrainDecision("admin", "hardware-inspection fault: an admin undrains after the repair")
+    if drain_action == "reboot" and not boot_changed:
+        return UndrainDecision("wait", "reboot-class fault: waiting for a reboot")
+    if passes < required_passes:
+        return UndrainDecision("wait", f"{passes}/{required_passes} passing runs")
+    if max_undrains and undrains_in_window >= max_undrains:
+        return UndrainDecision("flapping", f"already undrained {undrains_in_window} times in the window")
+    return UndrainDecision("undrain", f"{passes} passing runs" + (" after a reboot" if boot_changed else ""))

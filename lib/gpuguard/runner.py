@@ -19,7 +19,7 @@ from gpuguard.config import Config
 from gpuguard.context import RunContext
 from gpuguard.model import (Finding, KernelLogObservation, NvmlObservation, Observations, ProbeStatus,
                             Severity, SystemObservation, FabricObservation)
-from gpuguard.policy import Verdict, decide
+from gpuguard.policy import Verdict, decide, escalate_recurring
 from gpuguard.profiles import Profile
 
 
@@ -65,13 +65,10 @@ class RunResult:
     simulated: Optional[str] = None
     notes: list[str] = field(default_factory=list)
     boot_id: Optional[str] = None
+    undrain: Optional[dict[str, Any]] = None
 
 
 # --------------------------------------------------------------------------- plan
-
-
-def plan_checks(cfg: Config, kind: str) -> list[CheckSpec]:
-    return [s for s in registry() if kind in s.kinds and cfg.check_enabled(s.id)]
 
 
 def resolve_sources(cfg: Config, node: str, simulate: Optional[str] = None) -> tuple[Sources, Optional[Profile]]:
@@ -190,7 +187,7 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
     if "nvml" in needs:
         from gpuguard.probes.nvml import read_nvml
 
-        want_procs = any(s.id == "gpu.processes" for s in specs)
+        want_procs = any(s.id in ("gpu.processes", "gpu.leftovers", "gpu.memory_released") for s in specs)
         probes.append(_Probe("nvml", lambda: read_nvml(
             gpu_indices=list(ctx.gpu_indices) if ctx.gpu_indices is not None else None,
             nvlinks=profile.nvlinks_per_gpu, library_path=sources.nvml_library, env=sources.nvml_env or None,
@@ -252,6 +249,47 @@ def read_boot_id(sources: Sources) -> Optional[str]:
 # --------------------------------------------------------------------------- the run
 
 
+class NodeLock:
+    """Serialises runs on one node (prolog, epilog, health check share the kernel-log cursor and the drain
+    bookkeeping). flock: released by the kernel if the holder dies (slurmd kills a hung health check)."""
+
+    def __init__(self, path: str, wait_s: float) -> None:
+        self.path = path
+        self.wait_s = wait_s
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> bool:
+        import fcntl
+
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return False
+        until = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError:
+                if time.monotonic() >= until:
+                    return False
+                time.sleep(0.02)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the flock
+
+
+def plan_for(cfg: Config, ctx: RunContext) -> list[CheckSpec]:
+    """The checks this run does: the run kind's set; an epilog of a job that died by a signal adds the node
+    checks (NVLink, PCIe, fabric, ...) because a crash can be the hardware's doing."""
+    kinds = {ctx.kind}
+    if ctx.kind == "epilog" and ctx.job_exit_code in cfg.sections["epilog"]["deep_on_exit_codes"]:
+        kinds.add("epilog_deep")
+    return [s for s in registry() if kinds & s.kinds and cfg.check_enabled(s.id)]
+
+
 def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry_run: bool = False,
             deadline_s: Optional[float] = None, slurm_client: Any = None) -> RunResult:
     """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller
@@ -263,56 +301,177 @@ def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry
     deadline = Deadline(deadline_s or dl_cfg.get(f"{ctx.kind}_s", dl_cfg["manual_s"]))
     sources, sim_profile = resolve_sources(cfg, ctx.node, simulate)
     profile, _how = (sim_profile, "scenario") if sim_profile else resolve_profile(cfg, ctx.node)
-    specs = plan_checks(cfg, ctx.kind)
-
+    specs = plan_for(cfg, ctx)
     store_path = cfg.sections["store"]["path"].replace("{node}", ctx.node)
-    store = Store(store_path, timeout_s=min(5.0, max(0.5, deadline.remaining() / 4)))
-    cursor_name = f"kernel_log:{ctx.node}"
-    cursor = store.get_cursor(cursor_name)
+    lock = NodeLock(f"{store_path}.{ctx.node}.lock",
+                    min(cfg.sections["locking"]["wait_s"], deadline.remaining() / 3))
+    with lock as locked:
+        store = Store(store_path, timeout_s=min(5.0, max(0.5, deadline.remaining() / 4)))
+        try:
+            return _run_locked(ctx, cfg, sources, profile, specs, store, deadline, started, dry_run or not locked,
+                               dry_run, locked, slurm_client)
+        finally:
+            store.close()
+
+
+def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile, specs: list[CheckSpec],
+                store: Any, deadline: Deadline, started: float, read_only: bool, dry_run: bool, locked: bool,
+                slurm_client: Any) -> RunResult:
+    dl_cfg = cfg.sections["deadlines"]
+    node_cursor = f"kernel_log:{ctx.node}"
+    job_cursor = f"job:{ctx.node}:{ctx.job_id}" if ctx.job_id else None
+    # The epilog judges the Xids of the job's window: from where the kernel log was when its prolog ran.
+    cursor = (store.get_cursor(job_cursor) if ctx.kind == "epilog" and job_cursor else None) \
+        or store.get_cursor(node_cursor)
 
     raw = gather(build_probes(specs, cfg, ctx, sources, profile, cursor), deadline)
     obs = Observations(nvml=raw.get("nvml"), kernel_log=raw.get("kernel_log"), fabric=raw.get("fabric"),
                        system=raw.get("system"))
     _name_processes(obs, sources.procfs_root)
+    notes: list[str] = [] if locked else ["another gpuguard run held the node lock: read-only run"]
+
+    if ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not dry_run:
+        obs.cleanup = _epilog_cleanup(ctx, cfg, obs, specs, sources, profile, deadline)
 
     findings = evaluate(specs, obs, cfg, ctx, profile)
     pol = cfg.sections["policy"]
+    reboot_cfg = cfg.sections["reboot"]
+    boot_id = read_boot_id(sources)
+    since = time.time() - reboot_cfg["window_days"] * 86400
+    recurrences = {(f.check_id, f.keyword): store.previous_fault_boots(ctx.node, f.check_id, f.keyword, boot_id, since)
+                   for f in findings if f.severity is Severity.FAIL and f.keyword}
+    findings = escalate_recurring(findings, recurrences, reboot_cfg["escalate_after"])
     streaks = store.incomplete_streaks(ctx.node, [f.check_id for f in findings if f.severity is Severity.INCOMPLETE])
     verdict = decide(findings, ctx.kind, on_failure=pol["on_failure"], on_incomplete=pol["on_incomplete"],
                      incomplete_escalate_after=pol["incomplete_escalate_after"], incomplete_history=streaks)
 
     exit_code = 1 if verdict.outcome == "drain" else 0
     result = RunResult(ctx, profile, obs, findings, verdict, exit_code, 0.0, started, simulated=sources.simulated,
-                       boot_id=read_boot_id(sources))
+                       boot_id=boot_id, notes=notes)
+    client: Any = None
+
+    def slurm() -> Any:
+        nonlocal client
+        if client is None:
+            from gpuguard.slurm import client_from_config
+
+            client = slurm_client or client_from_config(cfg.sections["slurm"], deadline.bound(dl_cfg["scontrol_s"]))
+        return client
 
     if verdict.outcome == "drain" and verdict.reason:
         if dry_run:
             result.drain = {"outcome": "skipped", "detail": "dry run", "reason": verdict.reason}
         else:
-            from gpuguard.slurm import client_from_config, drain_node
+            from gpuguard.slurm import drain_node, request_reboot
 
-            client = slurm_client or client_from_config(cfg.sections["slurm"], deadline.bound(dl_cfg["scontrol_s"]))
-            out = drain_node(client, ctx.node, verdict.reason)
+            out = drain_node(slurm(), ctx.node, verdict.reason)
             result.drain = {"outcome": out.outcome, "detail": out.detail, "reason": verdict.reason,
                             "previous_reason": out.previous_reason}
+            if out.outcome == "done" and verdict.action.value == "reboot" and reboot_cfg["auto"]:
+                result.drain["reboot"] = request_reboot(slurm(), ctx.node, verdict.reason)
 
     result.duration_s = time.time() - started
     result.run_id = store.record_run(
         started=started, duration_ms=result.duration_s * 1000, node=ctx.node, kind=ctx.kind, job_id=ctx.job_id,
         profile=profile.name, verdict=verdict.outcome, action=verdict.action.value, reason=verdict.reason,
-        exit_code=exit_code, error=None, boot_id=result.boot_id, findings=findings,
+        exit_code=exit_code, error=None, boot_id=boot_id, findings=findings,
         restart_count=ctx.restart_count if ctx.job_id else None)
     if result.drain:
         primary = verdict.primary
         store.record_drain(node=ctx.node, op="drain", outcome=result.drain["outcome"], reason=verdict.reason,
                            check_id=primary.check_id if primary else None, action=verdict.action.value,
                            run_id=result.run_id, detail=result.drain["detail"])
-    # Advance the kernel-log cursor only after the run is recorded: an Xid is judged at least once.
+    elif ctx.kind == "healthcheck" and not read_only and cfg.sections["undrain"]["enabled"]:
+        result.undrain = maybe_undrain(store, slurm, ctx.node, verdict.outcome, boot_id, cfg, result.run_id)
+
+    # Cursors move only after the run is recorded (an Xid is judged at least once), never in a read-only run.
     kl = obs.kernel_log
-    if kl is not None and kl.cursor is not None and kl.status.complete and not dry_run:
-        store.set_cursor(cursor_name, kl.cursor)
-    store.close()
+    if kl is not None and kl.cursor is not None and kl.status.complete and not read_only:
+        if ctx.kind == "epilog":
+            if job_cursor:
+                store.delete_cursor(job_cursor)
+        else:
+            store.set_cursor(node_cursor, kl.cursor)
+            if ctx.kind == "prolog" and job_cursor:
+                store.set_cursor(job_cursor, kl.cursor)  # where the job's window starts
     return result
+
+
+def _epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list[CheckSpec], sources: Sources,
+                    profile: Profile, deadline: Deadline) -> Any:
+    """Terminate the job's leftover GPU processes, then look at the GPUs again."""
+    from gpuguard.epilog import cleanup_leftovers
+
+    ecfg = cfg.sections["epilog"]
+    grace = min(ecfg["kill_grace_s"], deadline.remaining() / 3)
+    cleanup = cleanup_leftovers(obs.nvml, ctx.gpu_indices, ctx.job_id, ctx.job_uid, grace, ecfg["kill_leftovers"])
+    if cleanup.killed:
+        nvml_only = [s for s in specs if s.needs == "nvml"]
+        again = gather(build_probes(nvml_only, cfg, ctx, sources, profile, None), deadline)
+        if again.get("nvml") is not None:
+            obs.nvml = again["nvml"]
+            _name_processes(obs, sources.procfs_root)
+    return cleanup
+
+
+def maybe_undrain(store: Any, slurm: Callable[[], Any], node: str, verdict: str, boot_id: Optional[str],
+                  cfg: Config, run_id: Optional[int]) -> Optional[dict[str, Any]]:
+    """Lift a drain gpuguard put on this node once its cause has cleared (policy.decide_undrain). Slurm is
+    asked only when the store says gpuguard has a drain in place: a healthy node costs no scontrol call."""
+    from gpuguard.policy import decide_undrain
+    from gpuguard.reason import format_reason, parse_reason
+    from gpuguard.slurm import SlurmError
+
+    drain = store.active_drain(node)
+    if drain is None:
+        return None
+    ucfg = cfg.sections["undrain"]
+    try:
+        state = slurm().get_node(node)
+    except SlurmError as e:
+        return {"outcome": "failed", "detail": f"reading node state: {e}"}
+    if state is None:
+        return {"outcome": "failed", "detail": "node unknown to Slurm"}
+    window = time.time() - ucfg["window_h"] * 3600
+    passes = store.consecutive_passes(node, drain["check_id"] or "", since=drain["ts"]) if drain["check_id"] else 0
+    decision = decide_undrain(
+        drain_action=drain["action"] or "drain", node_drained=state.drained, node_reason=state.reason,
+        node_down=state.down, node_maintenance=state.maintenance, verdict=verdict, passes=passes,
+        required_passes=ucfg["passes"], boot_changed=bool(boot_id and drain["boot_id"] and boot_id != drain["boot_id"]),
+        undrains_in_window=store.count_ops(node, "undrain", window), max_undrains=ucfg["max_undrains"],
+        undrain_replace=ucfg["replace"])
+    out: dict[str, Any] = {"decision": decision.action, "detail": decision.detail}
+    if decision.action == "undrain":
+        try:
+            slurm().undrain(node)
+            out["outcome"] = "done"
+        except SlurmError as e:
+            out["outcome"] = "failed"
+            out["detail"] += f"; {e}"
+        store.record_drain(node=node, op="undrain", outcome=out["outcome"], reason=state.reason,
+                           check_id=drain["check_id"], action=drain["action"], run_id=run_id, detail=decision.detail)
+    elif decision.action == "closed":
+        out["outcome"] = "gone"
+        store.record_drain(node=node, op="undrain", outcome="gone", reason=state.reason, check_id=drain["check_id"],
+                           action=drain["action"], run_id=run_id, detail=decision.detail)
+    elif decision.action == "flapping":
+        parsed = parse_reason(state.reason or "")
+        if parsed and parsed.keyword != "FLAPPING":
+            n = store.count_ops(node, "undrain", window)
+            reason = format_reason(parsed.check_id, "FLAPPING",
+                                   f"drained again after {n} undrains in {ucfg['window_h']:g}h: {parsed.detail}",
+                                   "healthcheck", "replace")
+            try:
+                slurm().set_reason(node, reason)
+                out["outcome"] = "flapping"
+            except SlurmError as e:
+                out["outcome"] = "failed"
+                out["detail"] += f"; {e}"
+            store.record_drain(node=node, op="drain", outcome=out["outcome"], reason=reason,
+                               check_id=drain["check_id"], action="replace", run_id=run_id, detail=decision.detail)
+    else:
+        out["outcome"] = decision.action  # wait | admin
+    return out
 
 
 def _name_processes(obs: Observations, procfs_root: str) -> None:

@@ -60,6 +60,10 @@ class SlurmClient(Protocol):
 
     def undrain(self, name: str) -> None: ...
 
+    def set_reason(self, name: str, reason: str) -> None: ...
+
+    def reboot(self, name: str, reason: str) -> None: ...
+
 
 # --------------------------------------------------------------------------- parsing `scontrol show ... -o`
 # Verified on 22.05 (see devcluster.py): Reason comes last, verbatim (spaces, ':', '=', '[...]' unescaped),
@@ -231,6 +235,11 @@ class CliSlurmClient:
     def set_reason(self, name: str, reason: str) -> None:
         self._run(["update", f"NodeName={name}", f"Reason={reason}"])
 
+    def reboot(self, name: str, reason: str) -> None:
+        # ASAP: drain now, reboot once idle; nextstate=RESUME: back in service after the reboot, where the
+        # prolog and the health check judge it again. Needs RebootProgram in slurm.conf.
+        self._run(["reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", name])
+
 
 # --------------------------------------------------------------------------- pyslurm client
 
@@ -289,6 +298,15 @@ class PyslurmClient:
 
         self._bounded(lambda: pyslurm.Node(name).modify(state="UNDRAIN"))
 
+    def set_reason(self, name: str, reason: str) -> None:
+        import pyslurm
+
+        self._bounded(lambda: pyslurm.Node(name).modify(reason=reason))
+
+    def reboot(self, name: str, reason: str) -> None:
+        # pyslurm has no stable reboot API across releases; scontrol is always there
+        CliSlurmClient(timeout_s=self.timeout_s).reboot(name, reason)
+
 
 def pyslurm_usable(slurm_version: Optional[str]) -> bool:
     """pyslurm X.Y.* is built for Slurm X.0Y; anything else would misread structures, so refuse it."""
@@ -340,6 +358,15 @@ def client_from_config(slurm_cfg: dict, timeout_s: float) -> SlurmClient:  # typ
 
 
 # --------------------------------------------------------------------------- ownership-safe drain
+
+
+def request_reboot(client: SlurmClient, node: str, reason: str) -> dict[str, str]:
+    """Ask Slurm to reboot a node gpuguard just drained for a reboot-class fault. Never raises."""
+    try:
+        client.reboot(node, reason)
+    except SlurmError as e:
+        return {"outcome": "failed", "detail": str(e)}
+    return {"outcome": "requested", "detail": "scontrol reboot ASAP nextstate=RESUME"}
 
 
 @dataclass

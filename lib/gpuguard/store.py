@@ -148,6 +148,9 @@ class Store:
             "ON CONFLICT(name) DO UPDATE SET value=excluded.value, updated=excluded.updated",
             (name, json.dumps(value), time.time()))
 
+    def delete_cursor(self, name: str) -> None:
+        self.conn.execute("DELETE FROM cursors WHERE name=?", (name,))
+
     # ------------------------------------------------------------------ reads
     def get_cursor(self, name: str) -> Optional[dict[str, Any]]:
         row = self.conn.execute("SELECT value FROM cursors WHERE name=?", (name,)).fetchone()
@@ -184,6 +187,55 @@ class Store:
             if n:
                 out[cid] = n
         return out
+
+    # ------------------------------------------------------------------ drain bookkeeping (undrain, escalation)
+    def active_drain(self, node: str) -> Optional[dict[str, Any]]:
+        """The drain gpuguard put on `node` and has not lifted yet (with the boot id it happened in)."""
+        cur = self.conn.execute(
+            "SELECT d.*, r.boot_id AS boot_id FROM drains d LEFT JOIN runs r ON r.id = d.run_id "
+            "WHERE d.node=? AND d.op='drain' AND d.outcome IN ('done','already') ORDER BY d.id DESC LIMIT 1",
+            (node,))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        drain = dict(zip([c[0] for c in cur.description], row))
+        lifted = self.conn.execute(
+            "SELECT 1 FROM drains WHERE node=? AND op='undrain' AND outcome IN ('done','gone') AND id > ? LIMIT 1",
+            (node, drain["id"])).fetchone()
+        return None if lifted else drain
+
+    def consecutive_passes(self, node: str, check_id: str, since: float, kinds: tuple[str, ...] = ("healthcheck",),
+                           limit: int = 50) -> int:
+        """How many of the latest runs (after `since`, of these kinds) in a row had `check_id` ok and did not
+        end in a drain verdict."""
+        marks = ",".join("?" * len(kinds))
+        run_ids = [r[0] for r in self.conn.execute(
+            f"SELECT id FROM runs WHERE node=? AND started>? AND kind IN ({marks}) AND verdict!='error' "
+            f"ORDER BY id DESC LIMIT ?", (node, since, *kinds, limit))]
+        n = 0
+        for rid in run_ids:
+            verdict = self.conn.execute("SELECT verdict FROM runs WHERE id=?", (rid,)).fetchone()[0]
+            sev = self.conn.execute("SELECT severity FROM findings WHERE run_id=? AND check_id=?",
+                                    (rid, check_id)).fetchall()
+            if verdict == "drain" or not sev or any(s[0] not in ("ok", "skip") for s in sev):
+                break
+            n += 1
+        return n
+
+    def count_ops(self, node: str, op: str, since: float, outcomes: tuple[str, ...] = ("done",)) -> int:
+        marks = ",".join("?" * len(outcomes))
+        return int(self.conn.execute(
+            f"SELECT COUNT(*) FROM drains WHERE node=? AND op=? AND ts>=? AND outcome IN ({marks})",
+            (node, op, since, *outcomes)).fetchone()[0])
+
+    def previous_fault_boots(self, node: str, check_id: str, keyword: str, current_boot: Optional[str],
+                             since: float) -> int:
+        """In how many earlier boots gpuguard drained `node` for this same fault (check + keyword)."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT r.boot_id FROM drains d JOIN runs r ON r.id = d.run_id WHERE d.node=? AND d.op='drain' "
+            "AND d.outcome IN ('done','already') AND d.check_id=? AND d.ts>=? AND d.reason LIKE ? "
+            "AND r.boot_id IS NOT NULL", (node, check_id, since, f"% {keyword}: %")).fetchall()
+        return sum(1 for (b,) in rows if b != current_boot)
 
     def runs(self, node: Optional[str] = None, since: Optional[float] = None, limit: int = 200) -> list[dict[str, Any]]:
         q = "SELECT * FROM runs WHERE 1=1"

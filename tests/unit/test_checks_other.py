@@ -118,3 +118,29 @@ def test_system_checks():
     f = run("sys.disk", sysobs(disks=[DiskUsage("/", error="Stale file handle")]), params={"paths": [{"path": "/", "min_free_gib": 1}]})
     assert f[0].severity is Severity.FAIL and "Stale file handle" in f[0].message
     assert run("sys.memory", sysobs(), profile=load_profile("generic"))[0].severity is Severity.SKIP
+
+
+MEMINFO_P5 = """MemTotal:       2113399188 kB
+MemFree:        2064023544 kB
+MemAvailable:   2080231456 kB
+Buffers:           12964 kB
+Cached:          24561408 kB
+HugePages_Total:       0
+Hugepagesize:       2048 kB
+"""  # shape of /proc/meminfo on a p5.48xlarge (2 TiB), values as the kernel prints them
+
+
+def test_system_probe_reads_a_procfs_root(tmp_path):
+    from gpuguard.probes.system import parse_meminfo, read_system
+
+    assert parse_meminfo(MEMINFO_P5)["MemAvailable"] == 2080231456
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text(MEMINFO_P5)
+    (tmp_path / "sys/devices/system/cpu").mkdir(parents=True)
+    (tmp_path / "sys/devices/system/cpu/online").write_text("0-95,128-191\n")
+    obs = read_system(["/", "/nonexistent-gpuguard"], procfs_root=str(tmp_path / "proc"),
+                      sysfs_root=str(tmp_path / "sys"))
+    assert obs.mem_total_mib == 2113399188 // 1024 and obs.cpus_online == 160
+    assert obs.disks[0].free_mib and obs.disks[1].error
+    broken = read_system([], procfs_root=str(tmp_path / "nothing"))
+    assert not broken.status.complete and broken.mem_total_mib is None

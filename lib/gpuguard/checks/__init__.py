@@ -17,7 +17,11 @@ if TYPE_CHECKING:
     from gpuguard.xid import XidCatalog
 
 ALL_KINDS = frozenset({"prolog", "epilog", "healthcheck", "manual"})
-NO_PROLOG = frozenset({"healthcheck", "manual"})
+# Node checks that are not about the job: the epilog adds them ("epilog_deep") only when the job died by a
+# signal that can point at hardware (SIGKILL by the OOM killer aside, a SIGSEGV/SIGBUS is worth a look).
+NODE = frozenset({"prolog", "healthcheck", "manual", "epilog_deep"})
+# Right after a job the GPUs are hot and throttling is expected: not judged in the epilog.
+IDLE_ONLY = frozenset({"prolog", "healthcheck", "manual"})
 
 
 @dataclass(frozen=True)
@@ -52,9 +56,9 @@ def _registry() -> list[CheckSpec]:
           "NVML answers, the driver is loaded, no GPU is lost or needs a reset"),
         S("gpu.count", "GPUCOUNT", "nvml", gpu.check_count, ALL_KINDS, {},
           "GPU count matches the profile and every GPU of the job exists"),
-        S("gpu.model", "GPUMODEL", "nvml", gpu.check_model, ALL_KINDS, {},
+        S("gpu.model", "GPUMODEL", "nvml", gpu.check_model, NODE, {},
           "GPU product name matches the profile"),
-        S("gpu.memory", "GPUMEM", "nvml", gpu.check_memory, ALL_KINDS,
+        S("gpu.memory", "GPUMEM", "nvml", gpu.check_memory, NODE,
           {"tolerance_pct": ("num?", None)},
           "GPU framebuffer size matches the profile"),
         S("gpu.ecc", "ECC", "nvml", gpu.check_ecc, ALL_KINDS,
@@ -71,32 +75,37 @@ def _registry() -> list[CheckSpec]:
           "NVML's GPU recovery action is NONE (newer drivers)"),
         S("gpu.xid", "XID", "kernel_log", xid.check_xid, ALL_KINDS, {},
           "no fatal Xid in the kernel log since the last check"),
-        S("gpu.temperature", "THERMAL", "nvml", gpu.check_temperature, ALL_KINDS,
+        S("gpu.temperature", "THERMAL", "nvml", gpu.check_temperature, IDLE_ONLY,
           {"warn_c": ("int?", None), "fail_c": ("int?", None)},
           "GPU temperature below the profile's limits"),
-        S("gpu.throttle", "CLOCKS", "nvml", gpu.check_throttle, ALL_KINDS,
+        S("gpu.throttle", "CLOCKS", "nvml", gpu.check_throttle, IDLE_ONLY,
           {"fail_reasons": ("strlist", ["hw_slowdown", "hw_thermal", "hw_power_brake"]),
            "warn_reasons": ("strlist", ["sw_thermal"])},
           "no hardware slowdown, thermal or power-brake clock throttling"),
-        S("gpu.pcie", "PCIE", "nvml", gpu.check_pcie, ALL_KINDS, {},
+        S("gpu.pcie", "PCIE", "nvml", gpu.check_pcie, NODE, {},
           "PCIe link width and maximum generation as the profile expects"),
-        S("gpu.nvlink", "NVLINK", "nvml", gpu.check_nvlink, ALL_KINDS, {},
+        S("gpu.nvlink", "NVLINK", "nvml", gpu.check_nvlink, NODE, {},
           "every NVLink of every GPU is active"),
         S("gpu.processes", "GPUPROC", "nvml", gpu.check_processes, frozenset({"prolog"}),
           {"severity": ("severity", "fail")},
           "no leftover processes on the job's GPUs before it starts"),
-        S("fabric.efa", "EFA", "fabric", fabric.check_efa, ALL_KINDS,
+        S("gpu.leftovers", "GPUPROC", "nvml", gpu.check_leftovers, frozenset({"epilog"}), {},
+          "the epilog terminated the job's leftover GPU processes; none survived, none foreign"),
+        S("gpu.memory_released", "GPUMEM", "nvml", gpu.check_memory_released, frozenset({"epilog"}),
+          {"max_used_mib": ("int", 2048)},
+          "GPU memory released after the job"),
+        S("fabric.efa", "EFA", "fabric", fabric.check_efa, NODE,
           {"check_provider": ("bool", True)},
           "EFA device count, ports ACTIVE, libfabric efa provider present"),
-        S("fabric.ib", "IB", "fabric", fabric.check_ib, ALL_KINDS, {},
+        S("fabric.ib", "IB", "fabric", fabric.check_ib, NODE, {},
           "InfiniBand HCA count, ports ACTIVE at the expected rate"),
-        S("sys.memory", "MEM", "system", system.check_memory, ALL_KINDS,
+        S("sys.memory", "MEM", "system", system.check_memory, IDLE_ONLY,
           {"min_available_gib": ("num?", None)},
           "installed memory matches the profile; enough memory available"),
         S("sys.disk", "DISK", "system", system.check_disk, ALL_KINDS,
           {"paths": ("disk_paths", [{"path": "/", "min_free_gib": 1}, {"path": "/tmp", "min_free_gib": 1}])},
           "free space on the configured paths"),
-        S("sys.cpu", "CPU", "system", system.check_cpu, ALL_KINDS, {},
+        S("sys.cpu", "CPU", "system", system.check_cpu, NODE, {},
           "online CPU count matches the profile"),
     ]
 

@@ -400,3 +400,57 @@ def check_processes(obs: Observations, inp: CheckInput) -> list[Finding]:
         return [skip(cid, "the job has no GPUs")]
     return findings or [ok(cid, "no processes on the job's GPUs")]
 
+
+
+def _procs(ps: list) -> str:  # type: ignore[type-arg]
+    return ", ".join(f"pid {p.pid}" + (f" {p.name}" if p.name else "") for p in ps[:4]) + \
+        (f" +{len(ps) - 4} more" if len(ps) > 4 else "")
+
+
+def check_leftovers(obs: Observations, inp: CheckInput) -> list[Finding]:
+    """Epilog: the job's processes left on its GPUs were terminated; a survivor is stuck in the driver
+    (the GPU needs a reset/reboot); another user's process on the job's GPU is not ours to kill."""
+    cid = "gpu.leftovers"
+    c = obs.cleanup
+    if c is None:
+        return [skip(cid, "no cleanup ran")]
+    findings: list[Finding] = []
+    if c.survivors:
+        findings.append(fail(cid, "GPUPROC", f"{len(c.survivors)} process(es) survived SIGKILL on the job's GPUs: "
+                             f"{_procs(c.survivors)}",
+                             "processes stuck in the driver (D state): the GPU needs a reset, usually a reboot",
+                             Action.REBOOT, pids=[p.pid for p in c.survivors]))
+    if c.foreign:
+        findings.append(fail(cid, "GPUPROC", f"process(es) of another user on the job's GPUs: {_procs(c.foreign)}",
+                             "something outside Slurm uses these GPUs: find out what (ps -o user,cmd -p PID)",
+                             Action.DRAIN, pids=[p.pid for p in c.foreign]))
+    if c.not_killed:
+        findings.append(fail(cid, "GPUPROC", f"{len(c.not_killed)} leftover process(es) of the job on its GPUs: "
+                             f"{_procs(c.not_killed)}", "kill them (epilog.kill_leftovers is off)", Action.DRAIN,
+                             pids=[p.pid for p in c.not_killed]))
+    if c.error:
+        findings.append(warn(cid, "GPUPROC", f"leftover cleanup incomplete: {c.error}", "check the epilog log"))
+    if not findings:
+        msg = f"terminated {len(c.killed)} leftover process(es): {_procs(c.killed)}" if c.killed \
+            else "no leftover processes on the job's GPUs"
+        findings.append(ok(cid, msg, killed=[p.pid for p in c.killed]))
+    return findings
+
+
+def check_memory_released(obs: Observations, inp: CheckInput) -> list[Finding]:
+    cid = "gpu.memory_released"
+    bad = nvml_unavailable(cid, "GPUMEM", obs.nvml)
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    limit = inp.params.get("max_used_mib", 2048)
+    findings = [
+        fail(cid, "GPUMEM", f"{gpu_label(g)} still has {g.memory_used_mib} MiB in use after the job",
+             "GPU memory not released (a zombie context): reset the GPU (nvidia-smi -r) or reboot",
+             Action.RESET, gpu=g.index, used_mib=g.memory_used_mib)
+        for g in job_gpus(obs.nvml, inp.job_gpus)
+        if g.memory_used_mib is not None and g.memory_used_mib > limit and not g.processes
+    ]
+    if inp.job_gpus == ():
+        return [skip(cid, "the job had no GPUs")]
+    return findings or [ok(cid, "GPU memory released")]

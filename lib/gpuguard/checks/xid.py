@@ -66,7 +66,9 @@ def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
     if not log.status.complete:
         findings.append(incomplete(cid, "XID", f"kernel log {log.source} not fully read: {log.status.error}"))
     if not findings:
-        n_app = len(recorded)
-        msg = "no Xid since the last check" if not n_app else f"{n_app} non-fatal Xid(s) recorded, none fatal"
+        codes = sorted({int(e["code"]) for e in recorded})  # type: ignore[call-overload]
+        where = "during the job" if inp.kind == "epilog" else "since the last check"
+        msg = f"no Xid {where}" if not codes else \
+            f"non-fatal Xid {', '.join(map(str, codes))} {where}: recorded, not a node fault"
         findings.append(ok(cid, msg, xids=recorded, malformed=log.malformed, source=log.source))
     return findings

@@ -1,4 +1,4 @@
-"""Host resources: memory (psutil, honouring a procfs root), online CPUs (sysfs), disk space."""
+"""Host resources: memory (/proc/meminfo), online CPUs (sysfs), disk space (statvfs); every root a parameter."""
 
 from __future__ import annotations
 
@@ -36,20 +36,32 @@ def read_disk(path: str) -> DiskUsage:
     return DiskUsage(path, total_mib=st.f_blocks * st.f_frsize // mib, free_mib=st.f_bavail * st.f_frsize // mib)
 
 
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo -> {field: KiB}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key.strip()] = int(parts[0])
+    return out
+
+
 def read_system(paths: Iterable[str] = (), procfs_root: str = "/proc", sysfs_root: str = "/sys") -> SystemObservation:
-    """Never raises; an unreadable source leaves its field None and marks the probe incomplete."""
+    """Never raises; an unreadable source leaves its field None and marks the probe incomplete.
+
+    Memory is read from <procfs_root>/meminfo directly rather than through psutil.virtual_memory(): psutil
+    only takes its /proc location from a process-wide global (which would also redirect the epilog's process
+    handling), and MemTotal/MemAvailable are exactly what psutil reports on Linux anyway.
+    """
     obs = SystemObservation(status=ProbeStatus())
     try:
-        import psutil
-
-        psutil.PROCFS_PATH = procfs_root  # lets simulation and tests point at a fake /proc
-        vm = psutil.virtual_memory()
-        obs.mem_total_mib = vm.total // (1024 * 1024)
-        obs.mem_available_mib = vm.available // (1024 * 1024)
-    except Exception as e:  # noqa: BLE001 - a probe never raises
-        obs.status = ProbeStatus(complete=False, error=f"memory: {type(e).__name__}: {e}")
+        with open(os.path.join(procfs_root, "meminfo")) as f:
+            mem = parse_meminfo(f.read())
+        obs.mem_total_mib = mem["MemTotal"] // 1024
+        obs.mem_available_mib = mem.get("MemAvailable", mem.get("MemFree", 0)) // 1024
+    except (OSError, KeyError) as e:
+        obs.status = ProbeStatus(complete=False, error=f"memory: {e}")
     obs.cpus_online = read_cpus_online(sysfs_root)
-    # statvfs is used directly (psutil.disk_usage is the same call) so the probe thread can be abandoned
-    # on a hung mount without psutil holding anything.
     obs.disks = [read_disk(p) for p in paths]
     return obs

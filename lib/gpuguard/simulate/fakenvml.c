@@ -61,7 +61,9 @@
  *   gpu.<i>.utilization.gpu=N           gpu.<i>.utilization.memory=N
  *   gpu.<i>.clock.sm|mem|graphics|video=MHz   gpu.<i>.max_clock.sm|mem|graphics|video=MHz
  *   gpu.<i>.persistence_mode=0|1
- *   gpu.<i>.process.<n>=<pid>:<used_bytes>    compute processes, n = 0..63 (gaps allowed)
+ *   gpu.<i>.process.<n>=<pid>:<used_bytes>[:live]  compute processes, n = 0..63 (gaps allowed); with
+ *                                              ":live" listed only while that pid exists and is not a zombie
+ *                                              (a process the test started; killing it frees "the GPU")
  *   gpu.<i>.error.<function>=<nvmlReturn>     that call on this GPU returns the error; error.* = every
  *                                       call on this GPU, nvmlDeviceGetHandleByIndex_v2 included
  *   gpu.<i>.hang.<function>=<seconds>   that call on this GPU sleeps first (adds to a global hang)
@@ -297,6 +299,7 @@ struct override_list {
 
 struct process {
     bool set;
+    bool live; /* only while /proc/<pid> is a running (non-zombie) process */
     unsigned int pid;
     unsigned long long used_bytes;
 };
@@ -512,9 +515,37 @@ static void parse_process(struct fake_gpu *g, const char *slot, char *value) {
     if (!parse_u64(slot, &n) || n >= MAX_PROCS || !colon)
         return;
     *colon = '\0';
+    char *flag = strchr(colon + 1, ':');
+    bool live = false;
+    if (flag) {
+        *flag = '\0';
+        if (strcmp(trim(flag + 1), "live") != 0)
+            return;
+        live = true;
+    }
     if (!parse_u64(trim(value), &pid) || pid > 0xFFFFFFFFull || !parse_u64(trim(colon + 1), &used))
         return;
-    g->procs[n] = (struct process){.set = true, .pid = (unsigned)pid, .used_bytes = used};
+    g->procs[n] = (struct process){.set = true, .live = live, .pid = (unsigned)pid, .used_bytes = used};
+}
+
+/* A ":live" process counts while /proc/<pid>/stat exists and its state is not Z (zombie) or X (dead). */
+static bool process_visible(const struct process *p) {
+    if (!p->set)
+        return false;
+    if (!p->live)
+        return true;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%u/stat", p->pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    if (!paren || paren[1] != ' ')
+        return false;
+    return paren[2] != 'Z' && paren[2] != 'X' && paren[2] != '\0';
 }
 
 static void parse_gpu_key(struct scenario *sc, const char *key, char *value) {
@@ -1344,7 +1375,7 @@ static nvmlReturn_t list_processes(const char *function, nvmlDevice_t dev, bool 
         return NVML_ERROR_INVALID_ARGUMENT;
     unsigned n = 0;
     for (unsigned i = 0; compute && i < MAX_PROCS; i++)
-        n += g->procs[i].set;
+        n += process_visible(&g->procs[i]);
     if (*count < n) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -1354,7 +1385,9 @@ static nvmlReturn_t list_processes(const char *function, nvmlDevice_t dev, bool 
     unsigned k = 0;
     for (unsigned i = 0; compute && i < MAX_PROCS; i++) {
         const struct process *p = &g->procs[i];
-        if (!p->set)
+        if (k >= n)
+            break; /* a live process may have appeared since it was counted: never overrun the array */
+        if (!process_visible(p))
             continue;
         if (v1_layout) {
             ((nvmlProcessInfo_v1_t *)infos)[k++] = (nvmlProcessInfo_v1_t){p->pid, p->used_bytes};
@@ -1364,7 +1397,7 @@ static nvmlReturn_t list_processes(const char *function, nvmlDevice_t dev, bool 
                 p->pid, p->used_bytes, NVML_VALUE_NOT_AVAILABLE_UINT, NVML_VALUE_NOT_AVAILABLE_UINT};
         }
     }
-    *count = n;
+    *count = k; /* ... or died: report what was filled */
     return NVML_SUCCESS;
 }
 

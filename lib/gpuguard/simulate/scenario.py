@@ -196,7 +196,8 @@ def _gpu_lines(i: int, g: dict[str, Any]) -> list[str]:
         if g.get("nvlink_down"):
             out.append(f"{p}nvlink_down={','.join(str(int(x)) for x in g['nvlink_down'])}")
     for n, proc in enumerate(g.get("processes") or []):
-        out.append(f"{p}process.{n}={int(proc['pid'])}:{int(proc.get('used_mib', 1024)) * mib}")
+        live = ":live" if proc.get("live") else ""  # listed only while that pid runs
+        out.append(f"{p}process.{n}={int(proc['pid'])}:{int(proc.get('used_mib', 1024)) * mib}{live}")
     if g.get("lost"):
         out.append(f"{p}error.*={NVML_ERRORS['GPU_IS_LOST']}")
     for fn, err in (g.get("errors") or {}).items():
@@ -389,3 +390,38 @@ def materialize(scenario_path: str, workdir: str, fake_nvml: Optional[str] = Non
         nvml_env={"GPUGUARD_FAKE_NVML_FILE": str(root / "nvml.txt")},
         kernel_log=f"kmsg:{kmsg}", boot_id=boot_id, sysfs_root=str(root / "sys"), procfs_root=str(root / "proc"),
         fi_info=str(root / "bin/fi_info"), workdir=str(root), scenario=os.path.abspath(scenario_path))
+
+
+# --------------------------------------------------------------------------- injecting faults at run time
+
+
+def inject(scenario_path: str, *, kernel_lines: list[str] = (), processes: list[tuple[int, int]] = (),  # type: ignore[assignment]
+           set_gpu: Optional[tuple[int, str, Any]] = None) -> None:
+    """Change a scenario file in place (atomically), as hardware changes under a running job: append kernel
+    log lines, attach live processes to GPUs (`(gpu, pid)`), or set one GPU field."""
+    import yaml
+
+    data = load_yaml_file(scenario_path) or {}
+    if kernel_lines:
+        data.setdefault("kernel_log", [])
+        data["kernel_log"] = list(data["kernel_log"] or []) + list(kernel_lines)
+    gpus = data.setdefault("gpus", {}) if (processes or set_gpu) else data.get("gpus")
+    if processes or set_gpu:
+        overrides = gpus.setdefault("overrides", {}) or {}
+        gpus["overrides"] = overrides
+        for gpu, pid in processes:
+            entry = overrides.setdefault(gpu, {}) or {}
+            overrides[gpu] = entry
+            entry.setdefault("processes", [])
+            entry["processes"] = list(entry["processes"] or []) + [{"pid": pid, "used_mib": 4096, "live": True}]
+        if set_gpu:
+            gpu, key, value = set_gpu
+            if key not in GPU_KEYS:
+                raise ScenarioError(f"unknown GPU key {key!r}")
+            entry = overrides.setdefault(gpu, {}) or {}
+            overrides[gpu] = entry
+            entry[key] = value
+    tmp = f"{scenario_path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    os.replace(tmp, scenario_path)

@@ -1,0 +1,173 @@
+"""The health check on a real Slurm cluster: drains on hardware faults, undrains only what it drained once the
+cause has cleared (after a reboot for reboot-class faults), leaves admins' drains alone, pins flapping nodes,
+escalates a fault that survives reboots to `replace`, and runs from slurmd itself."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import pytest
+
+from gpuguard.devsite import DevSite
+from gpuguard.reason import parse_reason
+
+
+def hc(site, node="node1"):
+    p = site.run_hook("healthcheck", node)
+    assert p.returncode in (0, 1), p.stderr
+    return site.runs(node, "healthcheck")[0]
+
+
+def reason(site, node="node1"):
+    r = site.cluster.node_info(node).get("Reason")
+    return parse_reason(r) if r else None
+
+
+def drained(site, node="node1"):
+    return "DRAIN" in site.cluster.node_flags(node)
+
+
+def test_drains_on_row_remap_and_undrains_after_recovery(site_factory):
+    site = site_factory(nodes=2)
+    site.set_scenario("node1", "row-remap-pending")
+    run = hc(site)
+    assert run["verdict"] == "drain" and drained(site)
+    r = reason(site)
+    assert (r.check_id, r.keyword, r.context, r.action) == ("gpu.row_remap", "ROWREMAP", "healthcheck", "reset")
+    site.set_scenario("node1", "healthy-p5")  # the GPU was reset: no remap pending any more
+    hc(site)
+    assert drained(site), "one passing run is not enough (undrain.passes = 2)"
+    hc(site)
+    assert not drained(site)
+    d = site.store("node1").drains("node1")[0]
+    assert (d["op"], d["outcome"], d["check_id"]) == ("undrain", "done", "gpu.row_remap")
+    assert "DRAIN" not in site.cluster.node_flags("node2")
+
+
+def test_ecc_dbe_drains_with_reset(site_factory):
+    site = site_factory(nodes=1)
+    site.set_scenario("node1", "ecc-dbe")
+    hc(site)
+    r = reason(site)
+    assert r.action == "reset" and (r.check_id, r.keyword) in {("gpu.xid", "XID48"), ("gpu.ecc", "ECC")}
+
+
+def test_reboot_class_fault_waits_for_a_reboot(site_factory):
+    site = site_factory(nodes=1)
+    site.set_scenario("node1", "xid79")
+    hc(site)
+    assert reason(site).action == "reboot"
+    site.set_scenario("node1", "healthy-p5")  # GPU back (say, reseated live) but the node never rebooted
+    for _ in range(3):
+        hc(site)
+    assert drained(site)
+    undrain = site.runs("node1", "healthcheck")[0]
+    assert undrain["verdict"] == "pass"
+    site.write_scenario("node1", "healthy-p5", boot_id="6f1e2d3c-0000-4000-8000-00000000b002")  # rebooted
+    hc(site)
+    hc(site)
+    assert not drained(site)
+
+
+def test_admin_drain_is_never_touched(site_factory):
+    site = site_factory(nodes=1)
+    site.cluster.drain("node1", "admin: RMA ticket 7731 [do not resume]")
+    for scenario in ("healthy-p5", "xid79", "healthy-p5"):
+        site.set_scenario("node1", scenario)
+        hc(site)
+        info = site.cluster.node_info("node1")
+        assert info["Reason"] == "admin: RMA ticket 7731 [do not resume]" and drained(site)
+
+
+def test_flapping_node_stays_drained(site_factory):
+    site = site_factory(nodes=1, config={"undrain": {"passes": 1, "max_undrains": 2}})
+    for _ in range(2):
+        site.set_scenario("node1", "ecc-dbe")
+        hc(site)
+        assert drained(site)
+        site.set_scenario("node1", "healthy-p5")
+        hc(site)
+        assert not drained(site)
+        # the same injected fault again (a fresh Xid 48 line, another ECC counter bump)
+        site.write_scenario("node1", "ecc-dbe", kernel_log=[f"NVRM: Xid (PCI:0000:a8:00): 48, pid=1, name=x, DBE {time.time()}"])
+        hc(site)
+        assert drained(site)
+        site.set_scenario("node1", "healthy-p5")
+    hc(site)
+    r = reason(site)
+    assert drained(site) and r.keyword == "FLAPPING" and r.action == "replace", r
+    hc(site)
+    assert drained(site)
+    refused = site.gpuguard("undrain", "node1")
+    assert refused.returncode == 1 and "FLAPPING" in refused.stderr
+    assert site.gpuguard("undrain", "node1", "--force").returncode == 0
+    assert not drained(site)
+
+
+def test_replace_class_waits_for_an_admin(site_factory):
+    site = site_factory(nodes=1)
+    site.write_scenario("node1", "healthy-p5", gpus={"overrides": {2: {"remap_failure": True}}})
+    hc(site)
+    assert reason(site).action == "replace"
+    site.set_scenario("node1", "healthy-p5")
+    for _ in range(3):
+        hc(site)
+    assert drained(site)
+    assert site.gpuguard("undrain", "node1").returncode == 0  # the admin, after the repair
+    assert not drained(site)
+
+
+def test_fault_that_survives_reboots_escalates_to_replace(site_factory):
+    site = site_factory(nodes=1, config={"undrain": {"passes": 1}})
+    for boot in range(1, 4):
+        site.write_scenario("node1", "xid79", boot_id=f"00000000-0000-4000-8000-0000000000a{boot}")
+        hc(site)
+        r = reason(site)
+        assert drained(site) and r.keyword == "XID79"
+        if boot < 3:
+            assert r.action == "reboot"
+            site.write_scenario("node1", "healthy-p5", boot_id=f"00000000-0000-4000-8000-0000000000b{boot}")
+            hc(site)
+            assert not drained(site)
+    assert r.action == "replace" and "back after 2 reboots" in site.cluster.node_info("node1")["Reason"]
+
+
+def test_hung_nvml_ends_within_the_health_check_budget(site_factory):
+    site = site_factory(nodes=1, config={"deadlines": {"nvml_s": 2, "healthcheck_s": 5}})
+    site.set_scenario("node1", "nvml-hang")
+    t0 = time.monotonic()
+    hc(site)
+    assert time.monotonic() - t0 < 5
+    assert (reason(site).check_id, reason(site).keyword) == ("gpu.nvml", "TIMEOUT")
+
+
+def test_concurrent_prologs_and_health_checks(site_factory):
+    site = site_factory(nodes=1)
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        futs = [ex.submit(site.run_hook, "healthcheck", "node1") for _ in range(4)]
+        futs += [ex.submit(site.run_hook, "prolog", "node1", SLURM_JOB_ID=str(100 + i), SLURM_JOB_GPUS="0,1")
+                 for i in range(4)]
+        assert all(f.result().returncode == 0 for f in futs)
+    runs = site.runs("node1")
+    assert len(runs) == 8 and all(r["verdict"] == "pass" for r in runs)
+    assert not drained(site)
+
+
+def test_slurmd_runs_the_health_check_itself(tmp_path):
+    """HealthCheckProgram= as an admin configures it: slurmd runs it at start (before the node registers:
+    it must not block) and every interval; a bad node is drained without anyone running anything."""
+    from gpuguard.devcluster import missing_requirements
+
+    if missing_requirements():
+        pytest.skip("; ".join(missing_requirements()))
+    site = DevSite(nodes=2, workdir=tmp_path / "site", prolog=False, healthcheck=True, health_check_interval=2)
+    site.set_scenario("node2", "ecc-dbe")
+    with site:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not drained(site, "node2"):
+            time.sleep(0.5)
+        assert drained(site, "node2"), site.cluster.log_tails()
+        assert reason(site, "node2").context == "healthcheck"
+        assert not drained(site, "node1")
+        assert site.runs("node1", "healthcheck"), "slurmd ran the health check on the healthy node too"
