@@ -2,7 +2,8 @@
 """`make bench`: gpuguard's hot paths, measured the way Slurm runs them. Prints a table.
 
 1. prolog wall time on a healthy simulated 8-GPU p5.48xlarge node: the installed hook script, exec'd with the
-   bare environment slurmd gives it (targets: median <= 0.25 s, p95 <= 0.4 s on a 2-core machine);
+   bare environment slurmd gives it (targets: median <= 0.25 s, p95 <= 0.4 s on a 2-core machine), and the
+   health check's (median <= 0.3 s);
 2. job start latency on a local Slurm cluster, gpuguard's prolog vs `Prolog=/bin/true`, measured in the same
    run on identical clusters (target: <= +0.3 s);
 3. kernel-log Xid scan throughput vs `grep -c 'NVRM: Xid'` on a generated mixed log (bench/kernel_log_scan.py).
@@ -43,27 +44,45 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
-def bench_prolog(runs: int) -> None:
-    print(f"[1] prolog wall time, healthy simulated p5.48xlarge node, {runs} runs", flush=True)
+def _hook_times(kind: str, runs: int) -> tuple[list[float], int]:
+    """Wall time of the installed hook, exec'd with the bare environment slurmd gives it, on a healthy
+    simulated node (the cluster is not started: only the hook runs)."""
     with tempfile.TemporaryDirectory(prefix="gg-bench-") as d:
-        site = DevSite(nodes=1, workdir=Path(d) / "site")  # the cluster is not started: only the hook runs
-        env = site.hook_env("node1", SLURM_JOB_ID="1", SLURM_JOB_GPUS="0,1,2,3,4,5,6,7")
-        script = str(site.libexec / "gpuguard-prolog")
+        site = DevSite(nodes=1, workdir=Path(d) / "site")
+        script = str(site.libexec / f"gpuguard-{kind}")
         times = []
         for i in range(runs + 3):
-            env["SLURM_JOB_ID"] = str(100 + i)
+            extra = {} if kind == "healthcheck" else {"SLURM_JOB_ID": str(100 + i), "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}
+            env = site.hook_env("node1", kind, **extra)
             t0 = time.perf_counter()
             p = subprocess.run([script], env=env, capture_output=True, text=True, cwd="/")
             dt = time.perf_counter() - t0
             if p.returncode != 0:
-                raise SystemExit(f"prolog failed on a healthy node: {p.stderr[-2000:]}")
+                raise SystemExit(f"{kind} failed on a healthy node: {p.stderr[-2000:]}")
             if i >= 3:  # the first runs build the simulated node and warm the page cache
                 times.append(dt)
-        checks = len([f for f in site.runs("node1")[0]["findings"] if f["severity"] == "ok"])
+        run = site.runs("node1", kind)[0]
+        if run["verdict"] != "pass":
+            raise SystemExit(f"{kind} on a healthy node did not pass: {run}")
+        checks = len([f for f in run["findings"] if f["severity"] == "ok"])
+    return times, checks
+
+
+def bench_prolog(runs: int) -> None:
+    print(f"[1] prolog wall time, healthy simulated p5.48xlarge node, {runs} runs", flush=True)
+    times, checks = _hook_times("prolog", runs)
     med, p95 = statistics.median(times), pct(times, 95)
     row("prolog median", f"{med:.3f} s", "<= 0.25 s", med <= 0.25)
     row("prolog p95", f"{p95:.3f} s", "<= 0.4 s", p95 <= 0.4)
     row("checks passed per prolog", str(checks), "-", None)
+
+
+def bench_healthcheck(runs: int) -> None:
+    print(f"[1b] health check wall time, healthy simulated p5.48xlarge node (all 8 GPUs), {runs} runs", flush=True)
+    times, checks = _hook_times("healthcheck", runs)
+    med = statistics.median(times)
+    row("health check median", f"{med:.3f} s", "<= 0.3 s", med <= 0.3)
+    row("checks passed per health check", str(checks), "-", None)
 
 
 def _started_at(cluster: DevCluster, job: str) -> float:
@@ -129,6 +148,7 @@ def main() -> int:
     a = ap.parse_args()
     print(f"gpuguard bench on {os.cpu_count()} CPUs")
     bench_prolog(a.prolog_runs)
+    bench_healthcheck(max(10, a.prolog_runs // 2))
     if not a.skip_cluster:
         missing = missing_requirements()
         if missing:

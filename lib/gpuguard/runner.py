@@ -383,6 +383,8 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
                            run_id=result.run_id, detail=result.drain["detail"])
     elif ctx.kind == "healthcheck" and not read_only and cfg.sections["undrain"]["enabled"]:
         result.undrain = maybe_undrain(store, slurm, ctx.node, verdict.outcome, boot_id, cfg, result.run_id)
+    if ctx.kind == "healthcheck" and not read_only:
+        store.prune_cursors(f"job:{ctx.node}:", older_than=time.time() - 7 * 86400)  # jobs without an epilog
 
     # Cursors move only after the run is recorded (an Xid is judged at least once), never in a read-only run.
     kl = obs.kernel_log

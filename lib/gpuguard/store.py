@@ -151,6 +151,12 @@ class Store:
     def delete_cursor(self, name: str) -> None:
         self.conn.execute("DELETE FROM cursors WHERE name=?", (name,))
 
+    def prune_cursors(self, prefix: str, older_than: float) -> int:
+        """Drop stale cursors (e.g. per-job windows of jobs whose epilog never ran)."""
+        cur = self.conn.execute("DELETE FROM cursors WHERE substr(name, 1, ?)=? AND updated<?",
+                                (len(prefix), prefix, older_than))
+        return cur.rowcount
+
     # ------------------------------------------------------------------ reads
     def get_cursor(self, name: str) -> Optional[dict[str, Any]]:
         row = self.conn.execute("SELECT value FROM cursors WHERE name=?", (name,)).fetchone()

@@ -66,3 +66,15 @@ def test_concurrent_writers_lose_nothing(tmp_path):
         assert p.exitcode == 0
     n = sqlite3.connect(path).execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     assert n == 160
+
+
+def test_prune_only_old_cursors_with_the_prefix(tmp_path):
+    import time as _t
+
+    with Store(str(tmp_path / "s.db")) as st:
+        st.set_cursor("job:n1:1", {"seq": 1})
+        st.set_cursor("job:n1:2", {"seq": 2})
+        st.set_cursor("kernel_log:n1", {"seq": 3})
+        st.conn.execute("UPDATE cursors SET updated=? WHERE name='job:n1:1'", (_t.time() - 30 * 86400,))
+        assert st.prune_cursors("job:n1:", older_than=_t.time() - 7 * 86400) == 1
+        assert st.get_cursor("job:n1:1") is None and st.get_cursor("job:n1:2") and st.get_cursor("kernel_log:n1")
