@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from gpuguard.reason import is_ours
-
-
-_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class SlurmError(RuntimeError):
@@ -192,26 +188,20 @@ class CliSlurmClient:
         self.slurm_conf = slurm_conf
 
     def _run(self, args: list[str], timeout_s: Optional[float] = None) -> str:
-        import subprocess
+        from gpuguard.tools import run_tool
 
-        # slurmd runs hooks without PATH: fall back to the usual places
-        exe = shutil.which(self.scontrol, path=os.environ.get("PATH") or _DEFAULT_PATH) or self.scontrol
         t = self.timeout_s if timeout_s is None else timeout_s
-        env = None
-        if self.slurm_conf:
-            env = {**os.environ, "SLURM_CONF": self.slurm_conf}
-        try:
-            # argv list, never a shell: reasons and node names are data, not code
-            p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=t, env=env,
-                               stdin=subprocess.DEVNULL, errors="replace")
-        except subprocess.TimeoutExpired:
-            raise SlurmTimeout(f"scontrol {args[0]} did not answer within {t:g}s") from None
-        except OSError as e:
-            raise SlurmError(f"cannot run {self.scontrol}: {e.strerror}") from None
-        if p.returncode != 0:
-            raise SlurmError(f"scontrol {' '.join(args[:2])} failed ({p.returncode}): "
-                             f"{(p.stderr or p.stdout).strip()[:300]}")
-        return p.stdout
+        env = {**os.environ, "SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
+        # argv list, never a shell: reasons and node names are data, not code
+        run = run_tool([self.scontrol, *args], t, env=env)
+        if run.timed_out:
+            raise SlurmTimeout(f"scontrol {args[0]} did not answer within {t:g}s")
+        if run.rc is None:
+            raise SlurmError(f"cannot run {self.scontrol}: {run.error}")
+        if run.rc != 0:
+            msg = (run.stderr or run.stdout).decode("utf-8", errors="replace").strip()
+            raise SlurmError(f"scontrol {' '.join(args[:2])} failed ({run.rc}): {msg[:300]}")
+        return run.text()
 
     def get_node(self, name: str) -> Optional[NodeState]:
         try:
@@ -325,16 +315,11 @@ def pyslurm_usable(slurm_version: Optional[str]) -> bool:
 def running_slurm_version(scontrol: str = "scontrol", timeout_s: float = 2.0,
                           slurm_conf: Optional[str] = None) -> Optional[str]:
     """`scontrol --version` -> "slurm 22.05.8" (None when it cannot tell in time)."""
-    import subprocess
+    from gpuguard.tools import run_tool
 
-    exe = shutil.which(scontrol, path=os.environ.get("PATH") or _DEFAULT_PATH) or scontrol
     env = {**os.environ, "SLURM_CONF": slurm_conf} if slurm_conf else None
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=timeout_s, env=env,
-                             stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.strip() or None
+    run = run_tool([scontrol, "--version"], timeout_s, env=env)
+    return run.text().strip() or None if run.ok else None
 
 
 def make_client(backend: str = "auto", scontrol: str = "scontrol", timeout_s: float = 5.0,

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Iterable, Optional
 
 from gpuguard.model import FabricObservation, FiInfo, ProbeStatus, RdmaDevice, RdmaPort
+from gpuguard.tools import run_tool
 
 # --------------------------------------------------------------------------- sysfs
 
@@ -176,40 +175,19 @@ def parse_fi_info(text: str, provider: str = "efa") -> FiInfo:
 
 
 def _run_fi_info(fi_info: str, provider: str, timeout_s: float) -> tuple[FiInfo, bool]:
-    """(result, timed_out). The tool runs in its own session so a hung fi_info and its children die together."""
-    argv = [fi_info, "-p", provider]
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-    except FileNotFoundError:
-        return FiInfo(ran=False, error=f"{os.path.basename(fi_info) or fi_info} not found"), False
-    except OSError as e:
-        return FiInfo(ran=False, error=f"cannot run {fi_info}: {e.strerror or e}"), False
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
-        try:
-            proc.communicate(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass  # unkillable (D state); leave it to the kernel rather than hang the prolog
+    """(result, timed_out)."""
+    run = run_tool([fi_info, "-p", provider], timeout_s)
+    if run.timed_out:
         return FiInfo(ran=False, error=f"fi_info timed out after {timeout_s:g}s"), True
+    if run.rc is None:
+        return FiInfo(ran=False, error=run.error), False
+    out, err = run.text(), run.stderr.decode("utf-8", errors="replace")
     result = parse_fi_info(out, provider)
     if not result.provider_found:
         err_info = parse_fi_info(err, provider)
         message = err_info.error or (err.strip().splitlines() or [None])[-1]
-        if message is None and proc.returncode != 0:
-            message = f"fi_info exited {proc.returncode}"
+        if message is None and run.rc != 0:
+            message = f"fi_info exited {run.rc}"
         result.error = result.error or message
     return result, False
 

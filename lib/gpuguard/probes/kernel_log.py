@@ -44,14 +44,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from gpuguard.model import KernelLogObservation, ProbeStatus, XidEvent
+from gpuguard.tools import ToolRun, run_tool
 
 # --------------------------------------------------------------------------- constants
 
@@ -653,58 +652,15 @@ def read_boot_id(path: str = DEFAULT_BOOT_ID_PATH) -> Optional[str]:
     return value if 0 < len(value) <= 64 else None
 
 
-@dataclass
-class _ToolRun:
-    rc: Optional[int]
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool = False
-    error: Optional[str] = None
-
-
-def _run_tool(argv: list[str], timeout_s: float) -> _ToolRun:
-    """Run a command (argv list, never a shell) with a timeout. It gets its own process group so that on
-    timeout the whole group is killed: a wrapper script's children would otherwise keep our pipes open."""
+def _run_tool(argv: list[str], timeout_s: float) -> ToolRun:
+    """The shared tool runner, with stable unlocalised output and no pager."""
     env = dict(os.environ)
-    env["LC_ALL"] = "C"  # stable, unlocalised output
+    env["LC_ALL"] = "C"
     env.pop("SYSTEMD_PAGER", None)
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            env=env,
-        )
-    except (OSError, ValueError) as e:
-        return _ToolRun(None, b"", b"", error=f"cannot run {argv[0]}: {e}")
-    try:
-        out, err = proc.communicate(timeout=max(0.001, timeout_s))
-        return _ToolRun(proc.returncode, out, err)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
-        try:
-            out, err = proc.communicate(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            # something outside the group still holds the pipes: give up on its output
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-            try:
-                proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                pass
-            out, err = b"", b""
-        return _ToolRun(proc.returncode, out or b"", err or b"", timed_out=True,
-                        error=f"{argv[0]} timed out after {timeout_s:g} s")
+    return run_tool(argv, timeout_s, env=env)
 
 
-def _stderr_text(run: _ToolRun) -> str:
+def _stderr_text(run: ToolRun) -> str:
     text = run.stderr.decode("utf-8", errors="replace").strip().splitlines()
     return text[-1][:300] if text else ""
 
