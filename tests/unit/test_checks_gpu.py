@@ -192,3 +192,13 @@ def test_generic_profile_skips_hardware_expectations():
     gen = load_profile("generic")
     for cid in ("gpu.count", "gpu.model", "gpu.memory", "gpu.pcie", "gpu.nvlink"):
         assert run(cid, node(), profile=gen)[0].severity is Severity.SKIP, cid
+
+
+def test_cpu_node_without_driver_is_skipped_not_incomplete():
+    """A generic (CPU) node has no NVIDIA driver: every GPU check skips, so nothing can escalate to a drain."""
+    obs = Observations(nvml=NvmlObservation(status=ProbeStatus(complete=False), init_error="LIBRARY_NOT_FOUND"))
+    gen = load_profile("generic")
+    for cid in ALL_NVML_CHECKS + ["gpu.retired_pages", "gpu.leftovers", "gpu.memory_released"]:
+        assert {f.severity for f in run(cid, obs, profile=gen)} == {Severity.SKIP}, cid
+    # ... but a GPU node without its driver is incomplete everywhere and fails in gpu.nvml
+    assert run("gpu.ecc", obs)[0].severity is Severity.INCOMPLETE

@@ -33,10 +33,17 @@ def incomplete(check_id: str, keyword: str, message: str, **evidence: Any) -> Fi
                    evidence=evidence)
 
 
-def nvml_unavailable(check_id: str, keyword: str, nvml: Optional[NvmlObservation]) -> Optional[Finding]:
-    """An `incomplete` finding when NVML gave no usable data (gpu.nvml reports the cause)."""
+NO_DRIVER = ("LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED")
+
+
+def nvml_unavailable(check_id: str, keyword: str, nvml: Optional[NvmlObservation],
+                     expects_gpus: bool = True) -> Optional[Finding]:
+    """A finding that stands in for the check when NVML gave no usable data: `skip` on a node that has no
+    NVIDIA driver and is not expected to have GPUs (a CPU node), else `incomplete` (gpu.nvml reports why)."""
     if nvml is None:
         return incomplete(check_id, keyword, "NVML was not read")
+    if nvml.init_error in NO_DRIVER and not expects_gpus:
+        return skip(check_id, "no NVIDIA driver on a node that is not expected to have GPUs")
     if nvml.init_error or (not nvml.gpus and not nvml.status.complete):
         return incomplete(check_id, keyword, f"NVML unavailable ({nvml.init_error or nvml.status.error}); see gpu.nvml")
     return None

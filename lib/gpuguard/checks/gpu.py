@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckInput
-from gpuguard.checks._util import fail, gpu_label, job_gpus, nvml_unavailable, ok, skip, warn
+from gpuguard.checks._util import NO_DRIVER, fail, gpu_label, job_gpus, nvml_unavailable, ok, skip, warn
 from gpuguard.model import Action, Finding, Observations
 
 # NVML errors that mean the GPU is unusable until reset/reboot (DESIGN §6: never fail open on these).
@@ -30,7 +30,7 @@ def check_nvml(obs: Observations, inp: CheckInput) -> list[Finding]:
         return [fail(cid, "TIMEOUT", f"NVML did not answer within the deadline ({nvml.status.error or 'timeout'})",
                      _INIT_REMEDIATION["TIMEOUT"], Action.REBOOT)]
     if nvml.init_error:
-        if not expects_gpus and nvml.init_error in ("LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED"):
+        if not expects_gpus and nvml.init_error in NO_DRIVER:
             return [skip(cid, f"no NVIDIA driver ({nvml.init_error}) and the profile expects no GPUs")]
         return [fail(cid, "NVML", f"NVML init failed: {nvml.init_error}",
                      _INIT_REMEDIATION.get(nvml.init_error, "check `nvidia-smi` and the kernel log; reboot"),
@@ -59,7 +59,7 @@ def check_count(obs: Observations, inp: CheckInput) -> list[Finding]:
     expected = inp.profile.gpu_count
     if expected is None:
         return [skip(cid, "profile sets no gpu_count")]
-    bad = nvml_unavailable(cid, "GPUCOUNT", obs.nvml)
+    bad = nvml_unavailable(cid, "GPUCOUNT", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -86,7 +86,7 @@ def check_model(obs: Observations, inp: CheckInput) -> list[Finding]:
     model = inp.profile.gpu_model
     if not model:
         return [skip(cid, "profile sets no gpu_model")]
-    bad = nvml_unavailable(cid, "GPUMODEL", obs.nvml)
+    bad = nvml_unavailable(cid, "GPUMODEL", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -105,7 +105,7 @@ def check_memory(obs: Observations, inp: CheckInput) -> list[Finding]:
     expected = inp.profile.gpu_memory_mib
     if not expected:
         return [skip(cid, "profile sets no gpu_memory_mib")]
-    bad = nvml_unavailable(cid, "GPUMEM", obs.nvml)
+    bad = nvml_unavailable(cid, "GPUMEM", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -124,7 +124,7 @@ def check_memory(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 def check_ecc(obs: Observations, inp: CheckInput) -> list[Finding]:
     cid = "gpu.ecc"
-    bad = nvml_unavailable(cid, "ECC", obs.nvml)
+    bad = nvml_unavailable(cid, "ECC", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -160,7 +160,7 @@ def check_ecc(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 def check_retired_pages(obs: Observations, inp: CheckInput) -> list[Finding]:
     cid = "gpu.retired_pages"
-    bad = nvml_unavailable(cid, "RETIRED", obs.nvml)
+    bad = nvml_unavailable(cid, "RETIRED", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -186,7 +186,7 @@ def check_retired_pages(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 def check_row_remap(obs: Observations, inp: CheckInput) -> list[Finding]:
     cid = "gpu.row_remap"
-    bad = nvml_unavailable(cid, "ROWREMAP", obs.nvml)
+    bad = nvml_unavailable(cid, "ROWREMAP", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -229,7 +229,7 @@ RECOVERY_ACTIONS = {
 
 def check_recovery_action(obs: Observations, inp: CheckInput) -> list[Finding]:
     cid = "gpu.recovery_action"
-    bad = nvml_unavailable(cid, "RECOVERY", obs.nvml)
+    bad = nvml_unavailable(cid, "RECOVERY", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -253,7 +253,7 @@ def check_temperature(obs: Observations, inp: CheckInput) -> list[Finding]:
     cid = "gpu.temperature"
     warn_c = inp.params.get("warn_c") or inp.profile.gpu_temp_warn_c
     fail_c = inp.params.get("fail_c") or inp.profile.gpu_temp_fail_c
-    bad = nvml_unavailable(cid, "THERMAL", obs.nvml)
+    bad = nvml_unavailable(cid, "THERMAL", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -297,7 +297,7 @@ def decode_throttle(mask: int) -> list[str]:
 
 def check_throttle(obs: Observations, inp: CheckInput) -> list[Finding]:
     cid = "gpu.throttle"
-    bad = nvml_unavailable(cid, "CLOCKS", obs.nvml)
+    bad = nvml_unavailable(cid, "CLOCKS", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -326,7 +326,7 @@ def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
     gen, width = inp.profile.pcie_gen, inp.profile.pcie_width
     if not gen and not width:
         return [skip(cid, "profile sets no pcie_gen/pcie_width")]
-    bad = nvml_unavailable(cid, "PCIE", obs.nvml)
+    bad = nvml_unavailable(cid, "PCIE", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -350,7 +350,7 @@ def check_nvlink(obs: Observations, inp: CheckInput) -> list[Finding]:
     expected = inp.profile.nvlinks_per_gpu
     if not expected:
         return [skip(cid, "profile sets no nvlinks_per_gpu")]
-    bad = nvml_unavailable(cid, "NVLINK", obs.nvml)
+    bad = nvml_unavailable(cid, "NVLINK", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -376,7 +376,7 @@ def check_nvlink(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 def check_processes(obs: Observations, inp: CheckInput) -> list[Finding]:
     cid = "gpu.processes"
-    bad = nvml_unavailable(cid, "GPUPROC", obs.nvml)
+    bad = nvml_unavailable(cid, "GPUPROC", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
@@ -439,7 +439,7 @@ def check_leftovers(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 def check_memory_released(obs: Observations, inp: CheckInput) -> list[Finding]:
     cid = "gpu.memory_released"
-    bad = nvml_unavailable(cid, "GPUMEM", obs.nvml)
+    bad = nvml_unavailable(cid, "GPUMEM", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
