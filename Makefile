@@ -24,7 +24,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo ">> python venv in $(VENV)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PY) -c 'import gpuguard, pynvml, yaml, psutil, pytest, hypothesis'
+	@$(PY) -c 'import gpuguard, pynvml, yaml, psutil, pytest, hypothesis, apprise, prometheus_client'
 	@touch $@
 
 venv: $(VENV)/.installed

@@ -16,6 +16,10 @@ FEATURE_COMMANDS: dict[str, str] = {
     # @command:templates
     # @command:nccl
     # @command:monitor
+    "monitor": "gpuguard.monitor.cli",
+    "trainlog": "gpuguard.monitor.cli",
+    "status": "gpuguard.monitor.cli",
+    "history": "gpuguard.monitor.cli",
 }
 
 
@@ -65,12 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="validate a config file and print the effective settings")
     _add_common(p)
-
-    p = sub.add_parser("history", help="recent runs and drains from the history store")
-    _add_common(p)
-    p.add_argument("--node")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("undrain", help="lift a drain gpuguard put on a node (admin)")
     _add_common(p)
@@ -151,6 +149,15 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
         log.error(f"{kind} on {ctx.node} job {ctx.job_id}: INTERNAL ERROR {type(e).__name__}: {e} | "
                   + traceback.format_exc(limit=6).replace("\n", " | "))
         _record_internal_error(cfg, ctx, f"{type(e).__name__}: {e}", 0 if open_policy else 1)
+        try:
+            from gpuguard.notify import Event, emit
+
+            emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
+                            message=f"gpuguard {kind} crashed ({type(e).__name__}: {e}); "
+                                    + ("node NOT drained (policy open)" if open_policy else "draining (policy closed)"),
+                            action="see the gpuguard log on the node; report the bug"), budget_s=2.0)
+        except Exception:  # noqa: BLE001
+            pass
         if open_policy:
             return 0
         _drain_internal(cfg, ctx, kind, f"{type(e).__name__}: {e}", log)
@@ -284,37 +291,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_history(args: argparse.Namespace) -> int:
-    import json
-    import time
-
-    from gpuguard.config import load_config
-    from gpuguard.store import Store
-
-    cfg = load_config(args.config)
-    path = cfg.sections["store"]["path"].replace("{node}", args.node or "")
-    if "{node}" in cfg.sections["store"]["path"] and not args.node:
-        print("store.path is per node: give --node", file=sys.stderr)
-        return 2
-    with Store(path) as st:
-        runs = st.runs(node=args.node, limit=args.limit)
-        drains = st.drains(node=args.node, limit=args.limit)
-    if args.json:
-        print(json.dumps({"runs": runs, "drains": drains}, indent=2))
-        return 0
-    print("runs:")
-    for r in runs:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"]))
-        took = f"{r['duration_ms']:.0f}ms" if r["duration_ms"] is not None else "-"
-        print(f"  {when} {r['node']:<10} {r['kind']:<11} job={r['job_id'] or '-':<8} {r['verdict']:<6} "
-              f"{took:>7} {r['reason'] or r['error'] or ''}")
-    print("drains:")
-    for d in drains:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["ts"]))
-        print(f"  {when} {d['node']:<10} {d['op']:<8} {d['outcome']:<8} {d['reason'] or ''} {d['detail'] or ''}")
-    return 0
-
-
 def cmd_undrain(args: argparse.Namespace) -> int:
     """The admin's undrain, with the health check's ownership rules unless --force."""
     from gpuguard.config import load_config
@@ -410,7 +386,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os._exit(code)  # never wait for a probe thread stuck in the driver
     args = build_parser().parse_args(argv)
     handlers = {"check": cmd_check, "xid": cmd_xid, "profiles": cmd_profiles, "config": cmd_config,
-                "history": cmd_history, "slurm-conf": cmd_slurm_conf, "simulate": cmd_simulate,
+                "slurm-conf": cmd_slurm_conf, "simulate": cmd_simulate,
                 "undrain": cmd_undrain}
     if args.cmd in FEATURE_COMMANDS:
         import importlib

@@ -212,14 +212,65 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "record_non_fatal": (_bool, True),  # record app/warn-class Xids (folded by the dedupe window) in history
     },
     # @section:templates
+    "templates": {
+        # a directory searched before the shipped sbatch_templates/ (site templates of the same name win)
+        "dir": (_str(allow_none=True), None),
+        # site defaults for template variables, e.g. {max_requeues: 3, no_retry_exit_codes: [2],
+        # checkpoint_glob: "step-*", preset: p5.48xlarge, gpuguard: /usr/local/bin/gpuguard}; a job's own
+        # values win; checked against each template's declared variables when rendering
+        "defaults": (_any_mapping, {}),
+        # preset overrides/additions merged over the shipped presets: {instances: {...}, stacks: {...},
+        # common: {env: [{name, value, why}]}}; validated when used
+        "presets": (_any_mapping, {}),
+        # where `gpuguard job-attempt` records attempts (default: store.path); "{node}" = the batch host. Jobs
+        # run as users: this must be writable by them (the ledger in the job directory is written regardless)
+        "store_path": (_str(allow_none=True), None),
+    },
     # @section:nccl
+    "nccl": {
+        # optional prolog tier (single-node all_reduce + dcgmi diag + EFA counter deltas); see docs/nccl.md
+        "tier_enabled": (_bool, False),
+        "only_exclusive": (_bool, True),  # only jobs given every GPU of the node (22.05: no SLURM_JOB_EXCLUSIVE)
+        "first_job_after_reboot": (_bool, True),  # once per boot (false: every exclusive job)
+        "tier_interval_h": (_num(0, strict=False), 0.0),  # ... and again after this many hours (0 = never)
+        "binary": (_str(), "all_reduce_perf"),  # nccl-tests all_reduce_perf (path or name on PATH)
+        "fallback": (_choice("none", "torch"), "none"),  # nccl-tests missing: torch.distributed probe instead
+        "min_bytes": (_int(4), 536870912),
+        "max_bytes": (_int(4), 4294967296),
+        "iterations": (_int(1), 20),
+        "timeout_s": (_num(), 120.0),
+        "dcgmi": (_str(allow_none=True), "dcgmi"),  # null = no DCGM diagnostics in the tier
+        "dcgm_level": (_int(1), 1),  # dcgmi diag -r N (1 quick, 2 medium, 3/4 long)
+        "dcgm_timeout_s": (_num(), 300.0),
+        # fleet sweep (gpuguard nccl sweep); thresholds per node count win over the single figure
+        "sweep_busbw_gbps": (_num(allow_none=True), None),
+        "sweep_busbw_by_nodes": (_any_mapping, {}),  # {2: 380, 16: 350}: node count -> GB/s
+        "sweep_method": (_choice("pairwise", "bisect"), "pairwise"),
+        "sweep_gpus_per_node": (_int(1), 8),
+        "sweep_min_bytes": (_int(4), 1073741824),
+        "sweep_max_bytes": (_int(4), 17179869184),
+        "sweep_iterations": (_int(1), 20),
+        "sweep_time_limit": (_str(), "00:15:00"),
+        "sweep_job_timeout_s": (_num(), 1800.0),
+        "sweep_binary": (_str(allow_none=True), None),  # path on the compute nodes (default: binary)
+        "sweep_preset": (_str(allow_none=True), None),  # NCCL environment preset of the nccl-tests template
+        "sweep_mpi": (_choice("pmix", "pmi2", "none"), "pmix"),  # srun --mpi for the (MPI=1) nccl-tests build
+        "sweep_drain": (_bool, True),
+        "sweep_max_drain_fraction": (_num(), 0.5),  # more slow nodes than this: fabric problem, drain nothing
+        "sweep_workdir": (_str(allow_none=True), None),  # scripts + outputs, shared FS (default: by the store)
+        "history_path": (_str(allow_none=True), None),  # sweep/baseline store (default: store.path, {node}=fleet)
+        # baselines (gpuguard baseline): threshold = median - max(k * 1.4826 * MAD, margin_pct% of median)
+        "baseline_min_samples": (_int(1), 5),
+        "baseline_k": (_num(), 3.0),
+        "baseline_margin_pct": (_num(0, strict=False), 5.0),
+    },
     # @section:notify
     "notify": {
         # apprise URLs (json://, slack://, mailto://, sns://, ...); none = notifications off, nothing imported
         "urls": (_str_list, []),
         "min_severity": (_choice("info", "warning", "critical"), "info"),
         "kinds": (_str_list, ["drain", "undrain", "prolog_failure", "straggler", "hang", "requeue",
-                              "internal_error", "flapping"]),
+                              "internal_error", "flapping", "resource"]),  # resource: monitor thresholds
         # the same node + check + kind again within this window is suppressed (counted into the next message)
         "dedup_window_s": (_num(0, strict=False), 3600.0),
         # at most rate_limit messages per rate_window_s from one state file; the rest go out as one digest

@@ -385,6 +385,8 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
         result.undrain = maybe_undrain(store, slurm, ctx.node, verdict.outcome, boot_id, cfg, result.run_id)
     if ctx.kind == "healthcheck" and not read_only:
         store.prune_cursors(f"job:{ctx.node}:", older_than=time.time() - 7 * 86400)  # jobs without an epilog
+    if not dry_run:
+        tell_humans(cfg, result, deadline)
 
     # Cursors move only after the run is recorded (an Xid is judged at least once), never in a read-only run.
     kl = obs.kernel_log
@@ -397,6 +399,54 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
             if ctx.kind == "prolog" and job_cursor:
                 store.set_cursor(job_cursor, kl.cursor)  # where the job's window starts
     return result
+
+
+def run_events(result: RunResult) -> list[Any]:
+    """What a human should hear about this run: a drain (or a prolog that failed a job without being able to
+    drain), an undrain, a node pinned as FLAPPING."""
+    from gpuguard.notify import Event
+
+    ctx, v = result.context, result.verdict
+    p = v.primary
+    base = dict(node=ctx.node, job_id=ctx.job_id, check_id=p.check_id if p else None,
+                evidence=dict(p.evidence) if p else {})
+    events = []
+    drain = result.drain or {}
+    if drain.get("outcome") == "done":
+        events.append(Event(kind="drain", severity="critical", message=p.message if p else (v.reason or ""),
+                            reason=v.reason, action=f"{v.action.value}: {p.remediation}" if p else v.action.value,
+                            **base))
+    elif v.outcome == "drain" and ctx.kind == "prolog" and drain.get("outcome") in ("foreign", "failed"):
+        events.append(Event(kind="prolog_failure", severity="critical",
+                            message=f"{p.message if p else v.reason} (drain {drain['outcome']}: {drain['detail']})",
+                            reason=v.reason, action=p.remediation if p else None, **base))
+    u = result.undrain or {}
+    if u.get("outcome") == "done":
+        events.append(Event(kind="undrain", severity="info", node=ctx.node, message=f"undrained: {u['detail']}"))
+    elif u.get("outcome") == "flapping":
+        events.append(Event(kind="flapping", severity="critical", node=ctx.node,
+                            message=f"pinned drained as FLAPPING: {u['detail']}",
+                            action="hardware inspection; then gpuguard undrain --force"))
+    return events
+
+
+def tell_humans(cfg: Config, result: RunResult, deadline: Deadline) -> None:
+    """Metrics for node_exporter and notifications (gpuguard.metrics / gpuguard.notify). Both cost nothing
+    when not configured, never raise and stay within the run's deadline."""
+    try:
+        from gpuguard.metrics import write_run_metrics
+
+        write_run_metrics(cfg, result)
+        events = run_events(result)
+        if events or result.context.kind == "healthcheck":
+            from gpuguard.notify import emit, flush
+
+            for ev in events:
+                emit(cfg, ev, budget_s=min(2.0, deadline.remaining() / 2))
+            if result.context.kind == "healthcheck":  # deliver what earlier runs had to spool
+                flush(cfg, budget_s=min(3.0, deadline.remaining() / 2))
+    except Exception:  # noqa: BLE001 - telling humans must never change what the run decided
+        pass
 
 
 def _epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list[CheckSpec], sources: Sources,

@@ -187,7 +187,8 @@ class CliSlurmClient:
         # The HealthCheckProgram gets no SLURM_CONF from slurmd (only SLURMD_NODENAME): config can supply it.
         self.slurm_conf = slurm_conf
 
-    def _run(self, args: list[str], timeout_s: Optional[float] = None) -> str:
+    def run(self, args: list[str], timeout_s: Optional[float] = None) -> str:
+        """`scontrol ARGS...` (bounded, argv only); its stdout, or SlurmError/SlurmTimeout."""
         from gpuguard.tools import run_tool
 
         t = self.timeout_s if timeout_s is None else timeout_s
@@ -205,7 +206,7 @@ class CliSlurmClient:
 
     def get_node(self, name: str) -> Optional[NodeState]:
         try:
-            out = self._run(["show", "node", name, "-o"])
+            out = self.run(["show", "node", name, "-o"])
         except SlurmError as e:
             if "not found" in str(e).lower() or "invalid node name" in str(e).lower():
                 return None
@@ -216,19 +217,19 @@ class CliSlurmClient:
         return None
 
     def drain(self, name: str, reason: str) -> None:
-        self._run(["update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"])
+        self.run(["update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"])
 
     def undrain(self, name: str) -> None:
         # UNDRAIN clears only the drain flag (a DOWN node stays DOWN), unlike RESUME.
-        self._run(["update", f"NodeName={name}", "State=UNDRAIN"])
+        self.run(["update", f"NodeName={name}", "State=UNDRAIN"])
 
     def set_reason(self, name: str, reason: str) -> None:
-        self._run(["update", f"NodeName={name}", f"Reason={reason}"])
+        self.run(["update", f"NodeName={name}", f"Reason={reason}"])
 
     def reboot(self, name: str, reason: str) -> None:
         # ASAP: drain now, reboot once idle; nextstate=RESUME: back in service after the reboot, where the
         # prolog and the health check judge it again. Needs RebootProgram in slurm.conf.
-        self._run(["reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", name])
+        self.run(["reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", name])
 
 
 # --------------------------------------------------------------------------- pyslurm client

@@ -45,6 +45,7 @@ GPU_KEYS = {
     "remap_failure", "recovery_action", "temperature_c", "temp_slowdown_c", "temp_shutdown_c", "throttle",
     "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "nvlinks", "nvlink_down", "power_w",
     "utilization_pct", "processes", "lost", "errors", "hang", "retired_pages_supported", "row_remap_supported",
+    "clock_sm_mhz", "clock_sm_max_mhz", "clock_mem_mhz",
 }
 TOP_KEYS = {"description", "profile", "instance_type", "boot_id", "driver_version", "gpus", "nvml", "kernel_log",
             "fabric", "system",
@@ -146,6 +147,7 @@ def _gpu_defaults(profile: Profile, i: int) -> dict[str, Any]:
         "nvlinks": profile.nvlinks_per_gpu or 0,
         "nvlink_down": [],
         "power_w": 70,
+        "clock_sm_mhz": 1980, "clock_sm_max_mhz": 1980, "clock_mem_mhz": 2619,  # H100 SXM max SM / HBM3 clocks
         "utilization_pct": 0,
         "processes": [],
     }
@@ -166,7 +168,8 @@ def _gpu_lines(i: int, g: dict[str, Any]) -> list[str]:
         f"{p}pcie.width_current={g['pcie_width']}", f"{p}pcie.width_max={g['pcie_width_max']}",
         f"{p}power_usage={int(g['power_w']) * 1000}", f"{p}power_limit=700000",
         f"{p}utilization.gpu={g['utilization_pct']}", f"{p}utilization.memory=0",
-        f"{p}clock.sm=1980", f"{p}clock.mem=2619", f"{p}max_clock.sm=1980", f"{p}max_clock.mem=2619",
+        f"{p}clock.sm={int(g['clock_sm_mhz'])}", f"{p}clock.mem={int(g['clock_mem_mhz'])}",
+        f"{p}max_clock.sm={int(g['clock_sm_max_mhz'])}", f"{p}max_clock.mem=2619",
     ]
     if g.get("ecc_enabled") is not None:
         out += [f"{p}ecc_current={int(bool(g['ecc_enabled']))}",

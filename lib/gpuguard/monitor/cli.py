@@ -1,0 +1,59 @@
+"""argparse glue for `gpuguard monitor | trainlog | status | history`. Imports are lazy: `gpuguard.cli` imports
+this module whenever it builds its full parser, so nothing heavy is imported here."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("monitor", help="per-node job sidecar: GPU/node sampling, stragglers, hangs")
+    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
+    p.add_argument("--job-dir", required=True, help="the job's shared directory (same path on every node)")
+    p.add_argument("--interval", type=float, help="seconds between samples (default monitor.interval_s, 10)")
+    p.add_argument("--node", help="node name (default $SLURMD_NODENAME or the host name)")
+    p.add_argument("--job-id", help="job id (default $SLURM_JOB_ID)")
+    p.add_argument("--gpus", help="only these GPU indices, e.g. 0-3 (default: every GPU NVML shows the step)")
+    p.add_argument("--train-log", help="training log to follow for progress (default monitor.train_log)")
+    p.add_argument("--once", action="store_true", help="take one sample, evaluate, print it as JSON and exit")
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: until killed)")
+
+    p = sub.add_parser("trainlog", help="analyse a training log: NaN/inf, loss spikes, grad norm, lr")
+    p.add_argument("file", help="log file ('-' for stdin)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", metavar="PNG", help="also draw loss and iteration time (needs matplotlib)")
+    p.add_argument("--grad-norm-max", type=float, help="flag grad norm above this (default 100)")
+    p.add_argument("--spike-ratio", type=float, help="flag loss above this multiple of its recent trend (default 1.3)")
+    p.add_argument("--time-spike-ratio", type=float,
+                   help="flag iteration time above this multiple of its recent median (default 2)")
+
+    p = sub.add_parser("status", help="nodes drained by gpuguard: reason and since when")
+    p.add_argument("--config", help="config file")
+    p.add_argument("--all", action="store_true", help="also list nodes drained or down by someone else")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("history", help="runs, findings, drains and requeues from the history store")
+    p.add_argument("--config", help="config file")
+    p.add_argument("--node", help="only this node (needed when store.path is per node)")
+    p.add_argument("--since", default="24h", help="how far back: 30m, 24h, 7d, or an ISO date (default 24h)")
+    p.add_argument("--limit", type=int, default=200, help="at most this many rows per table (default 200)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--csv", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.cmd == "monitor":
+        from gpuguard.monitor.loop import main_from_args
+
+        return main_from_args(args)
+    if args.cmd == "trainlog":
+        from gpuguard.trainlog import main_from_args as trainlog_main
+
+        return trainlog_main(args)
+    if args.cmd in ("status", "history"):
+        from gpuguard import history
+
+        return history.cmd_status(args) if args.cmd == "status" else history.cmd_history(args)
+    return 2

@@ -1,0 +1,281 @@
+"""The monitor's schedule: sample, report, compare, judge, act, sleep. Everything slow (notifications, stack
+dumps, the requeue command) is bounded; a failing piece is logged and the loop goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from gpuguard.config import Config
+from gpuguard.monitor.detect import Alert, gpu_alerts, host_alerts, idle_hang, progress_hang, straggler_alerts
+from gpuguard.monitor.jobdir import JobDir
+from gpuguard.monitor.progress import LogFollower
+from gpuguard.monitor.sampler import GpuSampler, HostSampler, self_cost, to_dict
+
+
+def _log(msg: str) -> None:
+    # the monitor's stderr lands in the job's output: users see what it saw
+    sys.stderr.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} gpuguard-monitor: {msg}\n")
+    sys.stderr.flush()
+
+
+def resolve_train_log(setting: Optional[str], job_dir: str, job_id: Optional[str], node: str, cfg: Config) -> \
+        Optional[str]:
+    """`auto`: <job dir>/train.log when it exists, else the job's StdOut from `scontrol show job` (bounded)."""
+    if not setting:
+        return None
+    if setting != "auto":
+        return setting.replace("{job_dir}", job_dir).replace("{job_id}", job_id or "").replace("{node}", node)
+    candidate = os.path.join(job_dir, "train.log")
+    if os.path.exists(candidate) or not job_id:
+        return candidate
+    try:
+        from gpuguard.slurm import CliSlurmClient, parse_job_line
+
+        s = cfg.sections["slurm"]
+        client = CliSlurmClient(s["scontrol"], cfg.sections["deadlines"]["scontrol_s"], s["conf"])
+        out = client.run(["show", "job", str(job_id), "-o"])
+        stdout = parse_job_line(out.splitlines()[0]).get("StdOut") if out.strip() else None
+        return stdout or candidate
+    except Exception as e:  # noqa: BLE001 - no scontrol, job gone: fall back to the job dir
+        _log(f"cannot ask Slurm for the job's output file ({e}); following {candidate}")
+        return candidate
+
+
+class Monitor:
+    def __init__(self, cfg: Config, job_dir: str, node: str, job_id: Optional[str], interval_s: float,
+                 gpus: Optional[list[int]] = None, train_log: Optional[str] = None) -> None:
+        self.cfg = cfg
+        self.p = cfg.sections["monitor"]
+        self.node, self.job_id, self.interval = node, job_id, interval_s
+        self.jobdir = JobDir(job_dir)
+        self.started = time.time()
+        try:
+            library, env = self._nvml_source()
+            self.gpus = GpuSampler(gpus, library, env)
+        except Exception as e:  # noqa: BLE001 - e.g. no scenario for this simulated node: sample the rest
+            self.gpus = GpuSampler.unavailable(f"{type(e).__name__}: {e}")
+        if self.gpus.init_error:
+            _log(f"NVML: {self.gpus.init_error} (GPU sampling off; node sampling and hang detection go on)")
+        self.host = HostSampler(list(dict.fromkeys(self.p["disk_paths"] + [job_dir])))
+        log_path = resolve_train_log(train_log or self.p["train_log"], job_dir, job_id, node, cfg)
+        self.follower = LogFollower(log_path) if log_path else None
+        self.last_progress: Optional[float] = None
+        self.idle_since: Optional[float] = None
+        self.ecc_baseline: dict[int, int] = {}
+        self.first_seen: dict[str, float] = {}  # alert key -> when the condition started
+        self.streak: dict[str, int] = {}  # alert key -> consecutive samples
+        self.active: set[str] = set()  # alert keys already reported in this episode
+        self.peers: dict[str, dict[str, Any]] = {}
+        self.samples = 0
+        self.last_flush = 0.0
+        # other nodes' reports are read every 3rd sample (30 s at the default interval): metadata load on a shared fs
+        self.peer_every = max(1, min(3, round(30.0 / interval_s)))
+        self.cost_start = (time.monotonic(), *self_cost())
+
+    def _nvml_source(self) -> tuple[Optional[str], Optional[dict[str, str]]]:
+        sim = self.cfg.sections["simulation"]
+        if sim["scenario"] or sim["scenario_dir"]:
+            from gpuguard.runner import resolve_sources  # simulated node: the fake NVML and its scenario file
+
+            sources, _ = resolve_sources(self.cfg, self.node)
+            return sources.nvml_library, sources.nvml_env
+        return self.cfg.sections["sources"]["nvml_library"], None
+
+    # ------------------------------------------------------------------ one sample
+    def step(self, now: Optional[float] = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        gpus = self.gpus.sample() if not self.gpus.init_error else []
+        host = self.host.sample()
+        for g in gpus:
+            if g.ecc_uncorrected is not None:
+                self.ecc_baseline.setdefault(g.index, g.ecc_uncorrected)
+        if self.follower is not None and self.follower.poll():
+            self.last_progress = now
+        idle = bool(gpus) and all(g.util_pct is not None and g.util_pct <= self.p["idle_util_pct"] for g in gpus)
+        self.idle_since = (self.idle_since or now) if idle else None
+        cpu_s, rss = self_cost()
+        report = {
+            "node": self.node, "job_id": self.job_id, "ts": now, "interval_s": self.interval,
+            "gpus": [{k: v for k, v in to_dict(g).items() if k != "errors"} for g in gpus],
+            "host": to_dict(host), "idle_since": self.idle_since,
+            "step_time_s": self.follower.step_time_s() if self.follower else None,
+            "last_iteration": self.follower.last.iteration if self.follower and self.follower.last else None,
+            "last_progress": self.last_progress, "train_log": self.follower.path if self.follower else None,
+            "nvml_error": self.gpus.init_error, "monitor_cpu_s": round(cpu_s, 3), "monitor_rss_bytes": rss,
+        }
+        try:
+            self.jobdir.write_report(self.node, report)
+            if self.samples % self.peer_every == 0:
+                stale = max(3 * self.interval, 60.0)
+                self.peers = {n: r for n, r in self.jobdir.read_reports(stale, now).items() if n != self.node}
+        except OSError as e:
+            _log(f"job directory {self.jobdir.root}: {e}")
+        self.samples += 1
+
+        alerts = self._judge(now, gpus, host, report)
+        fired = self._fire(now, alerts)
+        self._write_metrics(report, alerts)
+        if now - self.last_flush > 60:
+            self.last_flush = now
+            from gpuguard.notify import flush
+
+            flush(self.cfg, budget_s=2.0)
+        report["alerts"] = [a.__dict__ for a in alerts]
+        report["fired"] = fired
+        return report
+
+    def _judge(self, now: float, gpus: list[Any], host: Any, report: dict[str, Any]) -> list[Alert]:
+        p = self.p
+        raw_host = host_alerts(host, p)
+        raw_gpu = gpu_alerts(gpus, self.ecc_baseline, p) + straggler_alerts(report, list(self.peers.values()), p)
+        # node thresholds must hold for sustain_s (CloudWatch-style alarms); stragglers for N samples in a row
+        self.first_seen = {a.key: self.first_seen.get(a.key, now) for a in raw_host}
+        self.streak = {a.key: self.streak.get(a.key, 0) + 1 for a in raw_gpu}
+        alerts = [a for a in raw_host if now - self.first_seen[a.key] >= p["sustain_s"]]
+        alerts += [a for a in raw_gpu if a.kind != "straggler" or self.streak[a.key] >= p["straggler_samples"]]
+        alerts += [a for a in (progress_hang(now, self.started, self.last_progress, report["last_iteration"],
+                                             report["train_log"], p),
+                               idle_hang(now, self.idle_since, list(self.peers.values()), p)) if a is not None]
+        self.active &= {a.key for a in alerts}  # a condition that cleared may alert again if it comes back
+        return alerts
+
+    def _fire(self, now: float, alerts: list[Alert]) -> list[str]:
+        """Alert once per episode; job-wide hangs are claimed by one node, which also requeues."""
+        from gpuguard.notify import Event, emit
+
+        fired = []
+        for a in alerts:
+            if a.key in self.active:
+                continue
+            self.active.add(a.key)
+            evidence = dict(a.evidence)
+            if a.gpu is not None:
+                evidence["gpu"] = a.gpu
+            owner = True
+            if a.kind == "hang":
+                evidence["stacks"] = self._dump_stacks(now)
+                if a.scope == "job":
+                    episode = f"hang-{a.check_id}-{self.job_id}-{self.follower.last.iteration if self.follower and self.follower.last else 'start'}"  # noqa: E501
+                    owner = self.jobdir.claim(episode, self.node)
+            _log(f"{a.severity.upper()} {a.check_id}: {a.message}")
+            try:
+                self.jobdir.record_event({"ts": now, "node": self.node, "kind": a.kind, "check": a.check_id,
+                                          "severity": a.severity, "message": a.message, "gpu": a.gpu,
+                                          "reported": owner})
+            except OSError:
+                pass
+            if not owner:
+                continue  # another node reports this job-wide hang (and requeues)
+            result = emit(self.cfg, Event(kind=a.kind, node=self.node, message=a.message, severity=a.severity,
+                                          check_id=a.check_id, action=a.action, job_id=self.job_id,
+                                          evidence=evidence, ts=now), budget_s=2.0)
+            fired.append(f"{a.check_id}:{result}")
+            if a.kind == "hang" and self.p["requeue_on_hang"] and self.job_id:
+                self._requeue(now, a)
+        return fired
+
+    def _dump_stacks(self, now: float) -> str:
+        from gpuguard.monitor.actions import dump_stacks, find_py_spy, job_python_pids
+
+        try:
+            pids = job_python_pids(self.job_id, self.gpus.gpu_pids() if not self.gpus.init_error else [])
+            summary = dump_stacks(find_py_spy(self.p["py_spy"]), pids, self.jobdir.stacks_path(self.node, now),
+                                  self.p["command_timeout_s"])
+        except Exception as e:  # noqa: BLE001
+            summary = f"stack dump failed: {type(e).__name__}: {e}"
+        _log(summary)
+        return summary
+
+    def _requeue(self, now: float, alert: Alert) -> None:
+        from gpuguard.monitor.actions import requeue
+        from gpuguard.notify import Event, emit
+
+        if not self.jobdir.claim(f"requeue-{self.job_id}-{int(self.started)}", self.node):
+            return
+        ok, detail = requeue(self.p["requeue_command"], str(self.job_id), self.p["command_timeout_s"])
+        _log(f"requeue after {alert.check_id}: {detail}")
+        try:
+            self.jobdir.record_event({"ts": now, "node": self.node, "kind": "requeue", "check": alert.check_id,
+                                      "ok": ok, "detail": detail})
+        except OSError:
+            pass
+        emit(self.cfg, Event(kind="requeue", node=self.node, job_id=self.job_id, check_id=alert.check_id,
+                             severity="warning" if ok else "critical",
+                             message=f"job {self.job_id} {'requeue requested' if ok else 'requeue FAILED'} after: "
+                                     f"{alert.message}", evidence={"command": detail},
+                             action=None if ok else "requeue or cancel the job by hand"), budget_s=2.0)
+
+    def _write_metrics(self, report: dict[str, Any], alerts: list[Alert]) -> None:
+        from gpuguard.metrics import textfile_dir
+
+        directory = textfile_dir(self.cfg, self.node)
+        if not directory:
+            return
+        try:
+            from gpuguard.monitor.metrics import monitor_families
+            from gpuguard.metrics import write_families
+
+            write_families(directory, "monitor", monitor_families(report, alerts, self.cost()))
+        except Exception as e:  # noqa: BLE001
+            _log(f"metrics: {type(e).__name__}: {e}")
+
+    def cost(self) -> dict[str, float]:
+        t0, cpu0, _ = self.cost_start
+        cpu, rss = self_cost()
+        wall = max(1e-6, time.monotonic() - t0)
+        return {"cpu_pct_of_one_core": 100.0 * (cpu - cpu0) / wall, "rss_bytes": float(rss)}
+
+    def close(self) -> None:
+        self.gpus.close()
+
+
+def main_from_args(args: Any) -> int:
+    import json
+
+    from gpuguard.config import load_config
+    from gpuguard.context import parse_gpu_list
+
+    cfg = load_config(args.config)
+    p = cfg.sections["monitor"]
+    node = args.node or cfg.sections["node"]["name"] or os.environ.get("SLURMD_NODENAME") or \
+        socket.gethostname().split(".")[0]
+    job_id = args.job_id or os.environ.get("SLURM_JOB_ID")
+    interval = args.interval or p["interval_s"]
+    if interval <= 0:
+        print("gpuguard monitor: --interval must be > 0", file=sys.stderr)
+        return 2
+    gpus = list(parse_gpu_list(args.gpus)) if args.gpus else None
+    try:
+        os.makedirs(args.job_dir, exist_ok=True)
+        mon = Monitor(cfg, args.job_dir, node, job_id, interval, gpus, args.train_log)
+    except OSError as e:
+        print(f"gpuguard monitor: job directory {args.job_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    if args.once:
+        print(json.dumps(mon.step(), indent=2, default=str))
+        mon.close()
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())  # srun/scancel end the sidecar with SIGTERM: exit cleanly
+    _log(f"monitoring node {node} job {job_id} every {interval:g}s, {len(mon.gpus.handles)} GPU(s), "
+         f"training log {mon.follower.path if mon.follower else '-'}")
+    end = time.monotonic() + args.duration if args.duration else None
+    while not stop.is_set() and (end is None or time.monotonic() < end):
+        t0 = time.monotonic()
+        try:
+            mon.step()
+        except Exception as e:  # noqa: BLE001 - one bad sample must not end monitoring of a multi-day job
+            _log(f"sample failed: {type(e).__name__}: {e}")
+        stop.wait(max(0.0, interval - (time.monotonic() - t0)))
+    c = mon.cost()
+    _log(f"stopping after {mon.samples} samples; cost {c['cpu_pct_of_one_core']:.2f}% of one core, "
+         f"RSS {c['rss_bytes'] / 2**20:.1f} MiB")
+    mon.close()
+    return 0

@@ -1,0 +1,234 @@
+"""Notifications through apprise, delivered to REAL local servers (HTTP webhook, Slack-style webhook, SMTP):
+content, de-duplication, rate limiting, fleet-wide grouping ("one bad rack pages once"), the spool and retries,
+the time budget, and zero cost when not configured."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from test_notify_servers import SmtpServer, WebhookServer
+
+from gpuguard.config import parse_config
+from gpuguard.notify import Event, compress_hostlist, emit, flush, render
+
+pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
+
+
+@pytest.fixture
+def hook():
+    s = WebhookServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def smtp():
+    s = SmtpServer()
+    yield s
+    s.close()
+
+
+def make_cfg(tmp_path, **notify):
+    data = {"store": {"path": str(tmp_path / "state" / "{node}.db")}, "notify": notify}
+    return parse_config(yaml.safe_dump(data), source="test")
+
+
+def xid_drain(node="node7", **kw):
+    base = dict(kind="drain", node=node, severity="critical", check_id="gpu.xid", action="reboot the node",
+                message="GPU has fallen off the bus on 0000:86:00",
+                reason="gpuguard: gpu.xid XID79: GPU has fallen off the bus on 0000:86:00 [prolog reboot]",
+                job_id="4242", evidence={"xid": 79, "pci": "0000:86:00", "gpu": 3})
+    base.update(kw)
+    return Event(**base)
+
+
+def spool_rows(tmp_path, node):
+    conn = sqlite3.connect(tmp_path / "state" / f"{node}.db")
+    try:
+        return conn.execute("SELECT status, attempts, title FROM notify_spool ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- delivery and content
+
+
+def test_webhook_email_and_slack_style_receive_node_check_evidence_action(tmp_path, hook, smtp):
+    cfg = make_cfg(tmp_path, urls=[hook.url("/gpuguard"), hook.slack_style_url(), smtp.url()])
+    assert emit(cfg, xid_drain(), budget_s=10) == "sent"
+
+    posts = hook.wait_for(2)
+    generic = next(r for r in posts if r["path"] == "/gpuguard")
+    assert generic["type"] == "application/json" and generic["body"]["type"] == "failure"  # critical
+    assert "node7" in generic["body"]["title"] and "gpu.xid" in generic["body"]["title"]
+    text = generic["body"]["message"]
+    assert "node:     node7" in text and "check:    gpu.xid" in text
+    assert 'xid=79' in text and 'pci="0000:86:00"' in text  # the evidence
+    assert "action:   reboot the node" in text and "job:      4242" in text
+    assert "XID79" in text  # the drain reason as admins see it in Slurm
+
+    slack = next(r for r in posts if r["path"].startswith("/hooks/"))
+    assert "node7" in slack["body"]["text"] and "gpu.xid" in slack["body"]["text"]
+
+    mail = smtp.wait_for(1)[0]
+    headers, body = SmtpServer.text(mail)
+    assert mail["to"] == ["<oncall@example.com>"] and "node7" in headers["Subject"]
+    assert "evidence: xid=79" in body and "action:   reboot the node" in body
+    assert [s for s, *_ in spool_rows(tmp_path, "node7")] == ["sent"]
+
+
+def test_default_action_when_the_caller_gives_none():
+    _, body = render(Event(kind="straggler", node="n1", message="GPU 3 SM clock 1200 MHz vs 1980 MHz"))
+    assert "action:   check the GPU's clocks" in body
+
+
+# --------------------------------------------------------------------------- zero cost when off
+
+
+def test_not_configured_costs_nothing(tmp_path):
+    code = (
+        "import sys, yaml\n"
+        "from gpuguard.config import parse_config\n"
+        "from gpuguard.notify import Event, emit, flush\n"
+        f"cfg = parse_config(yaml.safe_dump({{'store': {{'path': {str(tmp_path / 's.db')!r}}}}}))\n"
+        "print(emit(cfg, Event(kind='drain', node='n1', message='x')), flush(cfg))\n"
+        "print('apprise' in sys.modules, 'sqlite3' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.split()
+    assert out == ["disabled", "0", "False", "False"]
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_kind_and_severity_filters(tmp_path, hook):
+    cfg = make_cfg(tmp_path, urls=[hook.url()], kinds=["drain"], min_severity="warning")
+    assert emit(cfg, Event(kind="undrain", node="n1", message="ok", severity="warning")) == "disabled"
+    assert emit(cfg, Event(kind="drain", node="n1", message="x", severity="info")) == "disabled"
+    assert hook.requests == []
+
+
+# --------------------------------------------------------------------------- de-duplication and rate limits
+
+
+def test_repeats_are_suppressed_then_counted(tmp_path, hook):
+    cfg = make_cfg(tmp_path, urls=[hook.url()], dedup_window_s=0.6)
+    assert emit(cfg, xid_drain()) == "sent"
+    assert [emit(cfg, xid_drain()) for _ in range(4)] == ["suppressed"] * 4
+    # another check on the same node is another key
+    assert emit(cfg, xid_drain(check_id="gpu.ecc")) == "sent"
+    time.sleep(0.7)
+    assert emit(cfg, xid_drain()) == "sent"
+    last = hook.wait_for(3)[-1]["body"]["message"]
+    assert "also happened 4 more time(s)" in last
+
+
+def test_rate_limit_holds_the_rest_for_one_digest(tmp_path, hook):
+    cfg = make_cfg(tmp_path, urls=[hook.url()], rate_limit=3, rate_window_s=1.0, state_path=str(tmp_path / "one.db"))
+    results = [emit(cfg, xid_drain(node=f"node{i:03d}")) for i in range(1, 11)]
+    assert results == ["sent"] * 3 + ["suppressed"] * 7
+    assert len(hook.wait_for(3)) == 3
+    assert flush(cfg) == 0  # the window is still full: nothing more goes out yet
+    time.sleep(1.1)
+    assert flush(cfg) == 1
+    digest = hook.wait_for(4)[3]["body"]
+    assert "7 events on 7 node(s): node[004-010]" in digest["title"]
+    assert "drain gpu.xid x7" in digest["message"] and "reboot the node" in digest["message"]
+    assert flush(cfg) == 0  # sent once
+
+
+def test_one_bad_rack_pages_once(tmp_path, hook):
+    """50 nodes of a rack drain for the same reason within minutes; each node has its own state (its own
+    prolog), they share a directory. 3 pages + 1 digest naming all 50, whichever node flushes first."""
+    shared = tmp_path / "shared"
+    window = 3.0
+    cfg = make_cfg(tmp_path, urls=[hook.url()], shared_dir=str(shared), group_threshold=3, group_window_s=window)
+    nodes = [f"gpu-r12-{i:03d}" for i in range(1, 51)]
+    time.sleep(window - time.time() % window + 0.05)  # windows are fixed buckets: start at the top of one
+    results = [emit(cfg, xid_drain(node=n)) for n in nodes]
+    assert results.count("sent") == 3 and results.count("suppressed") == 47
+    assert len(hook.wait_for(3)) == 3
+    time.sleep(window - time.time() % window + 0.05)  # let the group's window close
+    flushed = [flush(make_cfg(tmp_path, urls=[hook.url()], shared_dir=str(shared), group_threshold=3,
+                              group_window_s=window, state_path=str(tmp_path / f"flusher{i}.db")))
+               for i in range(3)]
+    assert flushed == [1, 0, 0]  # one node claims the digest, the others do not repeat it
+    digest = hook.wait_for(4)[3]["body"]
+    assert "50 events on 50 node(s): gpu-r12-[001-050]" in digest["title"]
+    assert len(hook.requests) == 4
+
+
+# --------------------------------------------------------------------------- spool, retries, budget
+
+
+def test_undeliverable_is_spooled_and_flushed_later(tmp_path, hook):
+    cfg = make_cfg(tmp_path, urls=[hook.url()])
+    hook.status = 500
+    assert emit(cfg, xid_drain(), budget_s=5) == "spooled"
+    assert spool_rows(tmp_path, "node7")[0][:2] == ("pending", 1)
+    hook.status = 200
+    cfg.sections["node"]["name"] = "node7"  # flush runs on the node whose store holds the spool
+    conn = sqlite3.connect(tmp_path / "state" / "node7.db")
+    conn.execute("UPDATE notify_spool SET next_try=0")  # skip the back-off
+    conn.commit()
+    conn.close()
+    assert flush(cfg) == 1
+    assert "node7" in hook.wait_for(1)[0]["body"]["title"]
+    assert spool_rows(tmp_path, "node7")[0][0] == "sent"
+
+
+def test_backoff_keeps_failed_messages_for_later(tmp_path, hook):
+    cfg = make_cfg(tmp_path, urls=[hook.url()])
+    cfg.sections["node"]["name"] = "node7"
+    hook.status = 503
+    emit(cfg, xid_drain())
+    assert flush(cfg) == 0  # not due yet: the back-off is 30 s after the first failure
+    assert spool_rows(tmp_path, "node7")[0][:2] == ("pending", 1)
+
+
+def test_emit_never_exceeds_its_budget(tmp_path, hook):
+    cfg = make_cfg(tmp_path, urls=[hook.url()])
+    hook.delay_s = 3.0
+    t0 = time.monotonic()
+    assert emit(cfg, xid_drain(), budget_s=0.5) == "spooled"
+    assert time.monotonic() - t0 < 0.9
+
+
+def test_bad_url_and_unwritable_state_never_raise(tmp_path):
+    cfg = make_cfg(tmp_path, urls=["not a url at all", "json://127.0.0.1:1/closed-port"])
+    assert emit(cfg, xid_drain(), budget_s=3) == "spooled"
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    cfg2 = make_cfg(tmp_path, urls=["json://127.0.0.1:1/x"], state_path=str(blocked / "sub" / "s.db"))
+    assert emit(cfg2, xid_drain(), budget_s=1) in ("suppressed", "spooled")
+    assert flush(cfg2) == 0
+
+
+def test_config_rejects_bad_values(tmp_path):
+    from gpuguard.config import ConfigError
+
+    for bad in ({"urls": "json://x"}, {"rate_limit": 0}, {"min_severity": "loud"}, {"sharde_dir": "/x"}):
+        with pytest.raises(ConfigError, match="notify"):
+            make_cfg(tmp_path, **bad)
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def test_compress_hostlist():
+    assert compress_hostlist(["node001", "node002", "node003", "node005"]) == "node[001-003,005]"
+    assert compress_hostlist(["n1"]) == "n1"
+    assert compress_hostlist(["b", "a", "gpu-a10", "gpu-a9"]) == "a,b,gpu-a[9-10]"
+    assert compress_hostlist(["x01", "x1"]) == "x1,x01"
+    assert compress_hostlist([f"node{i:03d}" for i in range(95, 102)]) == "node[095-101]"
+
+
+def test_event_contract_defaults():
+    e = Event(kind="hang", node="n1", message="m")
+    assert (e.severity, e.check_id, e.action, e.reason, e.job_id, e.evidence) == ("warning", None, None, None, None, {})
+    assert abs(e.ts - time.time()) < 5
+    assert json.dumps(render(e))
