@@ -437,6 +437,8 @@ def tell_humans(cfg: Config, result: RunResult, deadline: Deadline) -> None:
         from gpuguard.metrics import write_run_metrics
 
         write_run_metrics(cfg, result)
+        if not (result.drain or result.undrain or result.context.kind == "healthcheck"):
+            return  # nothing to tell: keep the healthy prolog's path free of the notify import
         events = run_events(result)
         if events or result.context.kind == "healthcheck":
             from gpuguard.notify import emit, flush

@@ -15,7 +15,12 @@ from typing import Any, Iterable, Optional
 
 from gpuguard.model import Finding
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+# Upgrades of an existing file, in order: version reached -> statements. A fresh file gets _SCHEMA directly.
+_MIGRATIONS: list[tuple[int, list[str]]] = [
+    (2, ["ALTER TABLE runs ADD COLUMN restart_count INTEGER"]),
+]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -82,10 +87,26 @@ class Store:
         conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
         conn.execute("PRAGMA busy_timeout=%d" % int(self.timeout_s * 1000))
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
+        if version < SCHEMA_VERSION:
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-            conn.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
+            conn.execute("BEGIN IMMEDIATE")  # a prolog and a health check may open a new file at once
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                fresh = conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name='runs'").fetchone()[0] == 0
+                if fresh:
+                    for stmt in _SCHEMA.split(";"):
+                        if stmt.strip():
+                            conn.execute(stmt)
+                else:
+                    for target, statements in _MIGRATIONS:
+                        if version < target:
+                            for stmt in statements:
+                                conn.execute(stmt)
+                conn.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
         conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes, cheap
         return conn
 

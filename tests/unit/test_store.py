@@ -78,3 +78,28 @@ def test_prune_only_old_cursors_with_the_prefix(tmp_path):
         st.conn.execute("UPDATE cursors SET updated=? WHERE name='job:n1:1'", (_t.time() - 30 * 86400,))
         assert st.prune_cursors("job:n1:", older_than=_t.time() - 7 * 86400) == 1
         assert st.get_cursor("job:n1:1") is None and st.get_cursor("job:n1:2") and st.get_cursor("kernel_log:n1")
+
+
+def test_an_older_history_file_is_upgraded_in_place(tmp_path):
+    """A node upgraded from an earlier gpuguard keeps its history (and its kernel-log cursor)."""
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE runs (id INTEGER PRIMARY KEY, started REAL NOT NULL, duration_ms REAL, node TEXT NOT NULL,
+            kind TEXT NOT NULL, job_id TEXT, profile TEXT, verdict TEXT NOT NULL, action TEXT, reason TEXT,
+            exit_code INTEGER, error TEXT, boot_id TEXT);
+        CREATE TABLE findings (run_id INTEGER NOT NULL, check_id TEXT NOT NULL, severity TEXT NOT NULL, keyword TEXT,
+            gpu INTEGER, action TEXT, message TEXT, remediation TEXT, evidence TEXT);
+        CREATE TABLE drains (id INTEGER PRIMARY KEY, ts REAL NOT NULL, node TEXT NOT NULL, op TEXT NOT NULL,
+            outcome TEXT NOT NULL, reason TEXT, check_id TEXT, action TEXT, run_id INTEGER, detail TEXT);
+        CREATE TABLE cursors (name TEXT PRIMARY KEY, value TEXT NOT NULL, updated REAL NOT NULL);
+        INSERT INTO runs(started, node, kind, verdict) VALUES (1.0, 'n1', 'prolog', 'pass');
+        INSERT INTO cursors VALUES ('kernel_log:n1', '{"kind": "kmsg", "seq": 9}', 1.0);
+        PRAGMA user_version=1;
+    """)
+    old.close()
+    with Store(str(path)) as st:
+        assert st.recreated_from is None
+        assert st.get_cursor("kernel_log:n1") == {"kind": "kmsg", "seq": 9}
+        _run(st)
+        assert [r["restart_count"] for r in st.runs()] == [None, None] and len(st.runs()) == 2
