@@ -7,7 +7,7 @@ PREFIX ?= /usr/local
 CONFDIR ?= /etc/gpuguard
 FAKENVML := build/fakenvml/libnvidia-ml.so.1
 
-.PHONY: all deps venv fakenvml demo test unit integration bench install slurm-conf clean
+.PHONY: all deps venv torch fakenvml demo test unit integration bench install slurm-conf clean
 
 all: venv fakenvml
 
@@ -19,6 +19,9 @@ deps:
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	    slurm-wlm munge gcc libc6-dev >/dev/null; \
 	fi
+	@# shellcheck: every rendered sbatch template is checked with it
+	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -q --no-install-recommends shellcheck >/dev/null; } || true
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo ">> python venv in $(VENV)"
@@ -28,6 +31,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@touch $@
 
 venv: $(VENV)/.installed
+
+# CPU PyTorch for the torchrun end-to-end tests and the torch.distributed bandwidth probe (from this machine's
+# local wheel cache when present; a CPU-only build either way).
+$(VENV)/.torch: $(VENV)/.installed
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 \
+	  2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -c 'import torch' 2>/dev/null && touch $@ || echo ">> torch not available: the torchrun tests will be skipped"
+
+torch: $(VENV)/.torch
 
 $(FAKENVML): lib/gpuguard/simulate/fakenvml.c
 	@echo ">> building the fake libnvidia-ml.so.1 (simulated GPUs)"
@@ -39,13 +51,13 @@ fakenvml: $(FAKENVML)
 demo: deps venv fakenvml
 	@$(PY) -m gpuguard.demo $(DEMO_ARGS)
 
-test: deps venv fakenvml
+test: deps venv torch fakenvml
 	@$(PY) -m pytest -q tests
 
 unit: venv fakenvml
 	@$(PY) -m pytest -q tests/unit
 
-integration: deps venv fakenvml
+integration: deps venv torch fakenvml
 	@$(PY) -m pytest -q tests/integration
 
 bench: deps venv fakenvml
@@ -60,6 +72,9 @@ install: fakenvml
 	@install -d $(PREFIX)/bin $(PREFIX)/libexec/gpuguard $(PREFIX)/lib/gpuguard/fakenvml
 	@ln -sf $(PREFIX)/lib/gpuguard/venv/bin/gpuguard $(PREFIX)/bin/gpuguard
 	@install -m 755 $(FAKENVML) $(PREFIX)/lib/gpuguard/fakenvml/
+	@install -d $(PREFIX)/share/gpuguard/sbatch_templates $(PREFIX)/share/gpuguard/examples
+	@install -m 644 sbatch_templates/*.j2 sbatch_templates/README.md $(PREFIX)/share/gpuguard/sbatch_templates/
+	@cp -r examples/scenarios $(PREFIX)/share/gpuguard/examples/
 	@PYTHONPATH=lib $(PYTHON) -m gpuguard.install --libexec $(PREFIX)/libexec/gpuguard \
 	  --python $(PREFIX)/lib/gpuguard/venv/bin/python --config $(CONFDIR)/config.yaml
 	@install -d $(CONFDIR)

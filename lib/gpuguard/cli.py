@@ -14,7 +14,15 @@ HOOK_KINDS = ("prolog", "epilog", "healthcheck")
 FEATURE_COMMANDS: dict[str, str] = {
     # @command:watch
     # @command:templates
+    "render": "gpuguard.templates.cli",
+    "templates": "gpuguard.templates.cli",
+    "lint": "gpuguard.templates.cli",
+    "job-attempt": "gpuguard.templates.cli",
     # @command:nccl
+    "nccl": "gpuguard.nccl.cli",
+    "efa": "gpuguard.nccl.cli",
+    "dcgm": "gpuguard.nccl.cli",
+    "baseline": "gpuguard.nccl.cli",
     # @command:monitor
     "monitor": "gpuguard.monitor.cli",
     "trainlog": "gpuguard.monitor.cli",
@@ -27,7 +35,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only_feature: Optional[str] = None) -> argparse.ArgumentParser:
+    """The full parser. `only_feature`: import just that feature module (the command being run), so a
+    broken or missing optional module cannot take every other command down with it."""
     ap = argparse.ArgumentParser(prog="gpuguard", description="Keep GPU training clusters healthy under Slurm.")
     _add_common(ap)
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
@@ -89,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     import importlib
 
-    for module in dict.fromkeys(FEATURE_COMMANDS.values()):
+    modules = [only_feature] if only_feature else list(dict.fromkeys(FEATURE_COMMANDS.values()))
+    for module in modules:
         importlib.import_module(module).add_parser(sub)
     return ap
 
@@ -384,7 +395,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # never wait for a probe thread stuck in the driver
-    args = build_parser().parse_args(argv)
+    cmd = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(FEATURE_COMMANDS.get(cmd or "")).parse_args(argv)
     handlers = {"check": cmd_check, "xid": cmd_xid, "profiles": cmd_profiles, "config": cmd_config,
                 "slurm-conf": cmd_slurm_conf, "simulate": cmd_simulate,
                 "undrain": cmd_undrain}

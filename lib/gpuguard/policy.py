@@ -16,7 +16,8 @@ from gpuguard.reason import format_reason
 # When several checks fail, the reason names the most actionable one: root causes first.
 CHECK_PRIORITY = [
     "gpu.xid", "gpu.nvml", "gpu.count", "gpu.recovery_action", "gpu.row_remap", "gpu.retired_pages", "gpu.ecc",
-    "gpu.nvlink", "gpu.pcie", "gpu.temperature", "gpu.throttle", "fabric.efa", "fabric.ib", "gpu.model",
+    "gpu.nvlink", "gpu.pcie", "gpu.temperature", "gpu.throttle", "fabric.efa", "fabric.ib", "dcgm.diag",
+    "nccl.busbw", "fabric.efa_counters", "gpu.model",
     "gpu.memory", "gpu.leftovers", "gpu.memory_released", "gpu.processes", "sys.memory", "sys.disk", "sys.cpu",
 ]
 

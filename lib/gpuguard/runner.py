@@ -180,10 +180,23 @@ def _timed_out(cls: type, **extra: Any) -> Callable[[str], Any]:
 
 
 def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: Sources, profile: Profile,
-                 kernel_cursor: Optional[dict[str, Any]]) -> list[_Probe]:
+                 kernel_cursor: Optional[dict[str, Any]], store: Any = None) -> list[_Probe]:
     needs = {s.needs for s in specs}
     dl = cfg.sections["deadlines"]
     probes: list[_Probe] = []
+    tier_needs = needs & {"nccl", "dcgm", "efa_counters"}
+    if tier_needs:
+        from gpuguard.nccl.tier import simulated_tools, tier_probes
+        from gpuguard.probes.efa_counters import cursor_name as efa_cursor_name
+
+        tools = simulated_tools(os.path.join(_state_dir(cfg), "sim-tools", ctx.node), sources.simulated) \
+            if sources.simulated else {}
+        gpus = len(ctx.gpu_indices) if ctx.gpu_indices else (profile.gpu_count or 8)
+        efa_prev = store.get_cursor(efa_cursor_name(ctx.node)) if store is not None else None
+        for name, fn, timeout, cls in tier_probes(cfg.sections["nccl"], needs=tier_needs, gpus=gpus,
+                                                  sysfs_root=sources.sysfs_root, boot_id=read_boot_id(sources),
+                                                  efa_previous=efa_prev, **tools):
+            probes.append(_Probe(name, fn, timeout, _timed_out(cls)))
     if "nvml" in needs:
         from gpuguard.probes.nvml import read_nvml
 
@@ -281,12 +294,22 @@ class NodeLock:
             os.close(self.fd)  # closing releases the flock
 
 
-def plan_for(cfg: Config, ctx: RunContext) -> list[CheckSpec]:
+def plan_for(cfg: Config, ctx: RunContext, profile: Optional[Profile] = None, store: Any = None,
+             boot_id: Optional[str] = None) -> list[CheckSpec]:
     """The checks this run does: the run kind's set; an epilog of a job that died by a signal adds the node
-    checks (NVLink, PCIe, fabric, ...) because a crash can be the hardware's doing."""
+    checks (NVLink, PCIe, fabric, ...) because a crash can be the hardware's doing; a prolog (or manual run)
+    adds the optional slow tier (NCCL all_reduce, dcgmi diag) when gpuguard.nccl.tier says it is due."""
     kinds = {ctx.kind}
     if ctx.kind == "epilog" and ctx.job_exit_code in cfg.sections["epilog"]["deep_on_exit_codes"]:
         kinds.add("epilog_deep")
+    if cfg.sections["nccl"]["tier_enabled"] and store is not None and profile is not None:
+        from gpuguard.nccl.tier import cursor_name, job_is_exclusive, tier_due
+
+        excl = True if ctx.kind == "manual" else job_is_exclusive(ctx.exclusive, ctx.gpu_indices, profile.gpu_count)
+        due, _why = tier_due(cfg.sections["nccl"], kind=ctx.kind, exclusive=excl, boot_id=boot_id,
+                             last=store.get_cursor(cursor_name(ctx.node)), now=time.time())
+        if due:
+            kinds.add("tier")
     return [s for s in registry() if kinds & s.kinds and cfg.check_enabled(s.id)]
 
 
@@ -301,32 +324,33 @@ def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry
     deadline = Deadline(deadline_s or dl_cfg.get(f"{ctx.kind}_s", dl_cfg["manual_s"]))
     sources, sim_profile = resolve_sources(cfg, ctx.node, simulate)
     profile, _how = (sim_profile, "scenario") if sim_profile else resolve_profile(cfg, ctx.node)
-    specs = plan_for(cfg, ctx)
     store_path = cfg.sections["store"]["path"].replace("{node}", ctx.node)
     lock = NodeLock(f"{store_path}.{ctx.node}.lock",
                     min(cfg.sections["locking"]["wait_s"], deadline.remaining() / 3))
     with lock as locked:
         store = Store(store_path, timeout_s=min(5.0, max(0.5, deadline.remaining() / 4)))
         try:
-            return _run_locked(ctx, cfg, sources, profile, specs, store, deadline, started, dry_run or not locked,
+            return _run_locked(ctx, cfg, sources, profile, store, deadline, started, dry_run or not locked,
                                dry_run, locked, slurm_client)
         finally:
             store.close()
 
 
-def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile, specs: list[CheckSpec],
-                store: Any, deadline: Deadline, started: float, read_only: bool, dry_run: bool, locked: bool,
-                slurm_client: Any) -> RunResult:
+def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile, store: Any, deadline: Deadline,
+                started: float, read_only: bool, dry_run: bool, locked: bool, slurm_client: Any) -> RunResult:
     dl_cfg = cfg.sections["deadlines"]
+    boot_id = read_boot_id(sources)
+    specs = plan_for(cfg, ctx, profile, store, boot_id)
     node_cursor = f"kernel_log:{ctx.node}"
     job_cursor = f"job:{ctx.node}:{ctx.job_id}" if ctx.job_id else None
     # The epilog judges the Xids of the job's window: from where the kernel log was when its prolog ran.
     cursor = (store.get_cursor(job_cursor) if ctx.kind == "epilog" and job_cursor else None) \
         or store.get_cursor(node_cursor)
 
-    raw = gather(build_probes(specs, cfg, ctx, sources, profile, cursor), deadline)
+    raw = gather(build_probes(specs, cfg, ctx, sources, profile, cursor, store), deadline)
     obs = Observations(nvml=raw.get("nvml"), kernel_log=raw.get("kernel_log"), fabric=raw.get("fabric"),
-                       system=raw.get("system"))
+                       system=raw.get("system"), nccl=raw.get("nccl"), dcgm=raw.get("dcgm"),
+                       efa_counters=raw.get("efa_counters"))
     _name_processes(obs, sources.procfs_root)
     notes: list[str] = [] if locked else ["another gpuguard run held the node lock: read-only run"]
 
@@ -336,7 +360,6 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
     findings = evaluate(specs, obs, cfg, ctx, profile)
     pol = cfg.sections["policy"]
     reboot_cfg = cfg.sections["reboot"]
-    boot_id = read_boot_id(sources)
     since = time.time() - reboot_cfg["window_days"] * 86400
     recurrences = {(f.check_id, f.keyword): store.previous_fault_boots(ctx.node, f.check_id, f.keyword, boot_id, since)
                    for f in findings if f.severity is Severity.FAIL and f.keyword}
@@ -388,6 +411,8 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
     if not dry_run:
         tell_humans(cfg, result, deadline)
 
+    if not read_only:
+        _save_tier_cursors(store, ctx, specs, obs, boot_id)
     # Cursors move only after the run is recorded (an Xid is judged at least once), never in a read-only run.
     kl = obs.kernel_log
     if kl is not None and kl.cursor is not None and kl.status.complete and not read_only:
@@ -399,6 +424,21 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
             if ctx.kind == "prolog" and job_cursor:
                 store.set_cursor(job_cursor, kl.cursor)  # where the job's window starts
     return result
+
+
+def _save_tier_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs: Observations,
+                       boot_id: Optional[str]) -> None:
+    """EFA counters are judged as deltas since the last run; the optional tier runs once per boot (or
+    interval): both remember where they were."""
+    if obs.efa_counters is not None and getattr(obs.efa_counters, "cursor", None) is not None \
+            and getattr(getattr(obs.efa_counters, "status", None), "complete", False):
+        from gpuguard.probes.efa_counters import cursor_name as efa_cursor_name
+
+        store.set_cursor(efa_cursor_name(ctx.node), obs.efa_counters.cursor)
+    if any("tier" in s.kinds for s in specs):
+        from gpuguard.nccl.tier import cursor_name, tier_cursor
+
+        store.set_cursor(cursor_name(ctx.node), tier_cursor(boot_id, time.time()))
 
 
 def run_events(result: RunResult) -> list[Any]:
@@ -461,7 +501,7 @@ def _epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list
     cleanup = cleanup_leftovers(obs.nvml, ctx.gpu_indices, ctx.job_id, ctx.job_uid, grace, ecfg["kill_leftovers"])
     if cleanup.killed:
         nvml_only = [s for s in specs if s.needs == "nvml"]
-        again = gather(build_probes(nvml_only, cfg, ctx, sources, profile, None), deadline)
+        again = gather(build_probes(nvml_only, cfg, ctx, sources, profile, None, None), deadline)
         if again.get("nvml") is not None:
             obs.nvml = again["nvml"]
             _name_processes(obs, sources.procfs_root)

@@ -22,6 +22,9 @@ ALL_KINDS = frozenset({"prolog", "epilog", "healthcheck", "manual"})
 NODE = frozenset({"prolog", "healthcheck", "manual", "epilog_deep"})
 # Right after a job the GPUs are hot and throttling is expected: not judged in the epilog.
 IDLE_ONLY = frozenset({"prolog", "healthcheck", "manual"})
+# The optional slow tier (single-node NCCL all_reduce, dcgmi diag): added to a prolog/manual run only when
+# gpuguard.nccl.tier.tier_due() says so (config, exclusive job, first job after a reboot).
+TIER = frozenset({"tier"})
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,10 @@ class CheckSpec:
 
 
 def _registry() -> list[CheckSpec]:
+    from gpuguard.checks import dcgm as dcgm_checks
+    from gpuguard.checks import efa_counters as efa_counter_checks
     from gpuguard.checks import fabric, gpu, system, xid
+    from gpuguard.checks import nccl as nccl_checks
 
     S = CheckSpec
     return [
@@ -99,6 +105,18 @@ def _registry() -> list[CheckSpec]:
           "EFA device count, ports ACTIVE, libfabric efa provider present"),
         S("fabric.ib", "IB", "fabric", fabric.check_ib, NODE, {},
           "InfiniBand HCA count, ports ACTIVE at the expected rate"),
+        S("fabric.efa_counters", "EFA", "efa_counters", efa_counter_checks.check_efa_counters,
+          frozenset({"healthcheck", "manual"}),
+          {"max_rx_drops": ("int?", None), "max_retrans_pkts": ("int?", None),
+           "max_retrans_timeout_events": ("int?", None), "max_unresponsive_remote_events": ("int?", None),
+           "max_impaired_remote_conn_events": ("int?", None), "max_rdma_wr_err": ("int?", None)},
+          "EFA hardware error counters grew less than the configured limits since the last run"),
+        S("nccl.busbw", "NCCL", "nccl", nccl_checks.check_nccl_busbw, TIER,
+          {"min_busbw_gbps": ("num?", None), "max_wrong": ("int", 0)},
+          "single-node all_reduce busbw of the largest message at or above the profile's floor (optional tier)"),
+        S("dcgm.diag", "DCGM", "dcgm", dcgm_checks.check_dcgm_diag, TIER,
+          {"warn_is_fail": ("bool", False), "ignore_tests": ("strlist", [])},
+          "dcgmi diag -r N passes (optional tier)"),
         S("sys.memory", "MEM", "system", system.check_memory, IDLE_ONLY,
           {"min_available_gib": ("num?", None)},
           "installed memory matches the profile; enough memory available"),

@@ -1,0 +1,113 @@
+"""Baselines: bus bandwidth measured across the fleet per (profile, node count, message size), and thresholds
+proposed from that distribution instead of copied from a blog post.
+
+The proposal is robust to the slow nodes it is meant to catch: centre = median, spread = 1.4826 * MAD (the
+normal-consistent median absolute deviation), threshold = median - max(k * spread, margin% of the median). The
+margin keeps a very uniform fleet (tiny MAD) from getting a threshold that ordinary run-to-run noise crosses.
+Fewer than `min_samples` samples: no proposal ("measure more"), never a guess.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Optional
+
+from gpuguard.nccl.parse import NcclResult
+
+
+@dataclass(frozen=True)
+class Proposal:
+    profile: str
+    n_nodes: int
+    size_bytes: int
+    samples: int
+    median: Optional[float]
+    mad: Optional[float]
+    p05: Optional[float]
+    minimum: Optional[float]
+    maximum: Optional[float]
+    threshold_gbps: Optional[float]  # None: not enough samples
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Linear-interpolated percentile of a non-empty list."""
+    s = sorted(values)
+    if len(s) == 1:
+        return s[0]
+    pos = (len(s) - 1) * pct / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def propose_threshold(values: list[float], k: float = 3.0, margin_pct: float = 5.0,
+                      min_samples: int = 5) -> tuple[Optional[float], dict[str, Optional[float]]]:
+    """(threshold, stats). Pure."""
+    if not values:
+        return None, {"median": None, "mad": None, "p05": None, "min": None, "max": None}
+    med = statistics.median(values)
+    mad = statistics.median([abs(v - med) for v in values])
+    stats = {"median": med, "mad": mad, "p05": percentile(values, 5), "min": min(values), "max": max(values)}
+    if len(values) < min_samples:
+        return None, stats
+    spread = 1.4826 * mad
+    threshold = med - max(k * spread, med * margin_pct / 100.0)
+    return max(0.0, threshold), stats
+
+
+def propose(rows: Iterable[dict[str, Any]], k: float = 3.0, margin_pct: float = 5.0,
+            min_samples: int = 5) -> list[Proposal]:
+    """One proposal per (profile, n_nodes, size_bytes) found in sample rows (as `history.samples` returns)."""
+    groups: dict[tuple[str, int, int], list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["profile"], int(r["n_nodes"]), int(r["size_bytes"])), []).append(float(r["busbw_gbps"]))
+    out = []
+    for (profile, n, size), values in sorted(groups.items()):
+        thr, st = propose_threshold(values, k, margin_pct, min_samples)
+        note = "" if thr is not None else f"only {len(values)} samples (need {min_samples})"
+        out.append(Proposal(profile, n, size, len(values), _r(st["median"]), _r(st["mad"]), _r(st["p05"]),
+                            _r(st["min"]), _r(st["max"]), _r(thr), note))
+    return out
+
+
+def _r(v: Optional[float]) -> Optional[float]:
+    return None if v is None else round(v, 2)
+
+
+def samples_from_result(result: NcclResult, profile: str, n_nodes: int, nodes: str, source: str,
+                        job_id: Optional[str] = None, min_bytes: int = 1 << 20
+                        ) -> list[tuple[str, int, int, float, str, str, Optional[str]]]:
+    """Rows for history.record_samples: one per message size >= min_bytes with an out-of-place busbw."""
+    return [(profile, n_nodes, r.size_bytes, float(r.busbw), nodes, source, job_id)
+            for r in result.rows if r.size_bytes >= min_bytes and r.busbw is not None and r.busbw > 0]
+
+
+def best_for(proposals: list[Proposal], profile: str, n_nodes: int, size_bytes: Optional[int] = None
+             ) -> Optional[Proposal]:
+    """The proposal for this profile and node count at `size_bytes` (default: the largest size measured)."""
+    cands = [p for p in proposals if p.profile == profile and p.n_nodes == n_nodes and p.threshold_gbps is not None]
+    if size_bytes is not None:
+        cands = [p for p in cands if p.size_bytes == size_bytes]
+    return max(cands, key=lambda p: p.size_bytes) if cands else None
+
+
+def config_snippet(proposals: list[Proposal]) -> str:
+    """YAML for the `nccl:` config section: the proposed threshold per node count at its largest size."""
+    by_n: dict[int, Proposal] = {}
+    for p in proposals:
+        if p.threshold_gbps is None or p.n_nodes < 2:
+            continue
+        if p.n_nodes not in by_n or p.size_bytes > by_n[p.n_nodes].size_bytes:
+            by_n[p.n_nodes] = p
+    if not by_n:
+        return "# no proposal yet: measure more (gpuguard baseline measure / nccl sweep record samples)\n"
+    lines = ["nccl:", "  sweep_busbw_by_nodes:"]
+    for n, p in sorted(by_n.items()):
+        lines.append(f"    {n}: {p.threshold_gbps}   # median {p.median} GB/s over {p.samples} runs at "
+                     f"{p.size_bytes} B ({p.profile})")
+    return "\n".join(lines) + "\n"

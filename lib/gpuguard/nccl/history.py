@@ -1,0 +1,129 @@
+"""NCCL results in the history store: sweeps, their runs, and busbw samples for baselines.
+
+The tables live in the same SQLite file as gpuguard's runs and drains (`gpuguard.store.Store`), created here
+with CREATE TABLE IF NOT EXISTS so store.py's schema (and its version number) is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterable, Optional
+
+from gpuguard.store import Store
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nccl_sweeps (
+    id INTEGER PRIMARY KEY,
+    started REAL NOT NULL,
+    finished REAL,
+    partition TEXT,
+    nodes TEXT NOT NULL,          -- compressed hostlist of the nodes swept
+    method TEXT,
+    profile TEXT,
+    threshold_gbps REAL,          -- the all-node run's threshold
+    conclusion TEXT,              -- pass | isolated | fabric | inconclusive | error
+    slow_nodes TEXT,              -- JSON list
+    report TEXT                   -- JSON: measurements + verdicts
+);
+CREATE TABLE IF NOT EXISTS nccl_runs (
+    id INTEGER PRIMARY KEY,
+    sweep_id INTEGER,
+    ts REAL NOT NULL,
+    stage TEXT,                   -- all | pair | bisect | cross | confirm | baseline
+    nodes TEXT NOT NULL,
+    n_nodes INTEGER NOT NULL,
+    job_id TEXT,
+    job_state TEXT,
+    busbw_gbps REAL,              -- bus bandwidth of the largest message
+    size_bytes INTEGER,
+    peak_busbw_gbps REAL,
+    avg_busbw_gbps REAL,
+    threshold_gbps REAL,
+    verdict TEXT,                 -- ok | slow | error
+    error TEXT,
+    output TEXT
+);
+CREATE INDEX IF NOT EXISTS nccl_runs_sweep ON nccl_runs(sweep_id);
+CREATE TABLE IF NOT EXISTS nccl_samples (
+    id INTEGER PRIMARY KEY,
+    ts REAL NOT NULL,
+    profile TEXT NOT NULL,
+    n_nodes INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    busbw_gbps REAL NOT NULL,
+    nodes TEXT,
+    source TEXT,                  -- sweep | measure | file
+    job_id TEXT
+);
+CREATE INDEX IF NOT EXISTS nccl_samples_key ON nccl_samples(profile, n_nodes, size_bytes);
+"""
+
+
+def open_history(path: str, timeout_s: float = 5.0) -> Store:
+    """The store at `path` with the NCCL tables present."""
+    store = Store(path, timeout_s=timeout_s)
+    store.conn.executescript(_SCHEMA)
+    return store
+
+
+def start_sweep(store: Store, *, partition: Optional[str], nodes: str, method: str, profile: str,
+                threshold_gbps: Optional[float]) -> int:
+    cur = store.conn.execute(
+        "INSERT INTO nccl_sweeps(started,partition,nodes,method,profile,threshold_gbps) VALUES (?,?,?,?,?,?)",
+        (time.time(), partition, nodes, method, profile, threshold_gbps))
+    return int(cur.lastrowid or 0)
+
+
+def finish_sweep(store: Store, sweep_id: int, *, conclusion: str, slow_nodes: list[str], report: dict[str, Any]) -> None:
+    store.conn.execute("UPDATE nccl_sweeps SET finished=?, conclusion=?, slow_nodes=?, report=? WHERE id=?",
+                       (time.time(), conclusion, json.dumps(slow_nodes), json.dumps(report, default=str), sweep_id))
+
+
+def record_run(store: Store, *, sweep_id: Optional[int], stage: str, nodes: str, n_nodes: int,
+               job_id: Optional[str], job_state: Optional[str], busbw_gbps: Optional[float],
+               size_bytes: Optional[int], peak_busbw_gbps: Optional[float], avg_busbw_gbps: Optional[float],
+               threshold_gbps: Optional[float], verdict: str, error: Optional[str], output: Optional[str]) -> int:
+    cur = store.conn.execute(
+        "INSERT INTO nccl_runs(sweep_id,ts,stage,nodes,n_nodes,job_id,job_state,busbw_gbps,size_bytes,"
+        "peak_busbw_gbps,avg_busbw_gbps,threshold_gbps,verdict,error,output) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (sweep_id, time.time(), stage, nodes, n_nodes, job_id, job_state, busbw_gbps, size_bytes, peak_busbw_gbps,
+         avg_busbw_gbps, threshold_gbps, verdict, error, output))
+    return int(cur.lastrowid or 0)
+
+
+def record_samples(store: Store, samples: Iterable[tuple[str, int, int, float, str, str, Optional[str]]]) -> int:
+    """(profile, n_nodes, size_bytes, busbw_gbps, nodes, source, job_id) rows; returns how many."""
+    rows = [(time.time(), *s) for s in samples]
+    store.conn.executemany(
+        "INSERT INTO nccl_samples(ts,profile,n_nodes,size_bytes,busbw_gbps,nodes,source,job_id) "
+        "VALUES (?,?,?,?,?,?,?,?)", rows)
+    return len(rows)
+
+
+def samples(store: Store, profile: Optional[str] = None, n_nodes: Optional[int] = None,
+            size_bytes: Optional[int] = None, since: Optional[float] = None) -> list[dict[str, Any]]:
+    q = "SELECT * FROM nccl_samples WHERE 1=1"
+    args: list[Any] = []
+    for col, val in (("profile", profile), ("n_nodes", n_nodes), ("size_bytes", size_bytes)):
+        if val is not None:
+            q += f" AND {col}=?"
+            args.append(val)
+    if since is not None:
+        q += " AND ts>=?"
+        args.append(since)
+    cur = store.conn.execute(q + " ORDER BY id", args)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur]
+
+
+def sweeps(store: Store, limit: int = 20) -> list[dict[str, Any]]:
+    cur = store.conn.execute("SELECT * FROM nccl_sweeps ORDER BY id DESC LIMIT ?", (limit,))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur]
+
+
+def runs_of(store: Store, sweep_id: int) -> list[dict[str, Any]]:
+    cur = store.conn.execute("SELECT * FROM nccl_runs WHERE sweep_id=? ORDER BY id", (sweep_id,))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur]

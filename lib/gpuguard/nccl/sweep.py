@@ -1,0 +1,503 @@
+"""Fleet sweep: find the node(s) that make a multi-node all_reduce slow, and drain only them.
+
+1. One all_reduce over every node (nccl-tests jobs rendered from the `nccl-tests` sbatch template and
+   submitted through Slurm). At or above the threshold: done, the fleet is fine.
+2. Otherwise isolate: **pairwise** (disjoint pairs run concurrently; a pair at full speed clears both nodes)
+   or **bisect** (halves run concurrently; recurse into the slow halves). Every suspect is then confirmed in a
+   2-node run with a node already known good, so a node is convicted only by a run in which it was the only
+   unknown. When nothing is known good, suspects are cross-paired once to find some.
+3. Convicted nodes are drained (keyword NCCL, the measured figure in the reason, ownership rules of
+   `gpuguard.slurm.drain_node`), unless more than `max_drain_fraction` of the nodes look slow: that is a
+   fabric or configuration problem, and draining half a fleet would make it worse.
+
+The isolation logic (`isolate`) is pure: it takes a `measure(groups, stage)` callable, so it is tested without
+Slurm; `SlurmRunner` is the real `measure`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from gpuguard.nccl.hostlist import compress_hostlist
+from gpuguard.nccl.parse import NcclResult, parse_nccl
+
+Group = tuple[str, ...]
+ThresholdFn = Callable[[int], Optional[float]]
+Progress = Callable[[str], None]
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+                      "DEADLINE", "OUT_OF_MEMORY"})
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9._\[\],-]+$")
+_TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+
+
+class SweepError(RuntimeError):
+    pass
+
+
+@dataclass
+class Measurement:
+    nodes: Group
+    stage: str  # all | pair | bisect | cross | confirm | baseline
+    threshold_gbps: Optional[float] = None
+    busbw_gbps: Optional[float] = None  # bus bandwidth of the largest message
+    size_bytes: Optional[int] = None
+    job_id: Optional[str] = None
+    job_state: Optional[str] = None
+    error: Optional[str] = None
+    output_path: Optional[str] = None
+    duration_s: float = 0.0
+    wrong: int = 0  # wrong / out-of-bounds values the collective returned
+    result: Optional[NcclResult] = field(default=None, repr=False)
+
+    @property
+    def verdict(self) -> str:
+        if self.busbw_gbps is None:
+            return "error"
+        if self.wrong:
+            return "wrong"
+        if self.threshold_gbps is not None and self.busbw_gbps < self.threshold_gbps:
+            return "slow"
+        return "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": list(self.nodes), "stage": self.stage, "threshold_gbps": self.threshold_gbps,
+                "busbw_gbps": self.busbw_gbps, "size_bytes": self.size_bytes, "job_id": self.job_id,
+                "job_state": self.job_state, "verdict": self.verdict, "error": self.error, "wrong": self.wrong,
+                "output": self.output_path, "duration_s": round(self.duration_s, 2),
+                "peak_busbw_gbps": self.result.peak_busbw_gbps if self.result else None,
+                "avg_busbw_gbps": self.result.avg_busbw_gbps if self.result else None}
+
+
+Measure = Callable[[list[Group], str], list[Measurement]]
+
+
+@dataclass
+class NodeVerdict:
+    node: str
+    status: str  # ok | slow | unknown
+    busbw_gbps: Optional[float] = None
+    threshold_gbps: Optional[float] = None
+    evidence: str = ""
+    job_id: Optional[str] = None
+    partner: Optional[str] = None
+    wrong: int = 0
+    drain: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class SweepOutcome:
+    nodes: list[str]
+    measurements: list[Measurement] = field(default_factory=list)
+    verdicts: dict[str, NodeVerdict] = field(default_factory=dict)
+    conclusion: str = "pass"  # pass | isolated | fabric | inconclusive | error
+    message: str = ""
+
+    @property
+    def slow(self) -> list[str]:
+        return [n for n in self.nodes if self.verdicts.get(n) and self.verdicts[n].status == "slow"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "conclusion": self.conclusion, "message": self.message,
+                "slow": self.slow, "measurements": [m.to_dict() for m in self.measurements],
+                "verdicts": {n: {"status": v.status, "busbw_gbps": v.busbw_gbps, "threshold_gbps": v.threshold_gbps,
+                                 "evidence": v.evidence, "job_id": v.job_id, "partner": v.partner,
+                                 "drain": v.drain} for n, v in self.verdicts.items()}}
+
+
+# --------------------------------------------------------------------------- isolation (pure)
+
+
+def _pairs(nodes: Sequence[str]) -> tuple[list[Group], list[str]]:
+    """Disjoint pairs in order, and the odd one out."""
+    pairs = [(nodes[i], nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)]
+    rest = [nodes[-1]] if len(nodes) % 2 else []
+    return pairs, rest
+
+
+def _halves(group: Sequence[str]) -> list[list[str]]:
+    mid = len(group) // 2
+    return [list(group[:mid]), list(group[mid:])]
+
+
+def isolate(nodes: Sequence[str], measure: Measure, method: str = "pairwise",
+            max_drain_fraction: float = 0.5, progress: Optional[Progress] = None) -> SweepOutcome:
+    """Run the sweep's measurements through `measure` and decide every node's verdict. Pure apart from
+    `measure`."""
+    say = progress or (lambda _m: None)
+    nodes = list(dict.fromkeys(nodes))
+    out = SweepOutcome(nodes=nodes)
+    if not nodes:
+        out.conclusion, out.message = "error", "no nodes to sweep"
+        return out
+
+    def run(groups: list[Group], stage: str) -> list[Measurement]:
+        ms = measure(groups, stage)
+        out.measurements.extend(ms)
+        return ms
+
+    first = run([tuple(nodes)], "all")[0]
+    if first.verdict == "ok":
+        for n in nodes:
+            out.verdicts[n] = NodeVerdict(n, "ok", first.busbw_gbps, first.threshold_gbps,
+                                          f"{len(nodes)}-node run", first.job_id)
+        out.conclusion = "pass"
+        out.message = f"all {len(nodes)} nodes: {first.busbw_gbps:.1f} GB/s (threshold {first.threshold_gbps:g})"
+        return out
+    if len(nodes) == 1:
+        _convict(out, nodes[0], first, None)
+        return _finish(out, max_drain_fraction)
+    say(f"all-node run {first.verdict.upper()}: isolating ({method})")
+
+    good: list[str] = []
+    suspects: list[str] = []
+    if method == "bisect":
+        queue = [list(nodes)]
+        while queue:
+            halves = [h for g in queue for h in _halves(g)]
+            queue = []
+            testable = [tuple(h) for h in halves if len(h) >= 2]
+            results = dict(zip(testable, run(testable, "bisect"))) if testable else {}
+            for h in halves:
+                if len(h) < 2:
+                    suspects.extend(h)
+                    continue
+                m = results[tuple(h)]
+                if m.verdict == "ok":
+                    good.extend(h)
+                elif len(h) > 2:
+                    queue.append(h)
+                else:
+                    suspects.extend(h)
+    else:
+        pairs, rest = _pairs(nodes)
+        for pair, m in zip(pairs, run(pairs, "pair")):
+            (good if m.verdict == "ok" else suspects).extend(pair)
+        suspects.extend(rest)
+    suspects = [s for s in dict.fromkeys(suspects) if s not in good]
+
+    # nothing known good yet: pair suspects that have not run together, a few rounds, until one pair is fast
+    tried = {frozenset(m.nodes) for m in out.measurements if len(m.nodes) == 2}
+    for _round in range(3):
+        if good or len(suspects) < 2:
+            break
+        cross: list[Group] = []
+        used: set[str] = set()
+        for a in suspects:
+            for b in suspects:
+                if a != b and a not in used and b not in used and frozenset((a, b)) not in tried:
+                    cross.append((a, b))
+                    used |= {a, b}
+                    tried.add(frozenset((a, b)))
+        if not cross:
+            break
+        for pair, m in zip(cross, run(cross, "cross")):
+            if m.verdict == "ok":
+                good.extend(pair)
+        suspects = [s for s in suspects if s not in good]
+
+    for n in good:
+        best = max((m for m in out.measurements if n in m.nodes and m.verdict == "ok"),
+                   key=lambda m: m.busbw_gbps or 0.0)
+        partner = next((p for p in best.nodes if p != n), None) if len(best.nodes) == 2 else None
+        out.verdicts[n] = NodeVerdict(n, "ok", best.busbw_gbps, best.threshold_gbps,
+                                      f"{len(best.nodes)}-node run ({best.stage})", best.job_id, partner)
+    if not good:
+        for n in suspects:
+            out.verdicts[n] = NodeVerdict(n, "unknown", evidence="no run at full speed: nothing to compare against")
+        out.conclusion = "fabric"
+        out.message = ("every run was slow or failed: a fabric-wide or configuration problem, not one node; "
+                       "nothing drained")
+        return out
+
+    remaining = list(suspects)
+    while remaining:
+        batch = remaining[: len(good)]
+        remaining = remaining[len(good):]
+        groups = [(s, g) for s, g in zip(batch, good)]
+        for (s, g), m in zip(groups, run(groups, "confirm")):
+            if m.verdict == "ok":
+                out.verdicts[s] = NodeVerdict(s, "ok", m.busbw_gbps, m.threshold_gbps, f"2-node run with {g}",
+                                              m.job_id, g)
+            elif m.verdict in ("slow", "wrong"):
+                _convict(out, s, m, g)
+            else:
+                out.verdicts[s] = NodeVerdict(s, "unknown", None, m.threshold_gbps,
+                                              f"2-node run with {g} failed: {m.error or m.job_state}", m.job_id, g)
+    return _finish(out, max_drain_fraction)
+
+
+def _convict(out: SweepOutcome, node: str, m: Measurement, partner: Optional[str]) -> None:
+    what = f"2-node run with {partner}" if partner else f"{len(m.nodes)}-node run"
+    out.verdicts[node] = NodeVerdict(node, "slow", m.busbw_gbps, m.threshold_gbps, what, m.job_id, partner,
+                                     wrong=m.wrong)
+
+
+def _finish(out: SweepOutcome, max_drain_fraction: float) -> SweepOutcome:
+    slow = out.slow
+    unknown = [n for n, v in out.verdicts.items() if v.status == "unknown"]
+    if slow and len(slow) > max_drain_fraction * len(out.nodes) and len(out.nodes) > 1:
+        out.conclusion = "fabric"
+        out.message = (f"{len(slow)} of {len(out.nodes)} nodes look slow (more than {max_drain_fraction:.0%}): "
+                       "a fabric or configuration problem is likelier than bad nodes; nothing drained")
+        for n in slow:
+            out.verdicts[n].status = "unknown"
+            out.verdicts[n].evidence += " (not drained: too many slow nodes)"
+        return out
+    if slow:
+        out.conclusion = "isolated"
+        out.message = f"slow: {compress_hostlist(slow)}" + (f"; undecided: {compress_hostlist(unknown)}" if unknown else "")
+    elif unknown:
+        out.conclusion = "inconclusive"
+        out.message = f"runs failed for {compress_hostlist(unknown)}; no slow node proven"
+    else:
+        out.conclusion = "inconclusive"
+        out.message = ("the all-node run was slow but every smaller run was at full speed: a scale-dependent "
+                       "problem (switch, topology), not one node; nothing drained")
+    return out
+
+
+def drain_reason(v: NodeVerdict) -> str:
+    """`gpuguard: nccl.sweep NCCL: all_reduce busbw 160.2 GB/s < 300 GB/s, 2-node run with node1, job 15 [sweep]`"""
+    from gpuguard.reason import format_reason
+
+    if v.wrong:
+        what = f"all_reduce returned {v.wrong} wrong values"
+    else:
+        what = f"all_reduce busbw {v.busbw_gbps:.1f} GB/s < {v.threshold_gbps:g} GB/s"
+    detail = f"{what}, {v.evidence}" + (f", job {v.job_id}" if v.job_id else "")
+    return format_reason("nccl.sweep", "NCCL", detail, "sweep")
+
+
+# --------------------------------------------------------------------------- sbatch rendering
+
+TEMPLATE_NAME = "nccl-tests.sbatch.j2"
+
+
+def render_job(values: Mapping[str, Any]) -> tuple[str, str]:
+    """(script, which template): sbatch_templates/nccl-tests.sbatch.j2 through gpuguard.templates."""
+    from gpuguard.templates import render_template
+
+    return render_template(TEMPLATE_NAME, dict(values)), TEMPLATE_NAME
+
+
+def validate_names(*values: Optional[str]) -> None:
+    """Partition and node names end up in #SBATCH lines: refuse anything that could add a line or option."""
+    for v in values:
+        if v is not None and not _SAFE_NAME.match(v):
+            raise SweepError(f"refusing unsafe Slurm name {v!r}")
+
+
+# --------------------------------------------------------------------------- the Slurm runner
+
+
+@dataclass
+class JobSpec:
+    partition: Optional[str]
+    gpus_per_node: int = 8
+    binary: str = "all_reduce_perf"
+    min_bytes: int = 1 << 30
+    max_bytes: int = 16 << 30
+    iterations: int = 20
+    time_limit: str = "00:15:00"
+    preset: Optional[str] = None  # the template's NCCL environment preset (default: its own, "generic")
+    mpi: str = "pmix"  # srun --mpi plugin the nccl-tests build needs
+
+
+def _default_runner(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                          errors="replace")
+
+
+class SlurmRunner:
+    """`measure` for `isolate`: renders one job per group, submits them all with sbatch, waits for them with
+    scontrol (every call bounded), parses each job's output."""
+
+    def __init__(self, spec: JobSpec, workdir: str, threshold_for: ThresholdFn, *, job_timeout_s: float = 900.0,
+                 poll_s: float = 0.5, command_timeout_s: float = 15.0, progress: Optional[Progress] = None,
+                 run: Callable[[list[str], float], subprocess.CompletedProcess[str]] = _default_runner,
+                 sbatch: str = "sbatch", scontrol: str = "scontrol", scancel: str = "scancel") -> None:
+        validate_names(spec.partition)
+        if not _TIME_LIMIT.match(spec.time_limit):
+            raise SweepError(f"bad time limit {spec.time_limit!r} (want [D-]HH:MM:SS)")
+        self.spec = spec
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.threshold_for = threshold_for
+        self.job_timeout_s = job_timeout_s
+        self.poll_s = poll_s
+        self.command_timeout_s = command_timeout_s
+        self.say = progress or (lambda _m: None)
+        self._run = run
+        self.sbatch, self.scontrol, self.scancel = sbatch, scontrol, scancel
+        self.counter = 0
+        self.template_used: Optional[str] = None
+
+    def _cmd(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        try:
+            return self._run(argv, self.command_timeout_s)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} timed out after {self.command_timeout_s:g}s")
+        except OSError as e:
+            return subprocess.CompletedProcess(argv, 127, "", f"cannot run {argv[0]}: {e.strerror or e}")
+
+    def submit(self, group: Group, stage: str) -> Measurement:
+        validate_names(*group)
+        self.counter += 1
+        tag = f"{self.counter:03d}-{stage}"
+        out_path = self.workdir / f"{tag}.out"
+        # the variables of sbatch_templates/nccl-tests.sbatch.j2 (gpuguard.templates rejects unknown ones)
+        values: dict[str, Any] = {
+            "job_name": f"gg-nccl-{stage}", "nodes": len(group), "nodelist": compress_hostlist(list(group)),
+            "partition": self.spec.partition, "gpus_per_node": self.spec.gpus_per_node, "binary": self.spec.binary,
+            "min_bytes": str(self.spec.min_bytes), "max_bytes": str(self.spec.max_bytes),
+            "iters": self.spec.iterations, "output": str(out_path), "time_limit": self.spec.time_limit,
+            "mpi": self.spec.mpi if len(group) > 1 or self.spec.mpi != "none" else "none",
+            "job_root": str(self.workdir / "jobs")}
+        if self.spec.preset:
+            values["preset"] = self.spec.preset
+        m = Measurement(nodes=group, stage=stage, threshold_gbps=self.threshold_for(len(group)),
+                        output_path=str(out_path))
+        try:
+            script, self.template_used = render_job(values)
+        except Exception as e:  # noqa: BLE001 - a template error is reported, not raised through the sweep
+            m.error = f"cannot render the sbatch template: {type(e).__name__}: {e}"
+            return m
+        script_path = self.workdir / f"{tag}.sbatch"
+        script_path.write_text(script)
+        p = self._cmd([self.sbatch, "--parsable", str(script_path)])
+        if p.returncode != 0:
+            m.error = f"sbatch failed: {(p.stderr or p.stdout).strip()[:200]}"
+            return m
+        m.job_id = p.stdout.strip().split(";")[0]
+        return m
+
+    def job_state(self, job_id: str) -> tuple[Optional[str], str]:
+        from gpuguard.slurm import parse_job_line
+
+        p = self._cmd([self.scontrol, "show", "job", "-o", job_id])
+        if p.returncode != 0:
+            return None, (p.stderr or p.stdout).strip()[:200]
+        f = parse_job_line(p.stdout)
+        return f.get("JobState"), f.get("Reason", "")
+
+    def __call__(self, groups: list[Group], stage: str) -> list[Measurement]:
+        t0 = time.monotonic()
+        ms = [self.submit(g, stage) for g in groups]
+        pending = {m.job_id: m for m in ms if m.job_id}
+        for m in ms:
+            self.say(f"{stage:8} {compress_hostlist(list(m.nodes)):20} "
+                     + (f"job {m.job_id} submitted" if m.job_id else f"not submitted: {m.error}"))
+        deadline = time.monotonic() + self.job_timeout_s
+        reasons: dict[str, str] = {}
+        while pending and time.monotonic() < deadline:
+            for job_id, m in list(pending.items()):
+                state, reason = self.job_state(job_id)
+                reasons[job_id] = reason
+                if state in TERMINAL:
+                    m.job_state = state
+                    del pending[job_id]
+            if pending:
+                time.sleep(self.poll_s)
+        for job_id, m in pending.items():
+            self._cmd([self.scancel, job_id])
+            m.job_state = "TIMEOUT"
+            m.error = f"job {job_id} did not finish within {self.job_timeout_s:g}s (reason {reasons.get(job_id)}); cancelled"
+        for m in ms:
+            m.duration_s = time.monotonic() - t0
+            if m.job_id and m.error is None:
+                self._read(m)
+            self.say(f"{stage:8} {compress_hostlist(list(m.nodes)):20} {_describe(m)}")
+        return ms
+
+    def _read(self, m: Measurement) -> None:
+        try:
+            text = Path(m.output_path or "").read_text(errors="replace")
+        except OSError as e:
+            m.error = f"job {m.job_id} ({m.job_state}): no output file: {e.strerror}"
+            return
+        m.result = parse_nccl(text)
+        size, busbw = m.result.large_busbw()
+        if busbw is None:
+            errs = m.result.errors or [ln for ln in text.splitlines() if ln.strip()][-1:]
+            m.error = f"job {m.job_id} ({m.job_state}): no result table" + (f": {errs[-1][:160]}" if errs else "")
+            return
+        m.wrong = int(max(m.result.out_of_bounds or 0, m.result.wrong_total or 0))
+        m.size_bytes, m.busbw_gbps = size, busbw
+
+
+def _describe(m: Measurement) -> str:
+    if m.busbw_gbps is None:
+        return f"ERROR {m.error or m.job_state}"
+    thr = f"{m.threshold_gbps:g}" if m.threshold_gbps is not None else "?"
+    extra = f", {m.wrong} wrong values" if m.wrong else ""
+    return f"{m.busbw_gbps:8.1f} GB/s (threshold {thr}{extra}) {m.verdict.upper()}  job {m.job_id} {m.duration_s:.1f}s"
+
+
+# --------------------------------------------------------------------------- thresholds and node lists
+
+
+def threshold_resolver(fixed: Optional[float], by_nodes: Mapping[Any, Any],
+                       baseline: Optional[Callable[[int], Optional[float]]] = None) -> ThresholdFn:
+    """n_nodes -> threshold: `by_nodes[n]` (else the entry for the largest count below n), else `fixed`, else
+    the baseline proposal for n nodes. Raises SweepError on a malformed mapping (config `sweep_busbw_by_nodes`)."""
+    table: dict[int, float] = {}
+    for k, v in (by_nodes or {}).items():
+        try:
+            n, t = int(k), float(v)
+        except (TypeError, ValueError):
+            raise SweepError(f"nccl.sweep_busbw_by_nodes: expected node count -> GB/s, got {k!r}: {v!r}") from None
+        if n < 1 or t <= 0:
+            raise SweepError(f"nccl.sweep_busbw_by_nodes: {k!r}: {v!r} out of range")
+        table[n] = t
+
+    def resolve(n: int) -> Optional[float]:
+        lower = [k for k in table if k <= n]
+        if lower:
+            return table[max(lower)]
+        if fixed is not None:
+            return float(fixed)
+        return baseline(n) if baseline else None
+
+    return resolve
+
+
+def parse_sinfo_nodes(text: str) -> tuple[list[str], dict[str, str]]:
+    """`sinfo -h -N -o '%N %t'` -> (usable nodes, {skipped node: state}). Drained, down, failing, in
+    maintenance or being rebooted nodes are skipped: a sweep must not wait on them nor judge them."""
+    usable: list[str] = []
+    skipped: dict[str, str] = {}
+    bad = ("drain", "drng", "drained", "down", "fail", "maint", "reboot", "boot", "unk", "inval", "futr", "npc",
+           "plnd", "pow")
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name, state = parts[0], parts[1].lower()
+        if name in usable or name in skipped:
+            continue
+        if state.endswith(("*", "~", "#", "!", "%", "$", "@", "^", "-")) or any(b in state for b in bad):
+            skipped[name] = state
+        else:
+            usable.append(name)
+    return usable, skipped
+
+
+def partition_nodes(partition: str, run: Callable[[list[str], float], subprocess.CompletedProcess[str]] = _default_runner,
+                    sinfo: str = "sinfo", timeout_s: float = 15.0) -> tuple[list[str], dict[str, str]]:
+    validate_names(partition)
+    p = run([sinfo, "-h", "-N", "-p", partition, "-o", "%N %t"], timeout_s)
+    if p.returncode != 0:
+        raise SweepError(f"sinfo failed: {(p.stderr or p.stdout).strip()[:200]}")
+    return parse_sinfo_nodes(p.stdout)
+
+
+def default_workdir(store_path: str) -> str:
+    base = os.path.dirname(store_path) or "."
+    return os.path.join(base, "nccl-sweeps", time.strftime("%Y%m%d-%H%M%S"))

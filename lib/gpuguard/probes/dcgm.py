@@ -1,0 +1,257 @@
+"""DCGM diagnostics: `dcgmi diag -r LEVEL -j`, and a pure parser for its JSON (per test pass/fail/warn/skip with
+DCGM's own messages and error severities).
+
+Shapes seen in real output (tests/fixtures/dcgm):
+
+- DCGM 2.x/3.x: ``{"DCGM GPU Diagnostic": {"test_categories": [{"category", "tests": [{"name", "results":
+  [{"gpu_ids": "0,1" | 0, "status": "PASS", "warnings": ["text"], "info": [...]}]}]}], "version": "3.1.0"}}``,
+  with `null` entries inside `tests`, and sometimes a warning line printed *before* the JSON;
+- DCGM 4.x: the same tree under ``"DCGM Diagnostic"``, entity results (`entity_group`/`entity_id`), warnings as
+  objects with `error_id`/`error_severity`/`error_category`, a `test_summary` per test, `metadata.version`.
+
+`error_severity` is DCGM's own verdict (dcgm_errors.h): 1 MONITOR, 2 ISOLATE, 3 UNKNOWN, 4 TRIAGE, 5 CONFIG
+(fix a setting, e.g. persistence mode), 6 RESET (drain and reset the GPU). The check maps it to our actions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from gpuguard.model import ProbeStatus
+
+# dcgmErrorSeverity_t
+SEVERITY_NAMES = {0: "NONE", 1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
+
+
+class DcgmParseError(ValueError):
+    """dcgmi printed something that is not its diagnostic JSON."""
+
+
+@dataclass
+class DcgmEntityResult:
+    status: str  # pass | fail | warn | skip
+    gpus: list[int] = field(default_factory=list)  # empty = not GPU-specific
+    warnings: list[str] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
+    severities: list[int] = field(default_factory=list)  # error_severity of each structured warning
+    error_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class DcgmTest:
+    category: str
+    name: str
+    status: str  # pass | fail | warn | skip (the summary's, else derived from the entity results)
+    results: list[DcgmEntityResult] = field(default_factory=list)
+    summary_warnings: list[str] = field(default_factory=list)
+    summary_info: list[str] = field(default_factory=list)
+
+    @property
+    def failed_gpus(self) -> list[int]:
+        return sorted({g for r in self.results if r.status == "fail" for g in r.gpus})
+
+    @property
+    def messages(self) -> list[str]:
+        seen: list[str] = []
+        for msg in [w for r in self.results for w in r.warnings] + self.summary_warnings:
+            if msg not in seen:
+                seen.append(msg)
+        return seen
+
+    @property
+    def max_severity(self) -> Optional[int]:
+        sev = [s for r in self.results for s in r.severities]
+        return max(sev) if sev else None
+
+    @property
+    def severities(self) -> set[int]:
+        return {s for r in self.results for s in r.severities}
+
+
+@dataclass
+class DcgmObservation:
+    status: ProbeStatus = field(default_factory=ProbeStatus)
+    ran: bool = False
+    tool_missing: bool = False  # dcgmi not installed: incomplete, never a hardware failure
+    level: Optional[int] = None
+    version: Optional[str] = None
+    driver_version: Optional[str] = None
+    tests: list[DcgmTest] = field(default_factory=list)
+    error: Optional[str] = None  # dcgmi's own error (host engine down, runtime_error) when it judged nothing
+    exit_code: Optional[int] = None
+
+
+_STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn", "skip": "skip", "skipped": "skip",
+           "not run": "skip", "not_run": "skip", "notrun": "skip"}
+
+
+def normalise_status(value: Any) -> str:
+    """'PASS' / 'Pass' -> 'pass'; 'SKIPPED' / 'Not Run' -> 'skip'; anything unknown -> 'warn' (never silently ok)."""
+    return _STATUS.get(str(value or "").strip().lower(), "warn")
+
+
+def _gpu_ids(result: dict[str, Any]) -> list[int]:
+    if "entity_id" in result:
+        group = str(result.get("entity_group", "GPU")).upper()
+        if group == "GPU" and isinstance(result["entity_id"], int):
+            return [result["entity_id"]]
+        return []
+    raw = result.get("gpu_ids", result.get("gpu_id"))
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return [raw]
+    if isinstance(raw, str):
+        return [int(p) for p in raw.replace(" ", "").split(",") if p.isdigit()]
+    return []
+
+
+def _messages(items: Any) -> tuple[list[str], list[int], list[int]]:
+    """(texts, severities, error ids) from a `warnings` list of strings (3.x) or objects (4.x)."""
+    texts: list[str] = []
+    sev: list[int] = []
+    ids: list[int] = []
+    if not isinstance(items, list):
+        return texts, sev, ids
+    for w in items:
+        if isinstance(w, str):
+            texts.append(w.strip())
+        elif isinstance(w, dict):
+            msg = w.get("warning", w.get("message", ""))
+            if isinstance(msg, str) and msg.strip():
+                texts.append(msg.strip())
+            if isinstance(w.get("error_severity"), int):
+                sev.append(w["error_severity"])
+            if isinstance(w.get("error_id"), int):
+                ids.append(w["error_id"])
+    return texts, sev, ids
+
+
+def _strings(items: Any) -> list[str]:
+    return [s.strip() for s in items if isinstance(s, str) and s.strip()] if isinstance(items, list) else []
+
+
+def _derive(statuses: list[str]) -> str:
+    for s in ("fail", "warn", "pass"):
+        if s in statuses:
+            return s
+    return "skip"
+
+
+def _document(text: str) -> dict[str, Any]:
+    """The JSON object in dcgmi's stdout: it may be preceded (and followed) by other lines."""
+    start = text.find("{")
+    if start < 0:
+        raise DcgmParseError("no JSON object in the output" + (f": {text.strip()[:200]!r}" if text.strip() else ""))
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text[start:])
+    except ValueError as e:
+        raise DcgmParseError(f"invalid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise DcgmParseError("the JSON is not an object")
+    return doc
+
+
+def parse_dcgm_diag(text: str) -> DcgmObservation:
+    """Parse `dcgmi diag -j` output (any version above). Raises DcgmParseError when there is no diagnostic JSON."""
+    doc = _document(text)
+    root = doc.get("DCGM GPU Diagnostic", doc.get("DCGM Diagnostic"))
+    if not isinstance(root, dict):
+        raise DcgmParseError("no 'DCGM GPU Diagnostic' / 'DCGM Diagnostic' object")
+    obs = DcgmObservation(status=ProbeStatus(), ran=True)
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    obs.version = str(meta.get("version") or root.get("version") or "") or None
+    drv = meta.get("Driver Version Detected") or root.get("Driver Version Detected") or root.get("driver_version")
+    obs.driver_version = str(drv) if drv else None
+    runtime_error = root.get("runtime_error") or doc.get("runtime_error")
+    if runtime_error:
+        obs.error = str(runtime_error).strip()[:300]
+    for cat in root.get("test_categories") or []:
+        if not isinstance(cat, dict):
+            continue
+        category = str(cat.get("category", ""))
+        for t in cat.get("tests") or []:
+            if not isinstance(t, dict) or not t.get("name"):
+                continue  # DCGM 3.x prints `null` between tests
+            test = DcgmTest(category=category, name=str(t["name"]), status="skip")
+            for r in t.get("results") or []:
+                if not isinstance(r, dict):
+                    continue
+                texts, sev, ids = _messages(r.get("warnings"))
+                test.results.append(DcgmEntityResult(status=normalise_status(r.get("status")), gpus=_gpu_ids(r),
+                                                     warnings=texts, info=_strings(r.get("info")),
+                                                     severities=sev, error_ids=ids))
+            summary = t.get("test_summary") if isinstance(t.get("test_summary"), dict) else None
+            if summary is not None:
+                texts, sev, ids = _messages(summary.get("warnings"))
+                test.summary_warnings = texts
+                test.summary_info = _strings(summary.get("info"))
+                if sev and not any(r.severities for r in test.results):
+                    test.results.append(DcgmEntityResult(status=normalise_status(summary.get("status")),
+                                                         warnings=[], severities=sev, error_ids=ids))
+            if summary is not None and summary.get("status"):
+                test.status = normalise_status(summary.get("status"))
+            else:
+                test.status = _derive([r.status for r in test.results])
+            obs.tests.append(test)
+    if not obs.tests and obs.error is None:
+        obs.error = "the diagnostic reported no tests"
+    return obs
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def run_dcgm_diag(dcgmi: str = "dcgmi", level: int = 1, timeout_s: float = 120.0,
+                  gpus: Optional[list[int]] = None) -> DcgmObservation:
+    """Run `dcgmi diag -r LEVEL -j [-i GPUS]` (argv list, own session, hard timeout). Never raises.
+
+    dcgmi exits non-zero when a test fails, so its output is parsed whatever the exit code; a missing dcgmi is
+    `tool_missing` (incomplete), a host engine that is not running is an `error` (incomplete).
+    """
+    t0 = time.monotonic()
+    argv = [dcgmi, "diag", "-r", str(int(level)), "-j"]
+    if gpus:
+        argv += ["-i", ",".join(str(int(g)) for g in gpus)]
+    obs = DcgmObservation(level=int(level))
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, errors="replace", start_new_session=True)
+    except FileNotFoundError:
+        obs.tool_missing = True
+        obs.status = ProbeStatus(complete=False, error=f"{os.path.basename(dcgmi)} not found (DCGM not installed)")
+        return obs
+    except OSError as e:
+        obs.status = ProbeStatus(complete=False, error=f"cannot run {dcgmi}: {e.strerror or e}")
+        return obs
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        try:
+            proc.communicate(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        obs.status = ProbeStatus(complete=False, error=f"dcgmi diag -r {level} timed out after {timeout_s:g}s",
+                                 timed_out=True, duration_s=time.monotonic() - t0)
+        return obs
+    try:
+        parsed = parse_dcgm_diag(out)
+    except DcgmParseError as e:
+        last = (err.strip() or out.strip()).splitlines()
+        obs.error = (last[-1] if last else str(e))[:300]
+        obs.exit_code = proc.returncode
+        obs.status = ProbeStatus(complete=False, error=f"dcgmi diag: {obs.error}", duration_s=time.monotonic() - t0)
+        return obs
+    parsed.level = int(level)
+    parsed.exit_code = proc.returncode
+    parsed.status = ProbeStatus(complete=parsed.error is None, error=parsed.error,
+                                duration_s=time.monotonic() - t0)
+    return parsed

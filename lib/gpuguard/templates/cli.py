@@ -1,0 +1,307 @@
+"""Commands: `gpuguard render`, `gpuguard templates {list,show,presets}`, `gpuguard lint`,
+`gpuguard job-attempt {begin,end}` (the last is what rendered batch scripts call)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+COMMANDS = ("render", "templates", "lint", "job-attempt")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("render", help="render an sbatch template (torchrun, nccl-tests) from a job YAML")
+    _common(p)
+    p.add_argument("template", help="template name, e.g. torchrun.sbatch.j2 (gpuguard templates list)")
+    p.add_argument("-c", "--values", dest="values_file", metavar="JOB_YAML", help="job variables (YAML mapping)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a variable (YAML value: 4, true, [a, b]); KEY may be dotted: env.FOO=1")
+    p.add_argument("-o", "--output", help="write here (mode 0755) instead of stdout")
+    p.add_argument("--no-lint", action="store_true", help="do not lint the rendered script")
+
+    p = sub.add_parser("templates", help="list sbatch templates, show a template's variables, list presets")
+    _common(p)
+    ts = p.add_subparsers(dest="templates_cmd", metavar="SUBCOMMAND")
+    s = ts.add_parser("list", help="the templates that can be rendered")
+    _common(s)
+    s = ts.add_parser("show", help="a template's variables: type, default, help")
+    _common(s)
+    s.add_argument("name")
+    s = ts.add_parser("presets", help="environment presets (instance types and stacks), or one preset's variables")
+    _common(s)
+    s.add_argument("name", nargs="?", help="instance type / profile")
+    s.add_argument("--stack", help="stack name (default: the instance's first)")
+
+    p = sub.add_parser("lint", help="flag known-bad NCCL/EFA settings in an sbatch script or environment dump")
+    _common(p)
+    p.add_argument("files", nargs="+", metavar="FILE", help="script or `env` dump ('-' for stdin)")
+    p.add_argument("--instance-type", help="instance type the job runs on (default: from the script)")
+    p.add_argument("--stack", help="software stack (efa, efa-ofi-1.6, efa-ofi-1.5, ib, none)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("job-attempt", help="(called by rendered batch scripts) record an attempt, requeue, resume")
+    _common(p)
+    js = p.add_subparsers(dest="attempt_cmd", metavar="SUBCOMMAND")
+    for name in ("begin", "end"):
+        s = js.add_parser(name)
+        _common(s)
+        s.add_argument("--job-dir", required=True)
+        s.add_argument("--attempt", type=int, required=True)
+        if name == "begin":
+            s.add_argument("--checkpoint-dir")
+            s.add_argument("--checkpoint-kind", default="glob", choices=("glob", "megatron", "latest"))
+            s.add_argument("--checkpoint-glob", default="*")
+            s.add_argument("--checkpoint-marker")
+        else:
+            s.add_argument("--exit-code", type=int, required=True)
+            s.add_argument("--event", default="none", choices=("none", "timelimit", "term"))
+            s.add_argument("--max-requeues", type=int, default=3)
+            s.add_argument("--no-retry-exit-code", type=int, action="append", default=[])
+            s.add_argument("--no-retry-pattern", action="append", default=[])
+
+
+# --------------------------------------------------------------------------- value parsing (pure)
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`--set key=value` (value parsed as YAML; dotted keys nest) -> mapping. Errors name the item."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw  # not YAML: take it as a plain string
+        if isinstance(value, (dict, list)) is False and not isinstance(value, (str, int, float, bool)) \
+                and value is not None:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ValueError(f"--set {item!r}: {part} is not a mapping")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def merge_values(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Later layers win; mappings (env) merge key by key."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for k, v in layer.items():
+            if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+                out[k] = merge_values(out[k], v)
+            else:
+                out[k] = v
+    return out
+
+
+def site_defaults(defaults: Mapping[str, Any], template: str, declared: set[str], known_templates: list[str]) -> \
+        dict[str, Any]:
+    """`templates.defaults` for one template: top-level keys apply to every template that declares them; a key
+    named after a template holds defaults for that template only. A key no template knows is an error."""
+    out: dict[str, Any] = {}
+    for k, v in defaults.items():
+        if k in known_templates:
+            if not isinstance(v, Mapping):
+                raise ValueError(f"templates.defaults.{k}: expected a mapping of variables")
+            if k == template:
+                out.update(v)
+        elif k in declared:
+            out[k] = v
+    return out
+
+
+def _load_values_file(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of template variables")
+    return data
+
+
+def _config(path: Optional[str]) -> Any:
+    from gpuguard.config import load_config
+
+    return load_config(path)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from gpuguard.templates.lint import format_findings, lint
+    from gpuguard.templates.render import Renderer, TemplateError
+
+    cfg = _config(args.config)
+    tcfg = cfg.sections.get("templates", {})
+    renderer = Renderer(site_presets=tcfg.get("presets") or None,
+                        extra_dirs=[tcfg["dir"]] if tcfg.get("dir") else None)
+    declared = set(renderer.variables(args.template))
+    all_declared: set[str] = set()
+    for name in renderer.names():
+        all_declared |= set(renderer.variables(name))
+    defaults = dict(tcfg.get("defaults") or {})
+    for k in defaults:
+        if k not in all_declared and k not in renderer.names():
+            raise TemplateError(f"{cfg.source}: templates.defaults.{k}: no template declares this variable")
+    values = merge_values(site_defaults(defaults, args.template, declared, renderer.names()),
+                          _load_values_file(args.values_file) if args.values_file else {}, parse_set(args.sets))
+    text = renderer.render(args.template, values)
+    if not args.no_lint:
+        findings = [f for f in lint(text) if f.severity != "info"]
+        if findings:
+            print(format_findings(findings, f"{args.template} (rendered)"), file=sys.stderr)
+    if args.output:
+        out = Path(args.output)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, out)
+        print(f"wrote {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_templates(args: argparse.Namespace) -> int:
+    from gpuguard.templates.presets import list_presets, resolve_preset
+    from gpuguard.templates.render import Renderer
+
+    cfg = _config(args.config) if args.config else None
+    tcfg = cfg.sections.get("templates", {}) if cfg else {}
+    renderer = Renderer(site_presets=tcfg.get("presets") or None,
+                        extra_dirs=[tcfg["dir"]] if tcfg.get("dir") else None)
+    sub = args.templates_cmd or "list"
+    if sub == "list":
+        for name in renderer.names():
+            specs = renderer.variables(name)
+            required = [s.name for s in specs.values() if s.required]
+            print(f"{name:<24} {len(specs)} variables (required: {', '.join(required) or 'none'})")
+        print(f"# from {', '.join(map(str, renderer.dirs))}")
+        return 0
+    if sub == "show":
+        for s in renderer.variables(args.name).values():
+            default = "(required)" if s.required else json.dumps(s.default)
+            print(f"{s.name:<22} {s.type:<8} {default:<22} {s.help}")
+        return 0
+    if sub == "presets":
+        site = tcfg.get("presets") or None
+        if not args.name:
+            for name, inst in list_presets(site).items():
+                print(f"{name:<20} stacks: {', '.join(inst['stacks']):<28} {inst.get('description', '')}")
+            return 0
+        p = resolve_preset(args.name, args.stack, site)
+        print(f"# {p.label}: {p.description}\n# stack {p.stack}: {p.stack_description}")
+        for e in p.env:
+            where = {"job_dir": "$JOB_DIR/", "local_dir": "$LOCAL_DIR/"}.get(e.under or "", "")
+            print(f"{e.name}={where}{e.value}\n    # {e.why}")
+        for u in p.unset:
+            print(f"unset {u.name}\n    # {u.why}")
+        return 0
+    print("usage: gpuguard templates {list,show,presets}", file=sys.stderr)
+    return 2
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from gpuguard.templates.lint import format_findings, lint
+
+    worst = 0
+    report: dict[str, Any] = {}
+    for path in args.files:
+        try:
+            data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        except OSError as e:
+            print(f"gpuguard lint: {path}: cannot read: {e}", file=sys.stderr)
+            return 2
+        findings = lint(data.decode("utf-8", errors="replace"), instance=args.instance_type, stack=args.stack)
+        report[path] = [asdict(f) for f in findings]
+        if any(f.severity in ("error", "warn") for f in findings):
+            worst = 1
+        if not args.json:
+            if findings:
+                print(format_findings(findings, path))
+            else:
+                print(f"{path}: no known-bad NCCL/EFA settings")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return worst
+
+
+def cmd_job_attempt(args: argparse.Namespace) -> int:
+    from gpuguard.templates import jobattempt as ja
+
+    try:
+        cfg = _config(args.config)
+    except Exception as e:  # noqa: BLE001 - a broken config must not stop the bookkeeping
+        print(f"gpuguard job-attempt: config not usable ({e}); using defaults", file=sys.stderr)
+        cfg = None
+    ctx = ja.JobContext.from_env(os.environ, cfg)
+    job_dir = Path(args.job_dir)
+    if args.attempt_cmd == "begin":
+        print(ja.begin(ctx, job_dir, args.attempt, args.checkpoint_dir, args.checkpoint_kind, args.checkpoint_glob,
+                       args.checkpoint_marker))
+        return 0
+    if args.attempt_cmd == "end":
+        for p in args.no_retry_pattern:
+            re.compile(p)
+        d = ja.end(ctx, job_dir, args.attempt, args.exit_code, args.event,
+                   ja.policy_from_args(args.max_requeues, args.no_retry_exit_code, args.no_retry_pattern))
+        print(f"gpuguard: attempt {args.attempt}: {d.reason}: {d.detail} -> {d.action}"
+              + (f" (excluding {','.join(d.exclude)})" if d.exclude else ""), file=sys.stderr)
+        print(f"{d.action} {d.exit_code}")
+        return 0
+    print("usage: gpuguard job-attempt {begin,end} ...", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    handlers = {"render": cmd_render, "templates": cmd_templates, "lint": cmd_lint, "job-attempt": cmd_job_attempt}
+    return handlers[args.cmd](args)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m gpuguard.templates.cli ...`: these commands without the rest of the CLI."""
+    ap = argparse.ArgumentParser(prog="gpuguard")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
+    add_parser(sub)
+    args = ap.parse_args(argv)
+    if args.cmd not in COMMANDS:
+        ap.print_help()
+        return 2
+    try:
+        return run(args)
+    except ValueError as e:
+        print(f"gpuguard: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

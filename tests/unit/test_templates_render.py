@@ -1,0 +1,200 @@
+"""Rendering sbatch templates: variables are declared and checked, every value is shell-quoted, the output is
+valid bash (bash -n, shellcheck) and matches the golden file of each preset."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuguard.templates import TemplateError, list_templates, render_template, template_variables
+from gpuguard.templates.render import Renderer
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "golden"
+REGEN = os.environ.get("GPUGUARD_REGEN_GOLDEN") == "1"
+
+TRAIN = {"nodes": 2, "command": ["train.py", "--config", "conf/llama.yaml"], "time_limit": "2-00:00:00",
+         "partition": "gpu", "checkpoint_dir": "/fsx/ckpt/llama", "checkpoint_glob": "step-*",
+         "gpuguard": "/usr/local/bin/gpuguard"}
+NCCL = {"nodes": 2, "binary": "/opt/nccl-tests/build/all_reduce_perf", "partition": "gpu"}
+
+# (golden file, template, values): one per preset and stack, plus the nccl-tests job
+CASES = [
+    ("torchrun-p5.48xlarge-efa.sbatch", "torchrun.sbatch.j2", {**TRAIN, "preset": "p5.48xlarge"}),
+    ("torchrun-p5en.48xlarge-efa.sbatch", "torchrun.sbatch.j2", {**TRAIN, "preset": "p5en.48xlarge"}),
+    ("torchrun-p6-b200.48xlarge-efa.sbatch", "torchrun.sbatch.j2", {**TRAIN, "preset": "p6-b200.48xlarge"}),
+    ("torchrun-p4d.24xlarge-efa.sbatch", "torchrun.sbatch.j2", {**TRAIN, "preset": "p4d.24xlarge"}),
+    ("torchrun-p4de.24xlarge-efa-ofi-1.6.sbatch", "torchrun.sbatch.j2",
+     {**TRAIN, "preset": "p4de.24xlarge", "stack": {"libfabric": "1.17.1", "aws_ofi_nccl": "1.7.1"}}),
+    ("torchrun-p4d.24xlarge-efa-ofi-1.5.sbatch", "torchrun.sbatch.j2",
+     {**TRAIN, "preset": "p4d.24xlarge", "stack": "efa-ofi-1.5"}),
+    ("torchrun-dgx-h100-ib.sbatch", "torchrun.sbatch.j2",
+     {**TRAIN, "preset": "dgx-h100-ib", "monitor": True, "monitor_interval_s": 10, "checkpoint_kind": "megatron",
+      "resume_arg": "--load", "no_retry_exit_codes": [2, 3], "max_requeues": 5}),
+    ("torchrun-generic.sbatch", "torchrun.sbatch.j2",
+     {"nodes": 1, "gpus_per_node": 0, "nproc_per_node": 2, "command": "train.py --epochs 3", "exclusive": False,
+      "resume_arg": "", "checkpoint_dir": "ckpt", "checkpoint_kind": "latest", "rdzv_port": 29400}),
+    ("nccl-tests-p5.48xlarge.sbatch", "nccl-tests.sbatch.j2", {**NCCL, "preset": "p5.48xlarge"}),
+    ("nccl-tests-dgx-h100-ib.sbatch", "nccl-tests.sbatch.j2",
+     {**NCCL, "preset": "dgx-h100-ib", "binary": "all_gather_perf", "nodelist": "dgx[01-02]", "min_bytes": "1M",
+      "max_bytes": "16G", "iters": 50, "output": "/shared/nccl/%j.out", "time_limit": "00:20:00",
+      "extra_args": ["-d", "bfloat16"]}),
+]
+
+
+def _render(template: str, values: dict) -> str:
+    return render_template(template, values)
+
+
+def test_templates_are_listed_without_shared_parts():
+    assert list_templates() == ["nccl-tests.sbatch.j2", "torchrun.sbatch.j2"]
+
+
+def test_nccl_tests_contract_variables_are_declared_and_documented():
+    # issue 5 renders nccl-tests through this API: these variables are its contract
+    specs = template_variables("nccl-tests.sbatch.j2")
+    for name in ("nodes", "nodelist", "partition", "gpus_per_node", "binary", "min_bytes", "max_bytes", "iters",
+                 "preset", "output", "time_limit"):
+        assert name in specs and specs[name].help
+    assert specs["nodes"].required and not specs["nodelist"].required and not specs["partition"].required
+
+
+@pytest.mark.parametrize("golden,template,values", CASES, ids=[c[0] for c in CASES])
+def test_golden(golden, template, values):
+    text = _render(template, values)
+    path = GOLDEN / golden
+    if REGEN or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{golden} changed: re-render with GPUGUARD_REGEN_GOLDEN=1 and review the diff"
+
+
+@pytest.mark.parametrize("golden,template,values", CASES, ids=[c[0] for c in CASES])
+def test_rendered_script_is_valid_bash(golden, template, values, tmp_path):
+    script = tmp_path / golden
+    script.write_text(_render(template, values))
+    p = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")
+@pytest.mark.parametrize("golden,template,values", CASES, ids=[c[0] for c in CASES])
+def test_rendered_script_passes_shellcheck(golden, template, values, tmp_path):
+    script = tmp_path / golden
+    script.write_text(_render(template, values))
+    p = subprocess.run(["shellcheck", "-s", "bash", "-S", "info", str(script)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stdout
+
+
+def test_preset_environment_is_in_the_script():
+    p5 = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p5.48xlarge"})
+    assert "export FI_EFA_USE_HUGE_PAGE=0" in p5 and "export NCCL_DEBUG=WARN" in p5
+    assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3" in p5
+    assert 'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="${JOB_DIR}"/flight-recorder/nccl_trace_rank_' in p5
+    assert 'export TRITON_CACHE_DIR="${LOCAL_DIR}"/triton-cache' in p5
+    # modern stack: no protocol/algorithm pinning (it disables the aws-ofi-nccl tuner), not even inherited
+    assert "export NCCL_PROTO" not in p5 and "unset NCCL_PROTO" in p5 and "unset NCCL_ALGO" in p5
+    assert "NCCL_SOCKET_IFNAME" not in p5.split("# Preset:")[1].split("\n", 1)[1]
+    assert "FI_EFA_USE_DEVICE_RDMA" not in p5 and "FI_PROVIDER" not in p5
+    legacy = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p4d.24xlarge", "stack": "efa-ofi-1.5"})
+    for line in ("export FI_EFA_USE_DEVICE_RDMA=1", "export FI_PROVIDER=efa", "export NCCL_PROTO=simple"):
+        assert line in legacy
+    ib = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "dgx-h100-ib"})
+    assert "export NCCL_IB_HCA='=mlx5_0,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_9,mlx5_10,mlx5_11'" in ib
+    assert "export NCCL_NET_GDR_LEVEL=PXB" in ib
+
+
+def test_every_exported_variable_has_a_why_comment():
+    text = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "dgx-h100-ib"})
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("export ") and "GPUGUARD" not in line:
+            assert lines[i - 1].startswith("# "), f"no why-comment above {line!r}"
+
+
+def test_job_env_overrides_the_preset():
+    text = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p5.48xlarge", "env": {"NCCL_DEBUG": "INFO",
+                                                                                    "MY_VAR": "a b"}})
+    assert "export NCCL_DEBUG=INFO" in text and "export NCCL_DEBUG=WARN" not in text
+    assert "export MY_VAR='a b'" in text
+
+
+def test_requeue_machinery_is_rendered():
+    text = _render("torchrun.sbatch.j2", {**TRAIN, "requeue_grace_s": 600, "max_requeues": 4,
+                                          "no_retry_exit_codes": [3]})
+    for needle in ("#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=B:USR1@600",
+                   "trap gpuguard_on_usr1 USR1", "MAX_REQUEUES=4", "--no-retry-exit-code 3",
+                   'scancel --signal=TERM "$SLURM_JOB_ID"', '--rdzv-id="$SLURM_JOB_ID"', "--rdzv-backend=c10d",
+                   "--nnodes=2", "--nproc-per-node=8", "--max-restarts=0", "TRAIN+=(--resume \"$GPUGUARD_RESUME_FROM\")"):
+        assert needle in text, needle
+
+
+def test_monitor_sidecar_only_when_asked():
+    off = _render("torchrun.sbatch.j2", TRAIN)
+    assert "monitor" not in off.split("set -uo pipefail")[1].replace("monitor_", "")
+    on = _render("torchrun.sbatch.j2", {**TRAIN, "monitor": True, "gpuguard_config": "/etc/gpuguard/c.yaml"})
+    assert ('srun --overlap --nodes=2 --ntasks-per-node=1 "$GPUGUARD" monitor --job-dir "$JOB_DIR" '
+            "--config /etc/gpuguard/c.yaml &") in on
+    assert on.index("MONITOR_PID=$!") < on.index('"${TRAIN[@]}" &') < on.index('kill "$MONITOR_PID"')
+
+
+# --------------------------------------------------------------------------- errors name the variable
+
+
+@pytest.mark.parametrize("values,needle", [
+    ({"command": ["t.py"]}, "missing required variable 'nodes'"),
+    ({"nodes": 2}, "missing required variable 'command'"),
+    ({"nodes": 2, "command": ["t.py"], "nodez": 3}, "unknown variable 'nodez' (did you mean 'nodes'?)"),
+    ({"nodes": "two", "command": ["t.py"]}, "variable 'nodes': expected an integer"),
+    ({"nodes": 0, "command": ["t.py"]}, "variable 'nodes': expected an integer >= 1"),
+    ({"nodes": 2, "command": ["t.py"], "exclusive": "yes"}, "variable 'exclusive': expected true or false"),
+    ({"nodes": 2, "command": ["t.py"], "time_limit": "soon"}, "variable 'time_limit': not a Slurm time limit"),
+    ({"nodes": 2, "command": ["t.py"], "preset": "p5.48xlarg"}, "unknown instance type 'p5.48xlarg' (did you mean"),
+    ({"nodes": 2, "command": ["t.py"], "preset": "p5.48xlarge", "stack": "efa-ofi-1.5"},
+     "'efa-ofi-1.5' is not supported on p5.48xlarge"),
+    ({"nodes": 2, "command": ["t.py"], "preset": "p5.48xlarge", "stack": {"aws_ofi_nccl": "1.7.1"}},
+     "p5.48xlarge needs aws-ofi-nccl >= 1.7.2"),
+    ({"nodes": 2, "command": ["t.py"], "job_name": "a\nb"}, "control characters"),
+    ({"nodes": 2, "command": ["t.py"], "partition": "gpu\n#SBATCH --qos=high"}, "control characters"),
+    ({"nodes": 2, "command": ["t.py"], "env": {"BAD-NAME": "x"}}, "'BAD-NAME' is not a shell variable name"),
+    ({"nodes": 2, "command": ["t.py"], "no_retry_patterns": ["("]}, "bad regular expression"),
+    ({"nodes": 2, "command": ["t.py"], "checkpoint_kind": "newest"}, "expected one of glob, megatron, latest"),
+])
+def test_clear_errors(values, needle):
+    with pytest.raises(TemplateError) as e:
+        _render("torchrun.sbatch.j2", values)
+    assert needle in str(e.value) and "torchrun.sbatch.j2" in str(e.value)
+
+
+def test_unknown_template_is_named():
+    with pytest.raises(TemplateError, match=r"no template 'torchrun.j2' \(did you mean 'torchrun.sbatch.j2'\?\)"):
+        _render("torchrun.j2", {})
+
+
+def test_nccl_tests_without_mpi_needs_one_node():
+    with pytest.raises(TemplateError, match="mpi: none runs independent single-node tests"):
+        _render("nccl-tests.sbatch.j2", {**NCCL, "mpi": "none"})
+    one = _render("nccl-tests.sbatch.j2", {**NCCL, "nodes": 1, "mpi": "none", "gpus_per_node": 4})
+    assert "all_reduce_perf -b 8 -e 8G -f 2 -g 4 -n 20 -w 5 -c 1\n" in one
+
+
+def test_a_template_cannot_escape_the_quoting(tmp_path):
+    (tmp_path / "evil.sbatch.j2").write_text(
+        "{#- gpuguard:variables\nx: {type: str, required: true, help: x}\n-#}\necho {{ x|safe }}\n")
+    r = Renderer(dirs=[tmp_path])
+    with pytest.raises(TemplateError, match="safe"):
+        r.render("evil.sbatch.j2", {"x": "$(id)"})
+    (tmp_path / "undeclared.sbatch.j2").write_text("echo {{ y }}\n")
+    with pytest.raises(TemplateError, match="'y' is undefined"):
+        Renderer(dirs=[tmp_path]).render("undeclared.sbatch.j2", {})
+
+
+def test_site_template_directory_wins(tmp_path):
+    (tmp_path / "torchrun.sbatch.j2").write_text(
+        "{#- gpuguard:variables\nnodes: {type: int, required: true, help: n}\n-#}\n#!/bin/bash\n# site {{ nodes }}\n")
+    assert render_template("torchrun.sbatch.j2", {"nodes": 3}, template_dirs=[str(tmp_path)]) == \
+        "#!/bin/bash\n# site 3\n"
