@@ -75,6 +75,10 @@ install: fakenvml
 	@install -d $(PREFIX)/share/gpuguard/sbatch_templates $(PREFIX)/share/gpuguard/examples
 	@install -m 644 sbatch_templates/*.j2 sbatch_templates/README.md $(PREFIX)/share/gpuguard/sbatch_templates/
 	@cp -r examples/scenarios $(PREFIX)/share/gpuguard/examples/
+	@sed "s|/usr/local/libexec|$(PREFIX)/libexec|g" healthcheck/gpuguard-watch.service \
+	  > $(PREFIX)/share/gpuguard/gpuguard-watch.service
+	@echo ">> the watch daemon (drains within a second of a fatal Xid):"
+	@echo "   cp $(PREFIX)/share/gpuguard/gpuguard-watch.service /etc/systemd/system/ && systemctl daemon-reload && systemctl enable --now gpuguard-watch"
 	@PYTHONPATH=lib $(PYTHON) -m gpuguard.install --libexec $(PREFIX)/libexec/gpuguard \
 	  --python $(PREFIX)/lib/gpuguard/venv/bin/python --config $(CONFDIR)/config.yaml
 	@install -d $(CONFDIR)

@@ -6,9 +6,12 @@
    health check's (median <= 0.3 s);
 2. job start latency on a local Slurm cluster, gpuguard's prolog vs `Prolog=/bin/true`, measured in the same
    run on identical clusters (target: <= +0.3 s);
-3. kernel-log Xid scan throughput vs `grep -c 'NVRM: Xid'` on a generated mixed log (bench/kernel_log_scan.py).
+3. kernel-log Xid scan throughput vs `grep -c 'NVRM: Xid'` on a generated mixed log, and a re-scan of the
+   unchanged log (bench/kernel_log_scan.py);
+4. watch mode: Xid-to-drain latency on a local cluster, an Xid 13 flood, idle CPU and RSS (bench/watch_latency.py).
 
-    python bench/run.py [--prolog-runs 40] [--jobs 12] [--scan-mb 1024] [--skip-cluster] [--skip-scan]
+    python bench/run.py [--prolog-runs 40] [--jobs 12] [--scan-mb 1024] [--watch-samples 20] [--watch-idle-s 60]
+                        [--skip-cluster] [--skip-scan] [--skip-watch]
 """
 
 from __future__ import annotations
@@ -136,6 +139,17 @@ def bench_scan(size_mb: int) -> None:
     print(p.stdout, end="")
     if p.returncode != 0:
         raise SystemExit(f"kernel_log_scan failed: {p.stderr[-2000:]}")
+    ratio = re.search(r"scan / grep throughput ratio: ([\d.]+)x", p.stdout)
+    gbps = re.search(r"\| scan_xid_file[^|]*\|\s*[\d.]+ \|\s*([\d.]+) \|", p.stdout)
+    grep_gbps = re.search(r"\| grep -c NVRM: Xid\s*\|\s*[\d.]+ \|\s*([\d.]+) \|", p.stdout)
+    rescan = re.search(r"\| FileSource re-scan, file unchanged\s*\|\s*([\d.]+) \|", p.stdout)
+    if ratio and gbps and grep_gbps:
+        r = float(ratio.group(1))
+        row(f"Xid scan of {size_mb} MiB vs grep", f"{gbps.group(1)} vs {grep_gbps.group(1)} GB/s ({r:.2f}x)",
+            ">= 0.5x grep", r >= 0.5)
+    if rescan:
+        t = float(rescan.group(1))
+        row("re-scan of the unchanged log (cursor)", f"{t * 1000:.1f} ms", "<= 50 ms", t <= 0.05)
 
 
 def main() -> int:
@@ -145,6 +159,9 @@ def main() -> int:
     ap.add_argument("--scan-mb", type=int, default=1024)
     ap.add_argument("--skip-cluster", action="store_true")
     ap.add_argument("--skip-scan", action="store_true")
+    ap.add_argument("--watch-samples", type=int, default=20)
+    ap.add_argument("--watch-idle-s", type=float, default=60.0)
+    ap.add_argument("--skip-watch", action="store_true")
     a = ap.parse_args()
     print(f"gpuguard bench on {os.cpu_count()} CPUs")
     bench_prolog(a.prolog_runs)
@@ -157,6 +174,11 @@ def main() -> int:
             bench_job_latency(a.jobs)
     if not a.skip_scan:
         bench_scan(a.scan_mb)
+    if not a.skip_watch and not missing_requirements():
+        sys.path.insert(0, str(ROOT / "bench"))
+        from watch_latency import bench_watch
+
+        bench_watch(samples=a.watch_samples, idle_s=a.watch_idle_s, row=row)
     print("\n| measurement | value | target | |\n|---|---|---|---|")
     for what, value, target, verdict in ROWS:
         print(f"| {what} | {value} | {target} | {verdict} |")

@@ -13,6 +13,7 @@ HOOK_KINDS = ("prolog", "epilog", "healthcheck")
 # hooks' hot path). Each module exposes `add_parser(subparsers) -> None` and `run(args) -> int`.
 FEATURE_COMMANDS: dict[str, str] = {
     # @command:watch
+    "watch": "gpuguard.watch",
     # @command:templates
     "render": "gpuguard.templates.cli",
     "templates": "gpuguard.templates.cli",
@@ -101,7 +102,13 @@ def build_parser(only_feature: Optional[str] = None) -> argparse.ArgumentParser:
 
     modules = [only_feature] if only_feature else list(dict.fromkeys(FEATURE_COMMANDS.values()))
     for module in modules:
-        importlib.import_module(module).add_parser(sub)
+        if only_feature:
+            importlib.import_module(module).add_parser(sub)
+            continue
+        try:  # the full parser (help, unknown command): one broken optional module must not hide the rest
+            importlib.import_module(module).add_parser(sub)
+        except Exception as e:  # noqa: BLE001
+            print(f"gpuguard: warning: commands of {module} unavailable: {type(e).__name__}: {e}", file=sys.stderr)
     return ap
 
 

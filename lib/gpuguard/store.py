@@ -189,28 +189,21 @@ class Store:
             return None
         return value if isinstance(value, dict) else None
 
-    def incomplete_streaks(self, node: str, check_ids: Iterable[str], kind: Optional[str] = None,
-                           limit: int = 20) -> dict[str, int]:
-        """check id -> how many of the most recent runs in a row had it incomplete."""
-        q = "SELECT id FROM runs WHERE node=?" + (" AND kind=?" if kind else "") + " ORDER BY id DESC LIMIT ?"
-        args: tuple[Any, ...] = (node, kind, limit) if kind else (node, limit)
-        run_ids = [r[0] for r in self.conn.execute(q, args)]
+    def incomplete_streaks(self, node: str, check_ids: Iterable[str], limit: int = 20) -> dict[str, int]:
+        """check id -> in how many of the latest runs that evaluated it, in a row, it was incomplete. Runs that
+        did not evaluate the check (a watch event, an epilog without fabric checks) neither count nor break
+        the streak."""
         out: dict[str, int] = {}
-        if not run_ids:
-            return out
-        marks = ",".join("?" * len(run_ids))
-        rows = self.conn.execute(
-            f"SELECT run_id, check_id FROM findings WHERE severity='incomplete' AND run_id IN ({marks})", run_ids)
-        incomplete: dict[str, set[int]] = {}
-        for run_id, check_id in rows:
-            incomplete.setdefault(check_id, set()).add(run_id)
-        for cid in check_ids:
+        for cid in dict.fromkeys(check_ids):
+            rows = self.conn.execute(
+                "SELECT f.run_id, MAX(f.severity='incomplete') FROM findings f JOIN runs r ON r.id=f.run_id "
+                "WHERE r.node=? AND f.check_id=? GROUP BY f.run_id ORDER BY f.run_id DESC LIMIT ?",
+                (node, cid, limit)).fetchall()
             n = 0
-            for rid in run_ids:
-                if rid in incomplete.get(cid, ()):
-                    n += 1
-                else:
+            for _, incomplete in rows:
+                if not incomplete:
                     break
+                n += 1
             if n:
                 out[cid] = n
         return out

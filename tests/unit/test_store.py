@@ -36,6 +36,7 @@ def test_incomplete_streaks(tmp_path):
         _run(st, sev=Severity.INCOMPLETE, cid="fabric.efa")
         _run(st, sev=Severity.INCOMPLETE, cid="fabric.efa")
         _run(st, node="n2", sev=Severity.OK, cid="fabric.efa")
+        _run(st, sev=Severity.OK, cid="gpu.xid")  # a run that did not evaluate fabric.efa (a watch event)
         assert st.incomplete_streaks("n1", ["fabric.efa", "gpu.ecc"]) == {"fabric.efa": 2}
 
 

@@ -45,6 +45,9 @@ def facts(**kw):
     (facts(event="term", job_state="CANCELLED"), Policy(), ("cancelled", "gave_up", False, ())),
     (facts(event="term", job_state="COMPLETING", preempted=True), Policy(), ("preempted", "requeued", True, ())),
     (facts(event="term", job_state="TIMEOUT"), Policy(), ("time_limit", "requeued", True, ())),
+    # USR1 sent by gpuguard monitor (scancel --batch --signal=USR1) for a hung job, not by the time limit
+    (facts(event="timelimit", exit_code=0, monitor_requeue="monitor.progress on node2"), Policy(),
+     ("hang", "requeued", True, ())),
 ])
 def test_decide(f, policy, expect):
     d = decide(f, policy)
@@ -207,3 +210,20 @@ def test_unwritable_store_still_writes_the_ledger(fake, capsys):
     assert dec.action == "finished"
     assert len((job_dir / "attempts.jsonl").read_text().splitlines()) == 1
     assert "not recorded in the history store" in capsys.readouterr().err
+
+
+def test_a_monitor_requeue_is_recorded_as_a_hang(fake):
+    """The monitor's requeue reaches the batch shell as USR1, like the time limit: the ledger still says hang."""
+    import time as _t
+
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (job_dir / "gpuguard").mkdir(parents=True, exist_ok=True)
+    with open(job_dir / "gpuguard" / "events.jsonl", "a") as f:
+        f.write(json.dumps({"ts": _t.time() - 3600, "kind": "requeue", "check": "old", "ok": True}) + "\n")
+        f.write("not json\n")
+        f.write(json.dumps({"ts": _t.time(), "node": "node2", "kind": "requeue", "check": "monitor.progress",
+                            "ok": True, "detail": "scancel --batch --signal=USR1 77"}) + "\n")
+    dec = end(ctx, job_dir, 1, 0, "timelimit", policy_from_args(3, [], []))
+    assert (dec.reason, dec.action) == ("hang", "requeued") and "monitor.progress on node2" in dec.detail
+    assert _store(ctx)[0]["reason"] == "hang"

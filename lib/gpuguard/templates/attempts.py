@@ -68,6 +68,7 @@ class AttemptFacts:
     preempted: bool = False           # PreemptTime set (or Reason says so)
     nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
     log_tail: str = ""                # this attempt's part of the job output
+    monitor_requeue: Optional[str] = None  # gpuguard monitor asked for this requeue (a hang): what it saw
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ def decide(f: AttemptFacts, p: Policy) -> Decision:
     if f.event == "timelimit":
         if f.exit_code != 0 and bad:
             return requeue("node_failure", f"node failure near the time limit: {bad_detail}", exclude)
+        if f.monitor_requeue:  # the monitor's requeue comes through the same USR1 trap as the time limit
+            return requeue("hang", f"gpuguard monitor requeued a hung job: {f.monitor_requeue}")
         return requeue("time_limit", f"time limit near: asked the job to checkpoint; step exit {f.exit_code}")
 
     # event none: the step ended by itself

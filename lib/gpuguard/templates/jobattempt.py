@@ -267,7 +267,8 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
         attempt=attempt, exit_code=exit_code, event=event, restarts_at_start=ctx.restarts_at_start,
         restarts_now=restarts_now, job_state=job.get("JobState"),
         preempted=bool(preempt and preempt not in ("None", "Unknown")) or "preempt" in job.get("Reason", "").lower(),
-        nodes=nodes, log_tail=read_log_since(state.get("log") or job.get("StdOut"), int(state.get("log_offset") or 0)))
+        nodes=nodes, log_tail=read_log_since(state.get("log") or job.get("StdOut"), int(state.get("log_offset") or 0)),
+        monitor_requeue=monitor_requeue_since(job_dir, state.get("started")))
     decision = decide(facts, policy)
     excluded: list[str] = []
     if decision.exclude:
@@ -291,6 +292,25 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
         if not ctx.scontrol.exclude(ctx.job_id, excluded):
             _warn(f"could not exclude {','.join(excluded)} from the requeued job")
     return decision
+
+
+def monitor_requeue_since(job_dir: Path, since: Optional[float]) -> Optional[str]:
+    """The latest requeue `gpuguard monitor` asked for during this attempt (it records its events in
+    <job dir>/gpuguard/events.jsonl), as "check: detail"; None when there was none."""
+    found = None
+    try:
+        with open(job_dir / "gpuguard" / "events.jsonl", errors="replace") as f:
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ev, dict) and ev.get("kind") == "requeue" and ev.get("ok") and \
+                        (since is None or float(ev.get("ts") or 0) >= float(since)):
+                    found = f"{ev.get('check') or 'hang'} on {ev.get('node') or '?'}"
+    except OSError:
+        return None
+    return found
 
 
 def policy_from_args(max_requeues: int, codes: Sequence[int], patterns: Sequence[str]) -> Policy:

@@ -1,0 +1,162 @@
+"""`gpuguard watch` on a real local Slurm cluster: the daemon runs as `python -m gpuguard watch` for node1, follows
+the simulated node's kernel log (a /dev/kmsg-format file, exactly as it follows /dev/kmsg on a real node) and
+drains through scontrol within seconds of a fatal Xid; admin drains are left alone, Xid 13 never drains, and a
+restart never drains again for an Xid that was already acted on."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from gpuguard.reason import parse_reason
+
+XID79 = "NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID13 = ("NVRM: Xid (PCI:0000:53:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 0, "
+         "SM 1): Out Of Range Address")
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Watch:
+    """The daemon for one node, started like systemd would (Type=notify: it says READY=1 on $NOTIFY_SOCKET)."""
+
+    def __init__(self, site: Any, node: str, tmp: Path) -> None:
+        self.site, self.node = site, node
+        self.sock_path = str(tmp / f"notify-{node}-{time.monotonic_ns()}.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.sock_path)
+        self.sock.settimeout(20)
+        env = {**site.cluster.env, "NOTIFY_SOCKET": self.sock_path}
+        self.proc = subprocess.Popen(
+            [site.python, "-m", "gpuguard", "watch", "--config", str(site.config_path), "--node", node],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            msg = self.sock.recv(4096)
+        except socket.timeout:
+            self.stop()
+            raise AssertionError(f"watch did not get ready: {self.proc.stderr.read() if self.proc.stderr else ''}")
+        assert msg.startswith(b"READY=1"), msg
+
+    @property
+    def kmsg(self) -> Path:
+        return self.site.workdir / "sim" / self.node / "kmsg"
+
+    def append_kernel(self, *texts: str) -> float:
+        """Append kernel records (facility 0) after the last one; returns when they were written."""
+        last = 0
+        for line in self.kmsg.read_text().splitlines():
+            m = re.match(r"\d+,(\d+),", line)
+            if m:
+                last = int(m.group(1))
+        records = "".join(f"4,{last + i},{1_000_000 * (200 + last + i)},-;{t}\n" for i, t in enumerate(texts, 1))
+        with open(self.kmsg, "a") as f:
+            f.write(records)
+        return time.monotonic()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.sock.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def watch_factory(tmp_path: Path) -> Iterator[Callable[..., Watch]]:
+    started: list[Watch] = []
+
+    def start(site: Any, node: str = "node1") -> Watch:
+        w = Watch(site, node, tmp_path)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:  # the daemons never outlive a test
+        w.stop()
+
+
+def drained(site: Any, node: str) -> bool:
+    return "DRAIN" in site.cluster.node_flags(node)
+
+
+def test_watch_drains_within_2s_of_a_fatal_xid(site_factory, watch_factory):
+    site = site_factory(nodes=2)
+    w = watch_factory(site)
+    t0 = w.append_kernel(XID79)
+    wait_for(lambda: drained(site, "node1"), timeout=5, what="node1 drained")
+    elapsed = time.monotonic() - t0
+    print(f"Xid 79 appended -> node1 DRAIN visible in scontrol after {elapsed:.3f}s")
+    assert elapsed < 2.0
+    reason = site.cluster.node_info("node1")["Reason"]
+    assert re.fullmatch(r"gpuguard: gpu\.xid XID79: .* \[watch reboot\]", reason), reason
+    p = parse_reason(reason)
+    assert (p.check_id, p.keyword, p.context, p.action) == ("gpu.xid", "XID79", "watch", "reboot")
+    assert "0000:86:00" in reason
+    assert not drained(site, "node2")
+    run = site.runs("node1", "watch")[0]
+    assert run["verdict"] == "drain" and run["reason"] == reason
+    assert [f["keyword"] for f in run["findings"]] == ["XID79"]
+    assert site.store("node1").drains("node1")[0]["outcome"] == "done"
+    assert w.stop() == 0  # SIGTERM: a clean exit
+
+
+def test_watch_leaves_an_admin_drained_node_and_its_reason_alone(site_factory, watch_factory):
+    site = site_factory(nodes=2)
+    site.cluster.drain("node1", "admin: replacing PSU [ticket 4411] see=jira")
+    before = site.cluster.node_info("node1")
+    w = watch_factory(site)
+    w.append_kernel(XID79)
+    row = wait_for(lambda: site.store("node1").drains("node1"), what="the drain decision")[0]
+    assert row["outcome"] == "foreign" and row["detail"].startswith("drained by someone else")
+    after = site.cluster.node_info("node1")
+    assert after["Reason"] == "admin: replacing PSU [ticket 4411] see=jira"
+    assert (after["ReasonUser"], after["ReasonTime"]) == (before["ReasonUser"], before["ReasonTime"])
+
+
+def test_watch_does_not_drain_for_an_xid13_flood(site_factory, watch_factory):
+    site = site_factory(nodes=2)
+    w = watch_factory(site)
+    w.append_kernel(*[XID13] * 500)
+    wait_for(lambda: site.runs("node1", "watch"), what="the Xid 13 record")
+    time.sleep(0.5)
+    assert not drained(site, "node1")
+    runs = site.runs("node1", "watch")
+    assert len(runs) == 1 and runs[0]["verdict"] == "pass"  # 500 repeats: one event on the record
+    assert runs[0]["findings"][0]["keyword"] == "XID13"
+    assert site.store("node1").drains("node1") == []
+
+
+def test_restarted_watch_resumes_from_its_cursor_and_does_not_redrain(site_factory, watch_factory):
+    site = site_factory(nodes=2)
+    w = watch_factory(site)
+    w.append_kernel(XID79)
+    wait_for(lambda: drained(site, "node1"), what="the first drain")
+    assert w.stop() == 0
+    site.cluster.resume("node1")  # the admin fixed it
+    w2 = watch_factory(site)
+    w2.append_kernel(XID13)  # proves the new daemon judged everything up to here
+    wait_for(lambda: [r for r in site.runs("node1", "watch") if r["findings"][0]["keyword"] == "XID13"],
+             what="the Xid 13 record")
+    log = "\n".join(site.log_lines("watch node1"))
+    assert not drained(site, "node1"), log
+    assert [d["outcome"] for d in site.store("node1").drains("node1")] == ["done"], log
+    assert [r["findings"][0]["keyword"] for r in site.runs("node1", "watch")] == ["XID13", "XID79"], log
+    assert w2.stop() == 0
