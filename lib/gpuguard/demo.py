@@ -95,7 +95,7 @@ def run_demo(keep: bool = False) -> int:
             color = RED if r["verdict"] == "drain" else GREEN
             out.line(f"attempt {(r['restart_count'] or 0) + 1}: gpuguard prolog on {node}: "
                      f"{out.c(color, r['verdict'].upper())} ({r['duration_ms']:.0f} ms)"
-                     + (f" -> exit 1, node drained, Slurm requeues the job" if r["verdict"] == "drain" else ""))
+                     + (" -> exit 1, node drained, Slurm requeues the job" if r["verdict"] == "drain" else ""))
         ok = info["JobState"] == "COMPLETED"
         out.line(f"job {job} {out.c(GREEN if ok else RED, info['JobState'])} on {info['NodeList']} after "
                  f"{info['Restarts']} requeue(s), {took:.1f}s end to end, no human involved")

@@ -85,7 +85,6 @@ FACTS measured with this class (Debian slurm-wlm 22.05.8, munge 0.5.15, 2 cores,
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -135,13 +134,7 @@ class DevClusterError(RuntimeError):
 
 
 # The parsers live with the Slurm client: gpuguard reads `scontrol show node -o` the same way in production.
-from gpuguard.slurm import (  # noqa: E402,F401 - re-exported for tests and the demo
-    node_state_flags,
-    parse_job_line,
-    parse_job_lines,
-    parse_node_line,
-    parse_node_lines,
-)
+from gpuguard.slurm import node_state_flags, parse_job_line, parse_node_line, parse_node_lines  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------- environment

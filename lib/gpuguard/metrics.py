@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 

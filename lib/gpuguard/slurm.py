@@ -239,7 +239,9 @@ class PyslurmClient:
     """pyslurm >= 23.2 object API. Used only when `pyslurm_usable()` says it matches the running Slurm."""
 
     def __init__(self, timeout_s: float = 5.0) -> None:
-        import pyslurm  # noqa: F401 - fails fast when absent
+        import importlib
+
+        importlib.import_module("pyslurm")  # fails fast when absent
 
         self.timeout_s = timeout_s
 

@@ -22,6 +22,7 @@ class ToolRun:
     stderr: bytes
     timed_out: bool = False
     error: Optional[str] = None  # could not start, or timed out
+    missing: bool = False  # the binary does not exist (a tool not installed: incomplete, never a failure)
 
     @property
     def ok(self) -> bool:
@@ -29,6 +30,9 @@ class ToolRun:
 
     def text(self) -> str:
         return self.stdout.decode("utf-8", errors="replace")
+
+    def err_text(self) -> str:
+        return self.stderr.decode("utf-8", errors="replace")
 
     def last_stderr_line(self, limit: int = 300) -> str:
         lines = self.stderr.decode("utf-8", errors="replace").strip().splitlines()
@@ -47,7 +51,7 @@ def run_tool(argv: list[str], timeout_s: float, env: Optional[Mapping[str, str]]
                                 stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
                                 env=dict(env) if env is not None else None)
     except FileNotFoundError:
-        return ToolRun(None, b"", b"", error=f"{os.path.basename(argv[0]) or argv[0]} not found")
+        return ToolRun(None, b"", b"", error=f"{os.path.basename(argv[0]) or argv[0]} not found", missing=True)
     except (OSError, ValueError) as e:
         return ToolRun(None, b"", b"", error=f"cannot run {argv[0]}: {getattr(e, 'strerror', None) or e}")
     try:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from gpuguard.probes.kernel_log import MAX_LINE_BYTES
+from gpuguard.probes.kernel_log import MAX_LINE_BYTES, _kmsg_readable
 
 READ_CHUNK = 4 << 20  # bytes per file read: large enough for throughput, small enough to bound memory
 _KMSG_READ_SIZE = 1 << 16  # /dev/kmsg returns EINVAL when the buffer is smaller than one record
@@ -578,15 +578,6 @@ def _last_journal_cursor(data: bytes, off: int) -> Optional[str]:
 
 
 # --------------------------------------------------------------------------- choosing a follower
-
-
-def _kmsg_readable(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
 
 
 def source_kind(spec: str) -> str:

@@ -88,7 +88,7 @@ def test_prolog_drain_run_metrics_parse(tmp_path):
     assert [p.name for p in node_dir.iterdir()] and not [p for p in node_dir.iterdir() if p.name.startswith(".")]
 
     # the next health check: the Xid was judged already (cursor), the counter keeps its value
-    hc = execute(RunContext(kind="healthcheck", node="node2"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
+    execute(RunContext(kind="healthcheck", node="node2"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
                  slurm_client=slurm)
     m2 = read_metrics(node_dir / "gpuguard_healthcheck.prom")
     assert value(m2, "gpuguard_run_verdict", kind="healthcheck", verdict="pass") == 1

@@ -3,7 +3,6 @@ bash with stub srun/scontrol/gpuguard that record exactly what they were given."
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

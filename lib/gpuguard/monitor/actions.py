@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from typing import Iterable, Optional
+
+from gpuguard.tools import run_tool
 
 
 def find_py_spy(name: Optional[str]) -> Optional[str]:
@@ -56,19 +57,19 @@ def dump_stacks(py_spy: Optional[str], pids: list[int], out_path: str, timeout_s
         if left <= 0:
             parts.append(f"=== pid {pid}: skipped (time budget spent)\n")
             continue
-        try:
-            p = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                               timeout=min(timeout_s, left), stdin=subprocess.DEVNULL, errors="replace")
-            body = p.stdout if p.returncode == 0 else f"py-spy failed ({p.returncode}): {p.stderr.strip()[:2000]}"
-            if p.returncode == 0:
-                ok += 1
-            elif "ermission" in p.stderr:
+        r = run_tool([py_spy, "dump", "--pid", str(pid)], min(timeout_s, left))
+        if r.timed_out:
+            body = f"py-spy did not finish within {min(timeout_s, left):.0f}s"
+        elif r.rc is None:
+            body = f"cannot run {py_spy}: {r.error}"
+        elif r.rc == 0:
+            body = r.text()
+            ok += 1
+        else:
+            body = f"py-spy failed ({r.rc}): {r.err_text().strip()[:2000]}"
+            if "ermission" in r.err_text():
                 body += ("\n(py-spy needs ptrace rights on the job's processes: same user and "
                          "kernel.yama.ptrace_scope=0, or CAP_SYS_PTRACE)")
-        except subprocess.TimeoutExpired:
-            body = f"py-spy did not finish within {min(timeout_s, left):.0f}s"
-        except OSError as e:
-            body = f"cannot run {py_spy}: {e}"
         parts.append(f"=== pid {pid}\n{body}\n")
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with open(out_path, "w") as f:
@@ -79,13 +80,10 @@ def dump_stacks(py_spy: Optional[str], pids: list[int], out_path: str, timeout_s
 def requeue(argv_template: list[str], job_id: str, timeout_s: float) -> tuple[bool, str]:
     """Run the configured requeue command ("{job_id}" substituted in each argument; no shell)."""
     argv = [a.replace("{job_id}", str(job_id)) for a in argv_template]
-    exe = shutil.which(argv[0]) or argv[0]
-    try:
-        p = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout_s,
-                           stdin=subprocess.DEVNULL, errors="replace")
-    except subprocess.TimeoutExpired:
+    r = run_tool(argv, timeout_s)
+    if r.timed_out:
         return False, f"{' '.join(argv)}: no answer within {timeout_s:g}s"
-    except OSError as e:
-        return False, f"cannot run {argv[0]}: {e.strerror or e}"
-    out = (p.stderr or p.stdout).strip()[:300]
-    return p.returncode == 0, f"{' '.join(argv)} -> exit {p.returncode}" + (f": {out}" if out else "")
+    if r.rc is None:
+        return False, f"cannot run {argv[0]}: {r.error}"
+    out = (r.err_text() or r.text()).strip()[:300]
+    return r.rc == 0, f"{' '.join(argv)} -> exit {r.rc}" + (f": {out}" if out else "")

@@ -9,18 +9,15 @@ A missing binary is `tool_missing` (incomplete), never a hardware failure; a run
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from gpuguard.model import ProbeStatus
+from gpuguard.tools import run_tool, which
 from gpuguard.nccl.parse import NcclResult, parse_nccl
 
-_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass
@@ -56,28 +53,7 @@ def _resolve(binary: str) -> Optional[str]:
     if os.sep in binary:
         return binary if os.path.isfile(binary) and os.access(binary, os.X_OK) else None
     # slurmd gives hooks no PATH: look in the usual places too
-    return shutil.which(binary, path=os.environ.get("PATH") or _DEFAULT_PATH)
-
-
-def run_tool(argv: list[str], timeout_s: float, env: Optional[Mapping[str, str]] = None
-             ) -> tuple[Optional[int], str, str, bool]:
-    """(exit code, stdout, stderr, timed_out). Own session, killed as a group on timeout; argv, never a shell."""
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, errors="replace", start_new_session=True,
-                            env=dict(env) if env is not None else None)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
-        try:
-            out, err = proc.communicate(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            out, err = "", ""
-        return None, out or "", err or "", True
-    return proc.returncode, out, err, False
+    return which(binary)
 
 
 def observation_from_output(obs: NcclObservation, code: Optional[int], out: str, err: str) -> NcclObservation:
@@ -117,10 +93,10 @@ def run_single_node_nccl(binary: str = "all_reduce_perf", gpus: int = 8, timeout
                                binary=binary, gpus=gpus, tool_missing=True)
     argv = nccl_tests_argv(exe, gpus, min_bytes, max_bytes, iterations, warmup)
     obs = NcclObservation(binary=exe, argv=argv, gpus=gpus)
-    try:
-        code, out, err, timed_out = run_tool(argv, timeout_s, env)
-    except OSError as e:
-        obs.status = ProbeStatus(complete=False, error=f"cannot run {exe}: {e.strerror or e}")
+    run = run_tool(argv, timeout_s, env)
+    code, out, err, timed_out = run.rc, run.text(), run.err_text(), run.timed_out
+    if code is None and not timed_out:
+        obs.status = ProbeStatus(complete=False, error=run.error)
         return obs
     if timed_out:
         obs.ran = True
@@ -143,10 +119,10 @@ def run_torch_probe(nprocs: int = 2, timeout_s: float = 120.0, min_bytes: int = 
             "--backend", backend, "--min-bytes", str(int(min_bytes)), "--max-bytes", str(int(max_bytes)),
             "--iters", str(int(iterations)), "--warmup", str(int(warmup))]
     obs = NcclObservation(backend="torch", binary=argv[0], argv=argv, gpus=nprocs)
-    try:
-        code, out, err, timed_out = run_tool(argv, timeout_s, env)
-    except OSError as e:
-        obs.status = ProbeStatus(complete=False, error=f"cannot run {argv[0]}: {e.strerror or e}")
+    run = run_tool(argv, timeout_s, env)
+    code, out, err, timed_out = run.rc, run.text(), run.err_text(), run.timed_out
+    if code is None and not timed_out:
+        obs.status = ProbeStatus(complete=False, error=run.error)
         return obs
     if timed_out:
         obs.ran = True

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.model import ProbeStatus
+from gpuguard.tools import run_tool
 
 # dcgmErrorSeverity_t
 SEVERITY_NAMES = {0: "NONE", 1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
@@ -218,40 +217,29 @@ def run_dcgm_diag(dcgmi: str = "dcgmi", level: int = 1, timeout_s: float = 120.0
     if gpus:
         argv += ["-i", ",".join(str(int(g)) for g in gpus)]
     obs = DcgmObservation(level=int(level))
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, errors="replace", start_new_session=True)
-    except FileNotFoundError:
+    run = run_tool(argv, timeout_s)
+    if run.missing:
         obs.tool_missing = True
         obs.status = ProbeStatus(complete=False, error=f"{os.path.basename(dcgmi)} not found (DCGM not installed)")
         return obs
-    except OSError as e:
-        obs.status = ProbeStatus(complete=False, error=f"cannot run {dcgmi}: {e.strerror or e}")
-        return obs
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
-        try:
-            proc.communicate(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pass
+    if run.timed_out:
         obs.status = ProbeStatus(complete=False, error=f"dcgmi diag -r {level} timed out after {timeout_s:g}s",
                                  timed_out=True, duration_s=time.monotonic() - t0)
         return obs
+    if run.rc is None:
+        obs.status = ProbeStatus(complete=False, error=run.error)
+        return obs
+    out, err = run.text(), run.err_text()
     try:
         parsed = parse_dcgm_diag(out)
     except DcgmParseError as e:
         last = (err.strip() or out.strip()).splitlines()
         obs.error = (last[-1] if last else str(e))[:300]
-        obs.exit_code = proc.returncode
+        obs.exit_code = run.rc
         obs.status = ProbeStatus(complete=False, error=f"dcgmi diag: {obs.error}", duration_s=time.monotonic() - t0)
         return obs
     parsed.level = int(level)
-    parsed.exit_code = proc.returncode
+    parsed.exit_code = run.rc
     parsed.status = ProbeStatus(complete=parsed.error is None, error=parsed.error,
                                 duration_s=time.monotonic() - t0)
     return parsed

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,16 +47,16 @@ class Scontrol:
     env: Optional[Mapping[str, str]] = None
 
     def run(self, args: Sequence[str]) -> Optional[str]:
-        try:
-            p = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=self.timeout_s,
-                               env=dict(self.env) if self.env is not None else None, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            _warn(f"scontrol {' '.join(args)}: {e}")
+        from gpuguard.tools import run_tool
+
+        r = run_tool([self.binary, *args], self.timeout_s, env=self.env)
+        if r.rc is None:
+            _warn(f"scontrol {' '.join(args)}: {r.error}")
             return None
-        if p.returncode != 0:
-            _warn(f"scontrol {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()[:300]}")
+        if r.rc != 0:
+            _warn(f"scontrol {' '.join(args)} failed ({r.rc}): {r.err_text().strip()[:300]}")
             return None
-        return p.stdout
+        return r.text()
 
     def job(self, job_id: str) -> dict[str, str]:
         out = self.run(["show", "job", "-o", job_id])
