@@ -47,7 +47,7 @@ class DevSite:
     def __init__(self, nodes: int = 3, workdir: Optional[Path] = None, scenario: str = "healthy-p5",
                  config: Optional[Mapping[str, Any]] = None, prolog: bool = True, epilog: bool = False,
                  healthcheck: bool = False, health_check_interval: int = 0, keep: bool = False,
-                 python: Optional[str] = None) -> None:
+                 python: Optional[str] = None, slurm_conf: Optional[Mapping[str, str]] = None) -> None:
         self._own = workdir is None
         self.keep = keep
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gg-site-"))
@@ -64,7 +64,7 @@ class DevSite:
             prolog=str(hooks["prolog"]) if prolog else None,
             epilog=str(hooks["epilog"]) if epilog else None,
             health_check=str(hooks["healthcheck"]) if healthcheck else None,
-            health_check_interval=health_check_interval)
+            health_check_interval=health_check_interval, extra_conf=slurm_conf)
         for node in self.cluster.node_names:
             self.set_scenario(node, scenario)
         self.config: dict[str, Any] = {}

@@ -171,3 +171,22 @@ def test_slurmd_runs_the_health_check_itself(tmp_path):
         assert reason(site, "node2").context == "healthcheck"
         assert not drained(site, "node1")
         assert site.runs("node1", "healthcheck"), "slurmd ran the health check on the healthy node too"
+
+
+def test_reboot_class_fault_asks_slurm_for_a_reboot(site_factory, tmp_path):
+    """reboot.auto: a reboot-class drain also runs `scontrol reboot ASAP nextstate=RESUME` (RebootProgram set)."""
+    marker = tmp_path / "rebooted"
+    prog = tmp_path / "reboot-program"
+    prog.write_text(f"#!/bin/sh\ntouch {marker}\n")  # a stand-in for /sbin/reboot
+    prog.chmod(0o755)
+    site = site_factory(nodes=2, config={"reboot": {"auto": True}}, slurm_conf={"RebootProgram": str(prog)})
+    site.set_scenario("node1", "xid79")
+    run = hc(site)
+    assert run["verdict"] == "drain"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not marker.exists():
+        time.sleep(0.2)
+    assert marker.exists(), "slurmd ran the RebootProgram for the idle node"
+    assert reason(site).keyword == "XID79"
+    assert site.store("node1").drains("node1")[0]["outcome"] == "done"
+    assert "DRAIN" not in site.cluster.node_flags("node2")

@@ -139,3 +139,15 @@ def test_pyslurm_is_used_only_for_its_own_slurm(monkeypatch, pyslurm_version, sl
     fake.Node = object  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pyslurm", fake)
     assert pyslurm_usable(slurm) is ok
+
+
+def test_reboot_request_argv_and_failure(tmp_path):
+    from gpuguard.slurm import request_reboot
+
+    log = tmp_path / "args"
+    c = CliSlurmClient(_stub(tmp_path, f'for a in "$@"; do printf "%s\\n" "$a" >> {log}; done\n'))
+    assert request_reboot(c, "node3", OURS)["outcome"] == "requested"
+    assert log.read_text().splitlines() == ["reboot", "ASAP", "nextstate=RESUME", f"reason={OURS}", "node3"]
+    bad = CliSlurmClient(_stub(tmp_path, 'echo "RebootProgram isn\'t defined" >&2; exit 1\n'))
+    out = request_reboot(bad, "node3", OURS)
+    assert out["outcome"] == "failed" and "RebootProgram" in out["detail"]
