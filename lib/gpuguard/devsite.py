@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from gpuguard.devcluster import DevCluster
+from gpuguard.fsutil import atomic_write
 from gpuguard.install import install_hooks, repo_root
 from gpuguard.store import Store
 
@@ -85,17 +86,13 @@ class DevSite:
 
     def write_config(self, extra: Mapping[str, Any]) -> None:
         self.config = _merge(self.base_config(), extra)
-        tmp = self.config_path.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        os.replace(tmp, self.config_path)
+        atomic_write(self.config_path, yaml.safe_dump(self.config, sort_keys=False))
 
     def set_scenario(self, node: str, scenario: str) -> Path:
         """Swap what `node`'s simulated hardware looks like (an example name or a path); takes effect at the
         next hook run, as a real fault would."""
         dest = self.scenarios / f"{node}.yaml"
-        tmp = dest.with_suffix(".tmp")
-        shutil.copyfile(scenario_path(scenario), tmp)
-        os.replace(tmp, dest)
+        atomic_write(dest, scenario_path(scenario).read_bytes())
         return dest
 
     # ------------------------------------------------------------------ lifecycle
@@ -157,9 +154,7 @@ class DevSite:
         data = yaml.safe_load(scenario_path(base).read_text()) or {}
         data.update(changes)
         dest = self.scenarios / f"{node}.yaml"
-        tmp = dest.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-        os.replace(tmp, dest)
+        atomic_write(dest, yaml.safe_dump(data, sort_keys=False))
         return dest
 
     def gpuguard(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,6 @@ counting when a file is rewritten.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
@@ -74,23 +73,10 @@ def render(families: Iterable[Family]) -> bytes:
 
 def write_families(directory: str, source: str, families: Iterable[Family]) -> str:
     """Atomically (re)write `<directory>/gpuguard_<source>.prom`. Returns its path. Raises OSError."""
-    data = render(families)
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"gpuguard_{source}.prom")
-    # the collector only reads *.prom: a dot-file in the same directory is invisible to it until the rename
-    fd, tmp = tempfile.mkstemp(prefix=f".gpuguard_{source}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # node_exporter usually runs as its own user
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    from gpuguard.fsutil import atomic_write
+
+    # the collector only reads *.prom: the temp dot-file is invisible to it until the rename
+    return atomic_write(os.path.join(directory, f"gpuguard_{source}.prom"), render(families))
 
 
 def remove(directory: str, source: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from typing import Any
 
@@ -31,18 +30,10 @@ class JobDir:
         return os.path.join(self.root, *parts)
 
     def write_report(self, node: str, report: dict[str, Any]) -> None:
-        d = self.path("monitor")
-        fd, tmp = tempfile.mkstemp(prefix=f".{_safe(node)}.", suffix=".tmp", dir=d)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(report, f, separators=(",", ":"), default=str)
-            os.replace(tmp, os.path.join(d, f"{_safe(node)}.json"))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        from gpuguard.fsutil import atomic_write
+
+        atomic_write(os.path.join(self.path("monitor"), f"{_safe(node)}.json"),
+                     json.dumps(report, separators=(",", ":"), default=str))
 
     def read_reports(self, stale_s: float, now: float) -> dict[str, dict[str, Any]]:
         """Every node's report younger than `stale_s` (a node whose monitor died stops counting)."""

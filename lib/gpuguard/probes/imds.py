@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 import socket
-import tempfile
 import time
 from typing import Any, Optional, Tuple
 from urllib.parse import urlsplit
@@ -88,24 +86,12 @@ def _write_cache(cache_path: str, boot_id: str, instance_type: Optional[str], no
         "instance_type": instance_type,
         "fetched_at": now,
     }
-    directory = os.path.dirname(os.path.abspath(cache_path))
-    tmp = None
+    from gpuguard.fsutil import atomic_write
+
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".imds-", suffix=".tmp", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, cache_path)
-        tmp = None
+        atomic_write(cache_path, json.dumps(payload))
     except OSError:
         pass  # a read-only or missing state dir only costs the next run one more IMDS call
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 def _remaining(deadline: float) -> float:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from gpuguard.fsutil import atomic_write
 from gpuguard.profiles import Profile, load_profile
 from gpuguard.yamlutil import load_yaml_file
 
@@ -376,10 +377,7 @@ def materialize(scenario_path: str, workdir: str, fake_nvml: Optional[str] = Non
         stamp = root / ".scenario"
         key = f"{sc.digest}:{os.path.abspath(scenario_path)}"
         if not stamp.exists() or stamp.read_text() != key:
-            nvml_file = root / "nvml.txt"
-            tmp = root / "nvml.txt.tmp"
-            tmp.write_text(nvml_flat_file(sc))
-            os.replace(tmp, nvml_file)
+            atomic_write(root / "nvml.txt", nvml_flat_file(sc))
             _write_fabric(root, sc)
             _write_system(root, sc)
             stamp.write_text(key)
@@ -424,7 +422,4 @@ def inject(scenario_path: str, *, kernel_lines: list[str] = (), processes: list[
             entry = overrides.setdefault(gpu, {}) or {}
             overrides[gpu] = entry
             entry[key] = value
-    tmp = f"{scenario_path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    os.replace(tmp, scenario_path)
+    atomic_write(scenario_path, yaml.safe_dump(data, sort_keys=False))

@@ -178,11 +178,10 @@ def cmd_render(args: argparse.Namespace) -> int:
         if findings:
             print(format_findings(findings, f"{args.template} (rendered)"), file=sys.stderr)
     if args.output:
+        from gpuguard.fsutil import atomic_write
+
         out = Path(args.output)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        os.replace(tmp, out)
+        atomic_write(out, text, mode=0o755)
         print(f"wrote {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

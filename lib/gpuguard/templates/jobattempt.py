@@ -115,9 +115,9 @@ def append_ledger(job_dir: Path, record: Mapping[str, Any]) -> None:
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
+    from gpuguard.fsutil import atomic_write
+
+    atomic_write(path, json.dumps(data, default=str))
 
 
 def read_log_since(path: Optional[str], offset: int, limit: int = LOG_TAIL_BYTES) -> str:
