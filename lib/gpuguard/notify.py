@@ -29,7 +29,9 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+from gpuguard.hostlist import compress_hostlist
 
 if TYPE_CHECKING:
     from gpuguard.config import Config
@@ -76,39 +78,8 @@ class Event:
         return f"{self.node}|{self.check_id or '-'}|{self.kind}"
 
 
+
 # --------------------------------------------------------------------------- pure helpers
-
-
-def compress_hostlist(names: Iterable[str]) -> str:
-    """['node001', 'node002', 'node005', 'gpu-a'] -> 'gpu-a,node[001-002,005]' (Slurm's hostlist notation)."""
-    plain: list[str] = []
-    numbered: list[tuple[str, str]] = []
-    for name in sorted(set(names)):
-        m = re.fullmatch(r"(.*?)(\d+)", name)
-        if m:
-            numbered.append((m.group(1), m.group(2)))
-        else:
-            plain.append(name)
-    # zero-padded numbers keep their width (node001 .. node100 are one range); unpadded ones group together
-    padded = {(p, len(d)) for p, d in numbered if d.startswith("0") and len(d) > 1}
-    groups: dict[tuple[str, int], list[int]] = {}
-    for prefix, digits in numbered:
-        width = len(digits) if (prefix, len(digits)) in padded else 0
-        groups.setdefault((prefix, width), []).append(int(digits))
-    out = list(plain)
-    for (prefix, width), nums in sorted(groups.items()):
-        nums.sort()
-        ranges: list[str] = []
-        start = prev = nums[0]
-        for n in nums[1:] + [None]:  # type: ignore[list-item]
-            if n is not None and n == prev + 1:
-                prev = n
-                continue
-            ranges.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
-            if n is not None:
-                start = prev = n
-        out.append(f"{prefix}{ranges[0]}" if len(nums) == 1 else f"{prefix}[{','.join(ranges)}]")
-    return ",".join(out)
 
 
 def _evidence_text(evidence: dict, limit: int = 1200) -> str:  # type: ignore[type-arg]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpuguard.devsite import scenario_path
 from gpuguard.nccl import history
-from gpuguard.nccl.hostlist import expand_hostlist
+from gpuguard.hostlist import expand_hostlist
 from gpuguard.reason import parse_reason
 from gpuguard.simulate.nccl_tests_stub import install_stub
 

@@ -215,7 +215,7 @@ def _runner_from(args: argparse.Namespace, cfg: Any, threshold_for: Any, store_p
 
 
 def _nodes_from(args: argparse.Namespace) -> list[str]:
-    from gpuguard.nccl.hostlist import HostlistError, expand_hostlist
+    from gpuguard.hostlist import HostlistError, expand_hostlist
     from gpuguard.nccl.sweep import SweepError, partition_nodes
 
     if args.nodes:
@@ -463,7 +463,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 def _baseline_measure(args: argparse.Namespace, cfg: Any) -> int:
     from gpuguard.nccl import baseline, history
-    from gpuguard.nccl.hostlist import compress_hostlist
+    from gpuguard.hostlist import compress_hostlist
     from gpuguard.nccl.sweep import SweepError
 
     nodes = _nodes_from(args)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from gpuguard.nccl import history
 from gpuguard.nccl.baseline import samples_from_result
-from gpuguard.nccl.hostlist import compress_hostlist
+from gpuguard.hostlist import compress_hostlist
 from gpuguard.nccl.sweep import Measure, Progress, SweepOutcome, drain_reason, isolate
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from gpuguard.nccl.hostlist import compress_hostlist
+from gpuguard.hostlist import compress_hostlist
 from gpuguard.nccl.parse import NcclResult, parse_nccl
 
 Group = tuple[str, ...]

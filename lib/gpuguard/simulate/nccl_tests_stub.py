@@ -68,7 +68,7 @@ def node_busbw(spec: dict[str, Any]) -> float:
 
 
 def job_nodes(env: dict[str, str]) -> list[str]:
-    from gpuguard.nccl.hostlist import expand_hostlist
+    from gpuguard.hostlist import expand_hostlist
 
     for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if env.get(var):

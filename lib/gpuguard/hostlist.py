@@ -7,6 +7,7 @@ binary can expand lists without a Slurm round trip. Zero padding is kept (`a[01-
 from __future__ import annotations
 
 import re
+from typing import Iterable
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -69,40 +70,34 @@ def expand_hostlist(text: str) -> list[str]:
     return names
 
 
-def compress_hostlist(names: list[str]) -> str:
-    """['node1', 'node2', 'node3', 'node5'] -> 'node[1-3,5]' (names without a trailing number kept as they are)."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    order: list[tuple[str, int]] = []
+def compress_hostlist(names: Iterable[str]) -> str:
+    """['node001', 'node002', 'node005', 'gpu-a'] -> 'gpu-a,node[001-002,005]' (Slurm's hostlist notation;
+    sorted, duplicates dropped). Zero-padded numbers keep their width (node001 .. node100 are one range),
+    unpadded ones group together; names without a trailing number are kept as they are."""
     plain: list[str] = []
-    split = []
-    for name in names:
-        m = re.match(r"^(.*?)(\d+)$", name)
+    numbered: list[tuple[str, str]] = []
+    for name in sorted(set(names)):
+        m = re.fullmatch(r"(.*?)(\d+)", name)
         if m:
-            split.append((m.group(1), m.group(2)))
+            numbered.append((m.group(1), m.group(2)))
         else:
             plain.append(name)
-    # zero-padded widths per prefix: "a09" makes "a10" part of the same 2-digit group
-    padded = {(p, len(d)) for p, d in split if d.startswith("0") and len(d) > 1}
-    for prefix, digits in split:
-        key = (prefix, len(digits)) if (prefix, len(digits)) in padded else (prefix, 0)
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(int(digits))
-    parts = list(dict.fromkeys(plain))
-    for prefix, width in order:
-        nums = sorted(set(groups[(prefix, width)]))
-        fmt = (lambda n: f"{n:0{width}d}") if width else str
-        if len(nums) == 1:
-            parts.append(f"{prefix}{fmt(nums[0])}")
-            continue
-        ranges, start, prev = [], nums[0], nums[0]
+    padded = {(p, len(d)) for p, d in numbered if d.startswith("0") and len(d) > 1}
+    groups: dict[tuple[str, int], list[int]] = {}
+    for prefix, digits in numbered:
+        width = len(digits) if (prefix, len(digits)) in padded else 0
+        groups.setdefault((prefix, width), []).append(int(digits))
+    out = list(plain)
+    for (prefix, width), nums in sorted(groups.items()):
+        nums.sort()
+        ranges: list[str] = []
+        start = prev = nums[0]
         for n in nums[1:] + [None]:  # type: ignore[list-item]
             if n is not None and n == prev + 1:
                 prev = n
                 continue
-            ranges.append(fmt(start) if start == prev else f"{fmt(start)}-{fmt(prev)}")
+            ranges.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
             if n is not None:
                 start = prev = n
-        parts.append(f"{prefix}[{','.join(ranges)}]")
-    return ",".join(parts)
+        out.append(f"{prefix}{ranges[0]}" if len(nums) == 1 else f"{prefix}[{','.join(ranges)}]")
+    return ",".join(out)
