@@ -22,6 +22,14 @@ deps:
 	@# shellcheck: every rendered sbatch template is checked with it
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -q --no-install-recommends shellcheck >/dev/null; } || true
+	@# PostgreSQL (the fleet history tests boot a real server in a temp dir) and promtool (Prometheus rules and
+	@# metrics are checked with it): Debian's packages, only when missing
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v promtool >/dev/null; then \
+	  echo ">> installing postgresql and prometheus (promtool) (apt)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install postgresql prometheus" >&2; exit 1; fi; \
+	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    postgresql prometheus >/dev/null; \
+	fi
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo ">> python venv in $(VENV)"
