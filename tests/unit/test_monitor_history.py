@@ -13,7 +13,8 @@ import time
 import pytest
 import yaml
 
-from gpuguard.history import drained_nodes, parse_since
+from gpuguard.history import parse_since
+from gpuguard.status import drained_nodes
 from gpuguard.model import Action, Finding, Severity
 from gpuguard.store import Store
 

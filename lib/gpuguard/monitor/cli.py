@@ -52,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
         from gpuguard.trainlog import main_from_args as trainlog_main
 
         return trainlog_main(args)
-    if args.cmd in ("status", "history"):
+    if args.cmd == "status":
+        from gpuguard.status import cmd_status
+
+        return cmd_status(args)
+    if args.cmd == "history":
         from gpuguard import history
 
-        return history.cmd_status(args) if args.cmd == "status" else history.cmd_history(args)
+        return history.cmd_history(args)
     return 2
