@@ -223,7 +223,7 @@ def test_compress_hostlist():
     assert compress_hostlist(["node001", "node002", "node003", "node005"]) == "node[001-003,005]"
     assert compress_hostlist(["n1"]) == "n1"
     assert compress_hostlist(["b", "a", "gpu-a10", "gpu-a9"]) == "a,b,gpu-a[9-10]"
-    assert compress_hostlist(["x01", "x1"]) == "x1,x01"
+    assert compress_hostlist(["x01", "x1"]) == "x[1,01]"  # as `scontrol show hostlistsorted x01,x1` prints it
     assert compress_hostlist([f"node{i:03d}" for i in range(95, 102)]) == "node[095-101]"
 
 
