@@ -187,11 +187,29 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
            if f.severity.value in ("fail", "warn", "incomplete")]
     log.log("error" if v.outcome == "drain" else ("warning" if v.outcome == "warn" else "info"),
             msg + (" findings=" + " ; ".join(bad) if bad else ""))
+    if result.notes:
+        log.warning(f"{kind} on {ctx.node}: " + " | ".join(result.notes))
+    if getattr(result, "store_errors", None):
+        _tell_store_trouble(cfg, ctx, kind, result.store_errors)
     # slurmd ignores a HealthCheckProgram's exit code (only logs "health_check failed"): gpuguard has drained
     # the node itself, so exit 0 and keep slurmd's log for real errors.
     code = 0 if kind == "healthcheck" else result.exit_code
     state["exit_code"] = code
     return code
+
+
+def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> None:
+    """The history store failed (disk full, read-only, locked): the run still judged the hardware, but its
+    memory (cursors, drain records, undrain counters) is not being kept. A human should know."""
+    try:
+        from gpuguard.notify import Event, emit
+
+        emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
+                        check_id="store", message=f"gpuguard {kind}: history store unusable: {errors[0][:300]}",
+                        action="free space / fix permissions on the store's filesystem "
+                               "(store.path); the verdict was still applied"), budget_s=1.0)
+    except Exception:  # noqa: BLE001 - the log line is the primary record
+        pass
 
 
 def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> None:

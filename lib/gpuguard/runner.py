@@ -66,6 +66,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     boot_id: Optional[str] = None
     undrain: Optional[dict[str, Any]] = None
+    store_errors: list[str] = field(default_factory=list)  # the store could not be opened/written this run
 
 
 # --------------------------------------------------------------------------- plan
@@ -317,7 +318,7 @@ def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry
             deadline_s: Optional[float] = None, slurm_client: Any = None) -> RunResult:
     """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller
     applies the fail-open/closed policy)."""
-    from gpuguard.store import Store
+    from gpuguard.store import GuardedStore, Store
 
     started = time.time()
     dl_cfg = cfg.sections["deadlines"]
@@ -328,7 +329,9 @@ def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry
     lock = NodeLock(f"{store_path}.{ctx.node}.lock",
                     min(cfg.sections["locking"]["wait_s"], deadline.remaining() / 3))
     with lock as locked:
-        store = Store(store_path, timeout_s=min(5.0, max(0.5, deadline.remaining() / 4)))
+        timeout_s = min(5.0, max(0.5, deadline.remaining() / 4))
+        # A store that cannot be opened or written (disk full, read-only, locked) never changes the verdict.
+        store = GuardedStore(lambda: Store(store_path, timeout_s=timeout_s))
         try:
             return _run_locked(ctx, cfg, sources, profile, store, deadline, started, dry_run or not locked,
                                dry_run, locked, slurm_client)
@@ -353,11 +356,20 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
                        efa_counters=raw.get("efa_counters"))
     _name_processes(obs, sources.procfs_root)
     notes: list[str] = [] if locked else ["another gpuguard run held the node lock: read-only run"]
+    recovered = _restart_cursor_after_recreation(store, obs)
+    if recovered:
+        notes.append(recovered)
 
     if ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not dry_run:
         obs.cleanup = _epilog_cleanup(ctx, cfg, obs, specs, sources, profile, deadline)
 
     findings = evaluate(specs, obs, cfg, ctx, profile)
+    if recovered:
+        findings.append(Finding("gpu.xid", Severity.WARN, recovered, keyword="XID",
+                                remediation="look at the kernel log of this boot for Xids before this point "
+                                            "(`gpuguard xid scan`); the moved-aside store is kept for forensics",
+                                evidence={"recreated_from": store.recreated_from,
+                                          "corruption": store.corruption_error}))
     pol = cfg.sections["policy"]
     reboot_cfg = cfg.sections["reboot"]
     since = time.time() - reboot_cfg["window_days"] * 86400
@@ -423,7 +435,27 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
             store.set_cursor(node_cursor, kl.cursor)
             if ctx.kind == "prolog" and job_cursor:
                 store.set_cursor(job_cursor, kl.cursor)  # where the job's window starts
+    if store.errors:
+        # The verdict and the exit code above stand whatever the store did. Without the store, the kernel-log
+        # cursor did not move: the next run judges the same lines again (fail closed).
+        result.store_errors = list(store.errors)
+        result.notes.append("history store unusable, verdict from the hardware alone, nothing recorded: "
+                            + "; ".join(store.errors)[:400])
     return result
+
+
+def _restart_cursor_after_recreation(store: Any, obs: Observations) -> Optional[str]:
+    """A store recreated from a corrupt file has lost its kernel-log cursor. Rather than judge this boot's whole
+    kernel log again (re-draining a node for an Xid that was judged, and maybe repaired, long ago), the cursor
+    restarts explicitly at the end of the log: the Xids already there are reported, not judged."""
+    if not store.recreated_from or obs.kernel_log is None:
+        return None
+    skipped = obs.kernel_log.events
+    obs.kernel_log.events = []
+    codes = sorted({e.code for e in skipped})
+    return (f"history store was corrupt (moved to {store.recreated_from}) and recreated: kernel-log cursor "
+            f"restarted at the end of the log; {len(skipped)} earlier Xid line(s) not re-judged"
+            + (f" (Xid {', '.join(map(str, codes))})" if codes else ""))
 
 
 def _save_tier_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs: Observations,

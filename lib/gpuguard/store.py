@@ -1,7 +1,15 @@
 """The history: one SQLite file with runs, findings, drains and kernel-log cursors.
 
-WAL mode + a busy timeout make it safe under a prolog and a health check running at once. A corrupt
-file is moved aside (kept for forensics) and recreated: losing history must never block a prolog.
+WAL mode + a busy timeout make it safe under a prolog and a health check running at once.
+
+Errors are told apart, because they call for opposite things:
+- real corruption (SQLite says CORRUPT / NOTADB, or `PRAGMA quick_check` fails): the file is moved aside (kept,
+  with its -wal/-shm, for forensics), a new one is created and `recreated_from` says so. The caller must treat
+  its cursors as lost (the runner restarts the kernel-log cursor at the end of the log, loudly);
+- anything else (disk full, read-only filesystem, I/O error, permissions, a lock held too long): nothing is
+  moved or overwritten, `StoreUnavailable` is raised. Drains, undrain counters and cursors stay on disk for the
+  next run that can reach them.
+`GuardedStore` is the runner's view: a store that cannot be opened or written never changes a verdict.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from gpuguard.model import Finding
 
@@ -73,11 +81,49 @@ CREATE TABLE IF NOT EXISTS cursors (
 """
 
 
+# sqlite3 result codes (sqlite3.h); Python >= 3.11 exposes them on the exception as `sqlite_errorcode`.
+SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
+# Errors about the environment, never about the file's contents: full, read-only, I/O, permissions, locks, memory.
+_NOT_CORRUPTION = {3, 5, 6, 7, 8, 10, 13, 14, 15, 23}  # PERM BUSY LOCKED NOMEM READONLY IOERR FULL CANTOPEN
+#                                                       PROTOCOL AUTH
+
+
+class StoreUnavailable(sqlite3.OperationalError):
+    """The store cannot be opened or used right now (full disk, read-only, I/O error, lock). Nothing was moved."""
+
+
+def is_corruption(path: str, error: sqlite3.DatabaseError) -> bool:
+    """True only when the file itself is damaged: SQLite said CORRUPT/NOTADB, or an integrity check on a
+    read-only connection fails. Environmental errors (disk full, read-only, I/O, locks) are never corruption."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        primary = code & 0xFF  # extended result codes carry the primary code in the low byte
+        if primary in (SQLITE_CORRUPT, SQLITE_NOTADB):
+            return True
+        if primary in _NOT_CORRUPTION:
+            return False
+    elif "locked" in str(error).lower() or "disk is full" in str(error).lower():
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return False  # cannot even open it read-only: an environment problem, keep the file
+    try:
+        rows = conn.execute("PRAGMA quick_check(1)").fetchall()
+        return not (rows and rows[0][0] == "ok")
+    except sqlite3.DatabaseError as e:
+        code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+        return code in (SQLITE_CORRUPT, SQLITE_NOTADB) or "malformed" in str(e) or "not a database" in str(e)
+    finally:
+        conn.close()
+
+
 class Store:
     def __init__(self, path: str, timeout_s: float = 5.0) -> None:
         self.path = path
         self.timeout_s = timeout_s
-        self.recreated_from: Optional[str] = None
+        self.recreated_from: Optional[str] = None  # where a corrupt file was moved (cursors are lost)
+        self.corruption_error: Optional[str] = None
         self.conn = self._open()
 
     # ------------------------------------------------------------------ lifecycle
@@ -113,15 +159,21 @@ class Store:
     def _open(self) -> sqlite3.Connection:
         try:
             return self._connect()
+        except OSError as e:  # the directory cannot be created (read-only filesystem, permissions)
+            raise StoreUnavailable(f"{self.path}: {e}") from e
         except sqlite3.DatabaseError as e:
-            if self.path == ":memory:" or "locked" in str(e).lower():
-                raise
-            aside = f"{self.path}.corrupt-{int(time.time())}"
+            if self.path == ":memory:" or not is_corruption(self.path, e):
+                raise StoreUnavailable(f"{self.path}: {e}") from e
+            self.corruption_error = f"{type(e).__name__}: {e}"
+        aside = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+        try:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(self.path + suffix):
                     os.replace(self.path + suffix, aside + suffix)
             self.recreated_from = aside
             return self._connect()
+        except (OSError, sqlite3.DatabaseError) as e:
+            raise StoreUnavailable(f"{self.path}: corrupt, and could not be replaced: {e}") from e
 
     def close(self) -> None:
         self.conn.close()
@@ -282,3 +334,71 @@ class Store:
         cur = self.conn.execute(q, (node, limit) if node else (limit,))
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r)) for r in cur]
+
+
+class GuardedStore:
+    """The runner's view of the store: every call that fails (the store could not be opened, the disk is full,
+    the filesystem is read-only, a lock was held too long) returns a neutral value and is remembered in
+    `errors`, so that what the hardware showed decides the verdict and the exit code, never the store.
+
+    Neutral values are chosen to fail closed: no cursor (the kernel log is judged again rather than skipped), no
+    active drain (nothing is undrained), no history (nothing escalates or is forgiven)."""
+
+    _DEFAULTS: dict[str, Any] = {
+        "get_cursor": None, "incomplete_streaks": {}, "active_drain": None, "consecutive_passes": 0,
+        "count_ops": 0, "previous_fault_boots": 0, "runs": [], "drains": [], "findings_for": [],
+        "record_run": None,
+    }
+
+    def __init__(self, opener: Callable[[], "Store"]) -> None:
+        self.errors: list[str] = []
+        self.store: Optional[Store] = None
+        try:
+            self.store = opener()
+        except (sqlite3.Error, OSError) as e:
+            self.errors.append(f"open: {e}")
+
+    @property
+    def available(self) -> bool:
+        return self.store is not None
+
+    @property
+    def recreated_from(self) -> Optional[str]:
+        return self.store.recreated_from if self.store is not None else None
+
+    @property
+    def corruption_error(self) -> Optional[str]:
+        return self.store.corruption_error if self.store is not None else None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        default = self._DEFAULTS.get(name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.store is None:
+                return default() if callable(default) else _copy(default)
+            try:
+                return getattr(self.store, name)(*args, **kwargs)
+            except (sqlite3.Error, OSError) as e:
+                if self.store.conn.in_transaction:
+                    try:
+                        self.store.conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                self.errors.append(f"{name}: {e}")
+                return _copy(default)
+
+        return call
+
+    def close(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.close()
+            except sqlite3.Error:
+                pass
+
+
+def _copy(value: Any) -> Any:
+    return type(value)() if isinstance(value, (dict, list)) else value
+
