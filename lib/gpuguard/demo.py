@@ -115,7 +115,7 @@ def run_demo(keep: bool = False) -> int:
         out.line(out.c(DIM, f"evidence: {ev.get('first', '')}"))
         out.line("(more: .venv/bin/gpuguard xid explain 79 ; make demo DEMO_ARGS=--keep keeps the site for "
                  "`gpuguard history`)")
-        success = ok and info["NodeList"] == "node[1,3]" and (d["reason"] or "").startswith("gpuguard: gpu.xid XID79")
+        success = ok and info["NodeList"] == "node[1,3]" and (d["reason"] or "").startswith("gpuguard: XID79 gpu.xid")
     except Exception as e:  # noqa: BLE001 - show what happened, keep the logs
         site.keep = True
         print(f"\ndemo failed: {e}\n(logs kept in {site.workdir})", file=sys.stderr)

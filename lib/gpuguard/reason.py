@@ -1,10 +1,16 @@
 """Drain reasons: one grammar, safe to pass to scontrol, and recognisable as ours.
 
-Grammar (DESIGN §3):  ``gpuguard: <check-id> <KEYWORD>: <detail> [<context>]``
-e.g. ``gpuguard: gpu.xid XID79: GPU 0000:3b:00 fell off the bus [prolog reboot]``
+Grammar (DESIGN §3):  ``gpuguard: <KEYWORD> <check-id>: <detail> [<context> <action>]``
+e.g. ``gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [prolog reboot]``
 
-The context is the run kind, followed by the action when it is more than a plain drain
-(reset / reboot / replace), so tooling can act on it without parsing prose.
+The keyword comes first because `sinfo -R` shows only the first ~20 characters of a reason: an admin at 3 am sees
+``gpuguard: XID79 gpu.x`` rather than ``gpuguard: gpu.xid XI``. The context is the run kind, followed by the
+action when it is more than a plain drain (reset / reboot / replace), so tooling can act on it without parsing
+prose.
+
+Reasons written by gpuguard before this grammar (``gpuguard: <check-id> <KEYWORD>: ...``) are still parsed and
+still ours: a fleet being upgraded has nodes drained with them, and the health check and `gpuguard undrain` must
+keep lifting those drains.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ _KEYWORD_RE = re.compile(r"^([A-Z]+)(\d*)$")
 # '=' (makes `scontrol show node -o` ambiguous), brackets other than our context, control chars.
 _UNSAFE = re.compile(r"[\"'`=\[\]\\\x00-\x1f\x7f]")
 _SPACES = re.compile(r"\s+")
-_REASON_RE = re.compile(
-    r"^gpuguard: (?P<check>[a-z0-9_.]+) (?P<keyword>[A-Z]+\d*): (?P<detail>.*?)(?: \[(?P<context>[^\]]*)\])?$"
-)
+_TAIL = r": (?P<detail>.*?)(?: \[(?P<context>[^\]]*)\])?$"
+# The keyword is upper case and the check id lower case, so the two grammars can never be confused.
+_REASON_RE = re.compile(r"^gpuguard: (?P<keyword>[A-Z]+\d*) (?P<check>[a-z0-9_.]+)" + _TAIL)
+_LEGACY_REASON_RE = re.compile(r"^gpuguard: (?P<check>[a-z0-9_.]+) (?P<keyword>[A-Z]+\d*)" + _TAIL)
 
 
 def sanitize(text: str) -> str:
@@ -56,7 +63,7 @@ def format_reason(check_id: str, keyword: str, detail: str, context: str, action
     if action not in ("drain", "none", ""):
         ctx_words.append(sanitize(action))
     tail = f" [{' '.join(ctx_words)}]"
-    head = f"{PREFIX} {check_id} {keyword}: "
+    head = f"{PREFIX} {keyword} {check_id}: "
     room = MAX_LEN - len(head) - len(tail)
     body = sanitize(detail) or "failed"
     if len(body) > room:
@@ -65,6 +72,7 @@ def format_reason(check_id: str, keyword: str, detail: str, context: str, action
 
 
 def is_ours(reason: Optional[str]) -> bool:
+    """Written by gpuguard (either grammar): the only reasons gpuguard may replace or lift."""
     return bool(reason) and reason.lstrip().startswith(PREFIX)  # type: ignore[union-attr]
 
 
@@ -75,13 +83,21 @@ class ParsedReason:
     detail: str
     context: str
     action: str  # "drain" when the context names no action
+    legacy: bool = False  # written in the old `<check-id> <KEYWORD>:` order
 
 
 def parse_reason(reason: str) -> Optional[ParsedReason]:
-    """Inverse of format_reason (tolerates Slurm's appended ' [user@time]' being stripped already)."""
-    m = _REASON_RE.match(reason.strip())
+    """Inverse of format_reason, for both grammars (tolerates Slurm's appended ' [user@time]' being stripped
+    already). None when the text is not a reason gpuguard wrote."""
+    text = reason.strip()
+    legacy = False
+    m = _REASON_RE.match(text)
+    if not m:
+        m = _LEGACY_REASON_RE.match(text)
+        legacy = True
     if not m:
         return None
     ctx = (m.group("context") or "").split()
     action = ctx[1] if len(ctx) > 1 else "drain"
-    return ParsedReason(m.group("check"), m.group("keyword"), m.group("detail"), ctx[0] if ctx else "", action)
+    return ParsedReason(m.group("check"), m.group("keyword"), m.group("detail"), ctx[0] if ctx else "", action,
+                        legacy)

@@ -305,8 +305,9 @@ class Store:
         """In how many earlier boots gpuguard drained `node` for this same fault (check + keyword)."""
         rows = self.conn.execute(
             "SELECT DISTINCT r.boot_id FROM drains d JOIN runs r ON r.id = d.run_id WHERE d.node=? AND d.op='drain' "
-            "AND d.outcome IN ('done','already') AND d.check_id=? AND d.ts>=? AND d.reason LIKE ? "
-            "AND r.boot_id IS NOT NULL", (node, check_id, since, f"% {keyword}: %")).fetchall()
+            "AND d.outcome IN ('done','already') AND d.check_id=? AND d.ts>=? "
+            "AND (d.reason LIKE ? OR d.reason LIKE ?) AND r.boot_id IS NOT NULL",  # reason grammar, new or old
+            (node, check_id, since, f"gpuguard: {keyword} %", f"% {keyword}: %")).fetchall()
         return sum(1 for (b,) in rows if b != current_boot)
 
     def runs(self, node: Optional[str] = None, since: Optional[float] = None, limit: int = 200) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ IDLE_NODE = (
     "CfgTRES=cpu=2,mem=1G,billing=2 AllocTRES= CapWatts=n/a CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s "
     "ExtSensorsWatts=0 ExtSensorsTemp=n/s \n"
 )
-TRICKY_REASON = "gpuguard: gpu.xid XID79: GPU 0000:3b:00 fell off the bus [prolog] a=b State=IDLE"
+TRICKY_REASON = "gpuguard: XID79 gpu.xid: GPU 0000:3b:00 fell off the bus [prolog] a=b State=IDLE"
 DRAINED_NODE = (
     IDLE_NODE.rstrip().replace("NodeName=node1", "NodeName=node2").replace("State=IDLE", "State=IDLE+DRAIN")
     + f" Reason={TRICKY_REASON} [root@2026-11-22T03:22:16]\n"
@@ -195,7 +195,7 @@ def test_prolog_env_has_job_gpus_but_not_slurmd_env(cluster: DevCluster, control
 @pytest.mark.integration
 @needs_cluster
 def test_drain_and_resume_round_trip(cluster: DevCluster) -> None:
-    reason = "gpuguard: gpu.ecc ECC: uncorrectable=3 State=IDLE on GPU 0000:3b:00 [health]"
+    reason = "gpuguard: ECC gpu.ecc: uncorrectable=3 State=IDLE on GPU 0000:3b:00 [health]"
     cluster.drain("node3", reason)
     info = cluster.node_info("node3")
     assert "DRAIN" in node_state_flags(info["State"])
@@ -223,7 +223,7 @@ def _run_with_failing_prolog(cluster: DevCluster, control_dir: Path, node: str, 
 def test_prolog_failure_requeues_job_onto_healthy_nodes_keeping_our_reason(
     cluster: DevCluster, control_dir: Path
 ) -> None:
-    reason = "gpuguard: gpu.xid XID79: GPU 0000:3b:00 fell off the bus [prolog]"
+    reason = "gpuguard: XID79 gpu.xid: GPU 0000:3b:00 fell off the bus [prolog]"
     # The first allocation is node[1-2]; the retry must avoid node2.
     info = _run_with_failing_prolog(cluster, control_dir, "node2", reason)
     assert (info["NodeList"], info["BatchHost"]) == ("node[1,3]", "node1")

@@ -161,12 +161,12 @@ def test_failed_node_is_excluded_on_requeue(site_factory):
     site.set_scenario("node2", "xid79")
     hc = site.run_hook("healthcheck", "node2")
     assert "DRAIN" in site.cluster.node_flags("node2"), (hc.stdout, hc.stderr)
-    assert site.cluster.node_info("node2")["Reason"].startswith("gpuguard: gpu.xid XID79")
+    assert site.cluster.node_info("node2")["Reason"].startswith("gpuguard: XID79 gpu.xid")
     (job.control / "fault-node2").touch()
     job.wait_for(lambda: len(job.ledger()) >= 1, "attempt 1 to be recorded")
     first = job.ledger()[0]
     assert (first["reason"], first["action"], first["excluded"]) == ("node_failure", "requeued", ["node2"]), first
-    assert "gpuguard: gpu.xid XID79" in first["detail"]
+    assert "gpuguard: XID79 gpu.xid" in first["detail"]
     job.wait_for(lambda: job.info().get("ExcNodeList") == "node2", "ExcNodeList=node2 on the requeued job")
     # The node is repaired and back before attempt 2 starts: the job still stays off it
     site.set_scenario("node2", "healthy-p5")

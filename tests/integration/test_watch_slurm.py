@@ -106,7 +106,7 @@ def test_watch_drains_within_2s_of_a_fatal_xid(site_factory, watch_factory):
     print(f"Xid 79 appended -> node1 DRAIN visible in scontrol after {elapsed:.3f}s")
     assert elapsed < 2.0
     reason = site.cluster.node_info("node1")["Reason"]
-    assert re.fullmatch(r"gpuguard: gpu\.xid XID79: .* \[watch reboot\]", reason), reason
+    assert re.fullmatch(r"gpuguard: XID79 gpu\.xid: .* \[watch reboot\]", reason), reason
     p = parse_reason(reason)
     assert (p.check_id, p.keyword, p.context, p.action) == ("gpu.xid", "XID79", "watch", "reboot")
     assert "0000:86:00" in reason

@@ -36,7 +36,7 @@ def fleet(tmp_path):
         st.record_run(started=now - 3 * 86400, duration_ms=110.0, node="node1", kind="healthcheck", job_id=None,
                       profile="p5", verdict="pass", action="none", reason=None, exit_code=0, error=None,
                       boot_id="b", findings=[])
-    reason = "gpuguard: gpu.xid XID79: GPU has fallen off the bus on 0000:86:00 [prolog reboot]"
+    reason = "gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [prolog reboot]"
     with Store(str(state / "node2.db")) as st:
         rid = st.record_run(started=now - 7200, duration_ms=140.0, node="node2", kind="prolog", job_id="40",
                             profile="p5", verdict="drain", action="reboot", reason=reason, exit_code=1, error=None,
@@ -109,8 +109,8 @@ def test_parse_since():
 
 def test_drained_nodes_from_scontrol_output():
     text = (
-        "NodeName=node1 Arch=x86_64 CoresPerSocket=1 State=IDLE+DRAIN ThreadsPerCore=1 Reason=gpuguard: gpu.xid "
-        "XID79: GPU has fallen off the bus on 0000:86:00 [prolog reboot] [root@2026-03-02T10:00:01] Comment=x\n"
+        "NodeName=node1 Arch=x86_64 CoresPerSocket=1 State=IDLE+DRAIN ThreadsPerCore=1 Reason=gpuguard: XID79 "
+        "gpu.xid: GPU has fallen off the bus on 0000:86:00 [prolog reboot] [root@2026-03-02T10:00:01] Comment=x\n"
         "NodeName=node2 Arch=x86_64 State=IDLE ThreadsPerCore=1\n"
         "NodeName=node3 Arch=x86_64 State=DOWN+DRAIN ThreadsPerCore=1 Reason=admin: PSU [ticket 4411] "
         "[alice@2026-03-01T09:00:00]\n")

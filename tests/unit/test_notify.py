@@ -43,7 +43,7 @@ def make_cfg(tmp_path, **notify):
 def xid_drain(node="node7", **kw):
     base = dict(kind="drain", node=node, severity="critical", check_id="gpu.xid", action="reboot the node",
                 message="GPU has fallen off the bus on 0000:86:00",
-                reason="gpuguard: gpu.xid XID79: GPU has fallen off the bus on 0000:86:00 [prolog reboot]",
+                reason="gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [prolog reboot]",
                 job_id="4242", evidence={"xid": 79, "pci": "0000:86:00", "gpu": 3})
     base.update(kw)
     return Event(**base)

@@ -1,17 +1,31 @@
-"""Drain reasons: grammar, sanitising (hostile detail text), length, ownership."""
+"""Drain reasons: grammar (keyword first, for `sinfo -R`), sanitising (hostile detail text), length, ownership,
+and the old grammar (`<check-id> <KEYWORD>:`) still recognised so a fleet being upgraded keeps undraining."""
 
 import string
 
+import pytest
 from hypothesis import given, strategies as st
 
-from gpuguard.reason import MAX_LEN, format_reason, is_ours, parse_reason, sanitize
+from gpuguard.policy import decide_undrain
+from gpuguard.reason import KEYWORDS, MAX_LEN, format_reason, is_ours, parse_reason, sanitize
+
+CONTEXTS = ["prolog", "epilog", "healthcheck", "manual", "watch", "sweep"]
+ACTIONS = ["drain", "reset", "reboot", "replace"]
 
 
-def test_grammar_matches_design_example():
-    r = format_reason("gpu.xid", "XID79", "GPU 0000:3b:00 fell off the bus", "prolog")
-    assert r == "gpuguard: gpu.xid XID79: GPU 0000:3b:00 fell off the bus [prolog]"
+def test_grammar_puts_the_keyword_first():
+    r = format_reason("gpu.xid", "XID79", "GPU has fallen off the bus on 0000:86:00", "prolog", "reboot")
+    assert r == "gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [prolog reboot]"
     p = parse_reason(r)
-    assert p and (p.check_id, p.keyword, p.context, p.action) == ("gpu.xid", "XID79", "prolog", "drain")
+    assert p and (p.check_id, p.keyword, p.detail, p.context, p.action, p.legacy) == (
+        "gpu.xid", "XID79", "GPU has fallen off the bus on 0000:86:00", "prolog", "reboot", False)
+
+
+@pytest.mark.parametrize("keyword", sorted(KEYWORDS) + ["XID119"])
+def test_sinfo_R_shows_the_keyword(keyword):
+    """`sinfo -R` prints the reason in a 20-character column: the keyword must be in it, whatever the check."""
+    r = format_reason("fabric.efa_counters", keyword, "whatever went wrong", "healthcheck")
+    assert r[:20].startswith(f"gpuguard: {keyword}")
 
 
 def test_action_goes_into_context():
@@ -21,16 +35,14 @@ def test_action_goes_into_context():
 
 
 def test_unknown_keyword_rejected():
-    import pytest
-
     with pytest.raises(ValueError):
         format_reason("gpu.xid", "BOGUS", "x", "prolog")
 
 
 def test_hostile_detail_is_neutralised():
     r = format_reason("gpu.nvml", "NVML", 'name="$(rm -rf /)"\n`id`; [x]=y \x07', "prolog")
-    assert "\n" not in r and '"' not in r and "`" not in r and "=" not in r.split("[")[0]
-    assert r.startswith("gpuguard: gpu.nvml NVML: ")
+    assert "\n" not in r and '"' not in r and "`" not in r and "=" not in r
+    assert r.startswith("gpuguard: NVML gpu.nvml: ")
     assert r.endswith("[prolog]")
 
 
@@ -40,20 +52,128 @@ def test_long_detail_truncated_but_context_kept():
     assert r.endswith("... [prolog reboot]")
 
 
-@given(st.text(), st.sampled_from(["prolog", "epilog", "healthcheck", "manual"]),
-       st.sampled_from(["drain", "reset", "reboot", "replace"]))
-def test_any_detail_gives_a_safe_parseable_reason(detail, ctx, action):
-    r = format_reason("gpu.ecc", "ECC", detail, ctx, action)
-    assert len(r) <= MAX_LEN
-    assert all(c in string.printable and c not in "\r\n\t\x0b\x0c\"'`\\" for c in r)
+def _safe(r: str) -> bool:
+    return len(r) <= MAX_LEN and all(c in string.printable and c not in "\r\n\t\x0b\x0c\"'`\\=" for c in r)
+
+
+@given(st.text(), st.sampled_from(sorted(KEYWORDS)), st.sampled_from(CONTEXTS), st.sampled_from(ACTIONS),
+       st.from_regex(r"[A-Za-z0-9_. -]{0,30}", fullmatch=True))
+def test_any_detail_gives_a_safe_parseable_reason(detail, keyword, ctx, action, check_id):
+    r = format_reason(check_id, keyword, detail, ctx, action)
+    assert _safe(r)
     assert is_ours(r)
     p = parse_reason(r)
-    assert p is not None and p.context == ctx and p.action == action and p.keyword == "ECC"
+    assert p is not None and not p.legacy
+    assert (p.keyword, p.context, p.action) == (keyword, ctx, action)
+    assert p.check_id == (check_id.lower().replace(" ", "_").replace("-", "_") or "unknown")
+    clean = sanitize(detail) or "failed"
+    assert p.detail == clean or (p.detail.endswith("...") and clean.startswith(p.detail[:-3]))
+
+
+# --------------------------------------------------------------------------- the old grammar
+
+
+LEGACY_EXAMPLES = [
+    ("gpuguard: gpu.xid XID79: GPU 0000:3b:00 fell off the bus [prolog]",
+     ("gpu.xid", "XID79", "GPU 0000:3b:00 fell off the bus", "prolog", "drain")),
+    ("gpuguard: gpu.xid XID79: GPU has fallen off the bus on 0000:86:00 [watch reboot]",
+     ("gpu.xid", "XID79", "GPU has fallen off the bus on 0000:86:00", "watch", "reboot")),
+    ("gpuguard: gpu.row_remap ROWREMAP: GPU 2 (0000:75:00.0): row remapping pending [healthcheck reset]",
+     ("gpu.row_remap", "ROWREMAP", "GPU 2 (0000:75:00.0): row remapping pending", "healthcheck", "reset")),
+    ("gpuguard: gpu.xid FLAPPING: drained again after 3 undrains in 24h: x [healthcheck replace]",
+     ("gpu.xid", "FLAPPING", "drained again after 3 undrains in 24h: x", "healthcheck", "replace")),
+    ("gpuguard: gpuguard INTERNAL: KeyError: gpus [prolog]",
+     ("gpuguard", "INTERNAL", "KeyError: gpus", "prolog", "drain")),
+]
+
+
+@pytest.mark.parametrize("reason,fields", LEGACY_EXAMPLES, ids=[e[1][1] + "-" + e[1][3] for e in LEGACY_EXAMPLES])
+def test_old_grammar_is_still_parsed_and_ours(reason, fields):
+    assert is_ours(reason)
+    p = parse_reason(reason)
+    assert p is not None and p.legacy
+    assert (p.check_id, p.keyword, p.detail, p.context, p.action) == fields
+
+
+legacy_reasons = st.builds(
+    lambda cid, kw, n, detail, ctx, action: (
+        f"gpuguard: {cid} {kw}{n}: {sanitize(detail) or 'failed'} [{ctx}{'' if action == 'drain' else ' ' + action}]",
+        (cid, f"{kw}{n}", sanitize(detail) or "failed", ctx, action)),
+    st.from_regex(r"[a-z][a-z0-9_]{0,12}(\.[a-z0-9_]{1,16})?", fullmatch=True),
+    st.sampled_from(sorted(KEYWORDS)), st.sampled_from(["", "79", "48", "119"]), st.text(max_size=80),
+    st.sampled_from(CONTEXTS), st.sampled_from(ACTIONS))
+
+
+@given(legacy_reasons)
+def test_any_old_format_reason_parses_back(case):
+    reason, fields = case
+    assert is_ours(reason)
+    p = parse_reason(reason)
+    assert p is not None and p.legacy
+    assert (p.check_id, p.keyword, p.detail, p.context, p.action) == fields
+
+
+def _undrain(reason: str, action: str, **kw):
+    base = dict(drain_action=action, node_drained=True, node_reason=reason, node_down=False, node_maintenance=False,
+                verdict="pass", passes=2, required_passes=2, boot_changed=True, undrains_in_window=0, max_undrains=3,
+                undrain_replace=False)
+    base.update(kw)
+    return decide_undrain(**base).action
+
+
+@given(legacy_reasons, st.booleans(), st.integers(0, 3), st.sampled_from(["pass", "warn", "drain"]))
+def test_old_and_new_grammar_get_the_same_undrain_decision(case, boot_changed, passes, verdict):
+    """A node drained by an older gpuguard is lifted (or kept) exactly as if the new one had drained it."""
+    reason, (cid, kw, detail, ctx, action) = case
+    new = format_reason(cid, kw, detail, ctx, action)
+    kw_args = dict(boot_changed=boot_changed, passes=passes, verdict=verdict)
+    assert _undrain(reason, action, **kw_args) == _undrain(new, action, **kw_args)
+    assert _undrain(reason, action, **kw_args) != "closed"  # still ours: never handed over to "an admin owns it"
+
+
+def test_old_format_flapping_stays_drained():
+    old = "gpuguard: gpu.xid FLAPPING: drained again after 3 undrains in 24h [healthcheck replace]"
+    assert _undrain(old, "replace", undrain_replace=True) == "flapping"
+    assert _undrain(format_reason("gpu.xid", "FLAPPING", "drained again", "healthcheck", "replace"), "replace",
+                    undrain_replace=True) == "flapping"
+
+
+@given(st.text(max_size=200))
+def test_parse_never_crashes_and_only_accepts_our_prefix(text):
+    p = parse_reason(text)
+    if p is not None:
+        assert is_ours(text)
+    assert parse_reason("gpuguard: " + text) is None or is_ours("gpuguard: " + text)
 
 
 def test_ownership():
-    assert is_ours("gpuguard: gpu.xid XID79: x [prolog]")
+    assert is_ours("gpuguard: XID79 gpu.xid: x [prolog]")
+    assert is_ours("gpuguard: gpu.xid XID79: x [prolog]")  # an older gpuguard's drain is still ours
     assert not is_ours("Prolog error")
     assert not is_ours("admin: replacing PSU gpuguard: later")
+    assert not is_ours("")
     assert not is_ours(None)
+    assert parse_reason("admin: gpu.xid XID79: x [prolog]") is None
     assert sanitize("  a\t\tb  ") == "a b"
+
+
+def test_escalation_counts_drains_in_either_grammar(tmp_path):
+    """A reboot-class fault back after reboots escalates to replace: the store must find earlier drains for the
+    same keyword whether an older gpuguard (check id first) or this one (keyword first) wrote them."""
+    import time
+
+    from gpuguard.store import Store
+
+    old = "gpuguard: gpu.xid XID79: GPU has fallen off the bus on 0000:86:00 [prolog reboot]"
+    new = format_reason("gpu.xid", "XID79", "GPU has fallen off the bus on 0000:86:00", "healthcheck", "reboot")
+    other = format_reason("gpu.xid", "XID48", "double-bit ECC error", "prolog", "reboot")
+    with Store(str(tmp_path / "n1.db")) as st:
+        for boot, reason in (("boot-1", old), ("boot-2", new), ("boot-3", other)):
+            run_id = st.record_run(started=time.time() - 60, duration_ms=1, node="n1", kind="prolog", job_id="1",
+                                   profile=None, verdict="drain", action="reboot", reason=reason, exit_code=1,
+                                   error=None, boot_id=boot, findings=[])
+            st.record_drain(node="n1", op="drain", outcome="done", reason=reason, check_id="gpu.xid",
+                            action="reboot", run_id=run_id, ts=time.time() - 60)
+        assert st.previous_fault_boots("n1", "gpu.xid", "XID79", "boot-9", 0) == 2
+        assert st.previous_fault_boots("n1", "gpu.xid", "XID48", "boot-9", 0) == 1
+        assert st.previous_fault_boots("n1", "gpu.xid", "XID7", "boot-9", 0) == 0

@@ -72,7 +72,7 @@ def test_human_report_names_the_gpu_and_the_fix(tmp_path):
     assert p.returncode == 1
     assert "FAIL" in p.stdout and "GPU 2 (0000:75:00.0): row remapping pending" in p.stdout
     assert "reset the GPU (nvidia-smi -r) or reboot" in p.stdout
-    assert "reason:  gpuguard: gpu.row_remap ROWREMAP:" in p.stdout
+    assert "reason:  gpuguard: ROWREMAP gpu.row_remap:" in p.stdout
 
 
 def test_an_xid_is_judged_once(tmp_path):

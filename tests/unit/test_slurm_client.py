@@ -117,7 +117,7 @@ def test_cli_client_passes_reason_as_one_argument(tmp_path):
     log = tmp_path / "args"
     c = CliSlurmClient(_stub(tmp_path, f'for a in "$@"; do printf "%s\\n" "$a" >> {log}; done\n'),
                        slurm_conf="/etc/slurm/x.conf")
-    hostile = "gpuguard: gpu.nvml NVML: $(reboot) `id` ; rm -rf / [prolog]"
+    hostile = "gpuguard: NVML gpu.nvml: $(reboot) `id` ; rm -rf / [prolog]"
     c.drain("node7", hostile)
     assert log.read_text().splitlines() == ["update", "NodeName=node7", "State=DRAIN", f"Reason={hostile}"]
 

@@ -17,7 +17,7 @@ def test_roundtrip(tmp_path):
     path = str(tmp_path / "state.db")
     with Store(path) as st:
         rid = _run(st)
-        st.record_drain(node="n1", op="drain", outcome="done", reason="gpuguard: gpu.ecc ECC: x [prolog]",
+        st.record_drain(node="n1", op="drain", outcome="done", reason="gpuguard: ECC gpu.ecc: x [prolog]",
                         check_id="gpu.ecc", action="reset", run_id=rid)
         st.set_cursor("kernel_log:n1", {"kind": "kmsg", "seq": 41})
         st.set_cursor("kernel_log:n1", {"kind": "kmsg", "seq": 42})

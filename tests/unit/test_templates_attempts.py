@@ -152,14 +152,14 @@ def test_node_failure_requeues_and_excludes_the_node(fake):
     ctx, d, log, job_dir = fake
     begin(ctx, job_dir, 1)
     (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED\nNodeName=node2 State=MIXED+DRAIN "
-                                 "Reason=gpuguard: gpu.xid XID79: GPU fell off the bus [healthcheck reboot] "
+                                 "Reason=gpuguard: XID79 gpu.xid: GPU fell off the bus [healthcheck reboot] "
                                  "[root@2026-11-22T04:00:00]\n")
     dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
     assert (dec.reason, dec.exclude) == ("node_failure", ("node2",))
     calls = _calls(d)
     # requeue first (ExcNodeList cannot change while the job runs), then add node2 to the existing exclusions
     assert calls.index("requeue 77") < calls.index("update JobId=77 ExcNodeList=node2,node9")
-    assert "gpuguard: gpu.xid XID79" in dec.detail
+    assert "gpuguard: XID79 gpu.xid" in dec.detail
     assert _store(ctx)[0]["excluded"] == "node2"
 
 

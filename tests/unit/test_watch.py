@@ -437,7 +437,7 @@ def test_reasons_have_the_prolog_shape_and_the_catalog_action():
     cat = load_catalog()
     judge = WatchJudge(cat, window_s=60)
     we = judge.judge_bytes(xid_line(79, "86").encode(), 0.0)
-    assert drain_reason(we) == "gpuguard: gpu.xid XID79: GPU has fallen off the bus on 0000:86:00 [watch reboot]"
+    assert drain_reason(we) == "gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [watch reboot]"
     p = parse_reason(drain_reason(we))
     assert (p.check_id, p.keyword, p.context, p.action) == ("gpu.xid", "XID79", "watch", "reboot")
     we48 = judge.judge_bytes(xid_line(48, "53", "DBE (0x1,0x2) in FBHUB").encode(), 0.0)
@@ -461,7 +461,7 @@ def test_fatal_xid_is_drained_recorded_and_the_cursor_moves_past_it(tmp_path, sl
         append(log, "Nov 20 10:11:13 gpu-node-1 kernel: [ 5235.0] eth0: link up\n" + xid_line(79, "86"))
         wait_for(lambda: slurm.drains(), what="a drain")
         wait_for(lambda: w.cursor() and w.cursor()["offset"] == log.stat().st_size, what="the cursor")
-    assert slurm.drains() == ["update NodeName=n1 State=DRAIN Reason=gpuguard: gpu.xid XID79: GPU has fallen off "
+    assert slurm.drains() == ["update NodeName=n1 State=DRAIN Reason=gpuguard: XID79 gpu.xid: GPU has fallen off "
                               "the bus on 0000:86:00 [watch reboot]"]
     runs = w.runs()
     assert [(r["kind"], r["verdict"]) for r in runs] == [("watch", "drain")]
@@ -553,7 +553,7 @@ def test_a_fault_back_after_reboots_escalates_to_replace(tmp_path, slurm):
                                    profile=None, verdict="drain", action="reboot", reason="x", exit_code=1,
                                    error=None, boot_id=boot, findings=[])
             st.record_drain(node="n1", op="drain", outcome="done", check_id="gpu.xid", action="reboot",
-                            reason="gpuguard: gpu.xid XID79: GPU has fallen off the bus on 0000:86:00 [prolog reboot]",
+                            reason="gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [prolog reboot]",
                             run_id=run_id, ts=time.time() - 3600)
     log = tmp_path / "kern.log"
     log.write_text("")
