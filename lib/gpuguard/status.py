@@ -1,17 +1,61 @@
-"""`gpuguard status`: what is drained right now, by whom, why, since when, and how far the health check is towards
-lifting it."""
+"""`gpuguard status`: what is drained right now, grouped by fault, for an admin woken at 3 am.
+
+    XID79 gpu.xid  node[003,017-019]  reboot
+      NODE     STATE       DRAINED FOR  SINCE                 LAST HEALTH CHECK            DETAIL
+      node003  IDLE+DRAIN  2h13m        2026-11-24T17:53:20Z  2026-11-24T20:01:00Z drain   GPU has fallen off ...
+
+One line per fault (keyword + check, the nodes as a Slurm hostlist), then each node: how long it has been drained,
+the last health check its store recorded (time and verdict; "never" means no HealthCheckProgram ran since the
+drain, so nothing will lift it), how far the health check is towards lifting it, and the reason's detail. Then the
+notifications that did not go out (the notify spool). Times are UTC ISO 8601.
+
+Everything here is read-only: Slurm through `scontrol show node -o`, each node's history store and the notify
+spool through read-only SQLite connections (a status command must never create, migrate or move a store).
+Slurm's view is always shown, even when a store cannot be read.
+"""
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import sqlite3
 import sys
 import time
+from datetime import datetime
 from typing import Any, Optional
 
 
-def _iso(ts: Optional[float]) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) if ts else "-"
+def iso_utc(ts: Optional[float]) -> Optional[str]:
+    """1795723593.0 -> '2026-11-24T20:06:33Z'."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts is not None else None
+
+
+def slurm_time(text: Optional[str]) -> Optional[float]:
+    """Slurm's `ReasonTime=2026-11-24T17:53:20` (scontrol prints local time, no zone) -> epoch seconds."""
+    if not text or text in ("None", "Unknown", "(null)"):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()  # naive: local time, as scontrol printed it
+    except ValueError:
+        return None
+
+
+def format_duration(seconds: Optional[float]) -> str:
+    """45 -> '45s', 7980 -> '2h13m', 273600 -> '3d4h'. Two units at most: it is read at a glance."""
+    if seconds is None:
+        return "-"
+    s = max(int(seconds), 0)
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    if d:
+        return f"{d}d{h}h"
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m{sec:02d}s"
+    return f"{sec}s"
 
 
 def drained_nodes(scontrol_output: str) -> list[dict[str, Any]]:
@@ -25,40 +69,219 @@ def drained_nodes(scontrol_output: str) -> list[dict[str, Any]]:
         if not (st.drained or st.down):
             continue
         parsed = parse_reason(st.reason) if is_ours(st.reason) else None
-        out.append({"node": name, "state": "+".join(sorted(st.states)), "reason": st.reason,
+        out.append({"node": name, "state": fields.get("State") or "+".join(sorted(st.states)), "reason": st.reason,
                     "ours": is_ours(st.reason), "reason_time": st.reason_time, "reason_user": st.reason_user,
                     "check_id": parsed.check_id if parsed else None, "keyword": parsed.keyword if parsed else None,
-                    "action": parsed.action if parsed else None})
+                    "action": parsed.action if parsed else None, "detail": parsed.detail if parsed else None,
+                    "legacy_reason": parsed.legacy if parsed else None})
     return sorted(out, key=lambda n: n["node"])
 
 
-def _store_facts(cfg: Any, node: str) -> dict[str, Any]:
-    """Since when gpuguard has this node drained (its own record), and how far the health check is towards
-    lifting it."""
+def group_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """gpuguard's drains grouped by fault (keyword + check), each with its nodes as a Slurm hostlist; the biggest
+    group first. A gpuguard reason that does not parse (hand-edited) is its own group, keyword '?'. Pure."""
+    from gpuguard.hostlist import compress_hostlist
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for n in nodes:
+        if n["ours"]:
+            groups.setdefault((n.get("keyword") or "?", n.get("check_id") or "?"), []).append(n)
+    out = []
+    for (keyword, check_id), members in groups.items():
+        out.append({"keyword": keyword, "check_id": check_id, "nodes": [m["node"] for m in members],
+                    "hostlist": compress_hostlist(m["node"] for m in members),
+                    "actions": sorted({m.get("action") or "drain" for m in members})})
+    return sorted(out, key=lambda g: (-len(g["nodes"]), g["keyword"], g["check_id"]))
+
+
+# --------------------------------------------------------------------------- read-only SQLite
+
+
+def _connect_ro(path: str) -> sqlite3.Connection:
+    """A read-only connection; raises sqlite3.Error when the file is missing or unreadable."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def store_facts(path: str, node: str) -> dict[str, Any]:
+    """From the node's history store: when gpuguard recorded the drain it has not lifted yet, the last health check
+    (and the last run of any kind), and how many passing health checks of the drained check came since."""
     from gpuguard.store import Store
 
-    path = cfg.sections["store"]["path"].replace("{node}", node)
     facts: dict[str, Any] = {}
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
-        conn.close()
-    except sqlite3.Error:
+    if not os.path.exists(path):  # e.g. a node-local store.path read from an admin host
+        facts["store_missing"] = path
         return facts
     try:
-        with Store(path, timeout_s=2.0) as st:
-            drain = st.active_drain(node) if hasattr(st, "active_drain") else None
-            if drain:
-                facts["drained_at"] = drain["ts"]
-                facts["drain_check"] = drain.get("check_id")
-                if drain.get("check_id") and hasattr(st, "consecutive_passes"):
-                    facts["passes_since"] = st.consecutive_passes(node, drain["check_id"], drain["ts"])
-            last = st.runs(node=node, limit=1)
-            if last:
-                facts["last_run"] = {"kind": last[0]["kind"], "verdict": last[0]["verdict"],
-                                     "started": last[0]["started"]}
-    except Exception as e:  # noqa: BLE001 - status must show Slurm's view even when a store is unreadable
-        facts["store_error"] = f"{type(e).__name__}: {e}"
+        conn = _connect_ro(path)
+    except sqlite3.Error as e:
+        facts["store_error"] = f"{path}: {e}"
+        return facts
+    try:
+        if "runs" not in _tables(conn):
+            facts["store_error"] = f"{path}: no history yet"
+            return facts
+        # Store's drain bookkeeping, on this read-only connection (Store() itself would create or migrate).
+        st = Store.__new__(Store)
+        st.path, st.conn = path, conn
+        drain = st.active_drain(node)
+        if drain:
+            facts["drained_at"] = drain["ts"]
+            facts["drain_check"] = drain.get("check_id")
+            if drain.get("check_id"):
+                facts["passes_since"] = st.consecutive_passes(node, drain["check_id"], drain["ts"])
+        for key, kinds in (("last_healthcheck", ("healthcheck",)), ("last_run", None)):
+            sql = "SELECT kind, verdict, started, reason FROM runs WHERE node=?"
+            args: tuple[Any, ...] = (node,)
+            if kinds:
+                sql += " AND kind=?"
+                args += kinds
+            row = conn.execute(sql + " ORDER BY started DESC LIMIT 1", args).fetchone()
+            if row:
+                facts[key] = {"kind": row[0], "verdict": row[1], "started": row[2], "reason": row[3]}
+    except sqlite3.Error as e:  # status must show Slurm's view even when a store is unreadable
+        facts["store_error"] = f"{path}: {type(e).__name__}: {e}"
+    finally:
+        conn.close()
     return facts
+
+
+def _paths(pattern: str) -> list[str]:
+    if "{node}" not in pattern:
+        return [pattern]
+    return sorted(glob.glob(glob.escape(pattern).replace(glob.escape("{node}"), "*")))
+
+
+def undelivered_notifications(pattern: str) -> dict[str, Any]:
+    """Messages in the notify spool(s) that have not gone out: pending (being retried), held (rate-limited,
+    waiting for a digest) and expired (given up after notify.spool_max_age_h). Read-only."""
+    out: dict[str, Any] = {"pending": 0, "held": 0, "expired": 0, "oldest": None, "by_node": {}, "last_errors": [],
+                           "errors": []}
+    for path in _paths(pattern):
+        try:
+            conn = _connect_ro(path)
+        except sqlite3.Error:
+            continue  # no spool file: nothing was ever spooled there
+        try:
+            if "notify_spool" not in _tables(conn):
+                continue
+            rows = conn.execute(
+                "SELECT COALESCE(node, '?'), status, COUNT(*), MIN(created) FROM notify_spool "
+                "WHERE status IN ('pending','held','expired') GROUP BY 1, 2").fetchall()
+            for node, status, count, oldest in rows:
+                out[status] += count
+                per = out["by_node"].setdefault(node, {"pending": 0, "held": 0, "expired": 0})
+                per[status] += count
+                if status != "expired" and oldest is not None and (out["oldest"] is None or oldest < out["oldest"]):
+                    out["oldest"] = oldest
+            for node, title, error, attempts in conn.execute(
+                    "SELECT COALESCE(node, '?'), title, last_error, attempts FROM notify_spool "
+                    "WHERE status='pending' AND last_error IS NOT NULL ORDER BY id DESC LIMIT 3"):
+                out["last_errors"].append({"node": node, "title": title, "error": error, "attempts": attempts})
+        except sqlite3.Error as e:
+            out["errors"].append(f"{path}: {type(e).__name__}: {e}")
+        finally:
+            conn.close()
+    return out
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _last_check_text(n: dict[str, Any]) -> str:
+    hc = n.get("last_healthcheck")
+    if not hc:
+        return "no store" if n.get("store_missing") else ("?" if n.get("store_error") else "never")
+    return f"{iso_utc(hc['started'])} {hc['verdict']}"
+
+
+def render_status(nodes: list[dict[str, Any]], spool: Optional[dict[str, Any]], now: float,
+                  show_foreign: bool) -> str:
+    """The human view. Pure: `nodes` already carry their store facts."""
+    ours = [n for n in nodes if n["ours"]]
+    foreign = [n for n in nodes if not n["ours"]]
+    lines = [f"gpuguard status at {iso_utc(now)}: {len(ours)} node(s) drained by gpuguard"
+             + (f", {len(foreign)} drained or down by someone else" if show_foreign else "")]
+    if not ours:
+        lines.append("no node is drained by gpuguard" + ("" if show_foreign else " (--all: also other drains)"))
+    by_name = {n["node"]: n for n in nodes}
+    for g in group_nodes(nodes):
+        lines.append("")
+        lines.append(f"{g['keyword']} {g['check_id']}  {g['hostlist']}  {'/'.join(g['actions'])}")
+        lines.append(f"  {'NODE':<12} {'STATE':<16} {'DRAINED FOR':<12} {'SINCE':<20}  {'LAST HEALTH CHECK':<28} "
+                     "DETAIL")
+        for name in g["nodes"]:
+            n = by_name[name]
+            since = n.get("drained_since")
+            detail = n.get("detail") or n.get("reason") or ""
+            if n.get("legacy_reason"):
+                detail += "  (reason from an older gpuguard)"
+            lines.append(f"  {name:<12} {n['state']:<16} {format_duration(now - since if since else None):<12} "
+                         f"{iso_utc(since) or '-':<20}  {_last_check_text(n):<28} {detail}")
+            if n.get("passes_since") is not None and n.get("last_healthcheck"):
+                lines.append(f"  {'':<12} health check: {n['passes_since']} passing run(s) of {n['drain_check']} "
+                             "since the drain")
+            if n.get("store_error"):
+                lines.append(f"  {'':<12} store unreadable: {n['store_error']}")
+    missing = [n["node"] for n in ours if n.get("store_missing")]
+    if missing:
+        from gpuguard.hostlist import compress_hostlist
+
+        lines.append("")
+        first = next(n["store_missing"] for n in ours if n.get("store_missing"))
+        lines.append(f"no history store here for {compress_hostlist(missing)} (no {first}); put store.path "
+                     "(with {node}) on a shared filesystem to see their health checks from here")
+    if show_foreign and foreign:
+        lines.append("")
+        lines.append("not gpuguard's (gpuguard never lifts these):")
+        for n in foreign:
+            since = n.get("drained_since")
+            lines.append(f"  {n['node']:<12} {n['state']:<16} {format_duration(now - since if since else None):<12} "
+                         f"{iso_utc(since) or '-':<20}  {n.get('reason') or '-'}  [{n.get('reason_user') or '?'}]")
+    if spool is not None:
+        lines.append("")
+        waiting = spool["pending"] + spool["held"]
+        if not waiting and not spool["expired"]:
+            lines.append("notifications: none undelivered")
+        else:
+            oldest = f", oldest {iso_utc(spool['oldest'])}" if spool.get("oldest") else ""
+            lines.append(f"notifications: {waiting} undelivered ({spool['pending']} retrying, {spool['held']} held "
+                         f"for a digest{oldest}), {spool['expired']} expired (given up)")
+            for node, c in sorted(spool["by_node"].items()):
+                lines.append(f"  {node:<12} {c['pending']} retrying, {c['held']} held, {c['expired']} expired")
+            for e in spool["last_errors"]:
+                lines.append(f"  last error ({e['node']}, {e['attempts']} attempt(s)): {e['error']}")
+        for err in spool.get("errors", []):
+            lines.append(f"  spool unreadable: {err}")
+    return "\n".join(lines)
+
+
+def to_json(nodes: list[dict[str, Any]], spool: Optional[dict[str, Any]], now: float) -> dict[str, Any]:
+    """The machine view: the same facts, every time as UTC ISO 8601, durations in seconds."""
+    out_nodes = []
+    for n in nodes:
+        m = dict(n)
+        since = m.pop("drained_since", None)
+        m["drained_at"] = iso_utc(since)
+        m["drained_for_s"] = round(now - since) if since else None
+        m.pop("reason_time", None)
+        m["reason_time"] = iso_utc(slurm_time(n.get("reason_time")))
+        for key in ("last_run", "last_healthcheck"):
+            if m.get(key):
+                m[key] = {**m[key], "started": iso_utc(m[key]["started"])}
+        out_nodes.append(m)
+    doc: dict[str, Any] = {"time": iso_utc(now), "groups": group_nodes(nodes), "nodes": out_nodes}
+    if spool is not None:
+        doc["notifications"] = {**spool, "oldest": iso_utc(spool["oldest"]) if spool.get("oldest") else None}
+    return doc
+
+
+# --------------------------------------------------------------------------- command
 
 
 def cmd_status(args: Any) -> int:
@@ -73,22 +296,20 @@ def cmd_status(args: Any) -> int:
     except SlurmError as e:
         print(f"gpuguard status: cannot ask Slurm: {e}", file=sys.stderr)
         return 2
+    now = time.time()
+    store_pattern = cfg.sections["store"]["path"]
     nodes = [n for n in drained_nodes(text) if args.all or n["ours"]]
     for n in nodes:
-        if n["ours"]:
-            n.update(_store_facts(cfg, n["node"]))
+        facts = store_facts(store_pattern.replace("{node}", n["node"]), n["node"]) if n["ours"] else {}
+        recorded = facts.pop("drained_at", None)
+        n.update(facts)
+        # Slurm's ReasonTime is when the reason was set (a later prolog finding the node already drained does not
+        # move it); gpuguard's own record when Slurm shows none
+        n["drained_since"] = slurm_time(n.get("reason_time")) or recorded
+    spool = undelivered_notifications(cfg.sections["notify"].get("state_path") or store_pattern)
     if args.json:
-        print(json.dumps({"nodes": nodes}, indent=2, default=str))
+        print(json.dumps(to_json(nodes, spool, now), indent=2, default=str))
         return 0
-    if not nodes:
-        print("no node is drained by gpuguard" + ("" if args.all else " (--all: also other drains)"))
-        return 0
-    print(f"{'NODE':<14} {'STATE':<18} {'SINCE':<20} {'CHECK':<16} {'ACTION':<8} REASON")
-    for n in nodes:
-        since = _iso(n["drained_at"]) if n.get("drained_at") else (n.get("reason_time") or "-")
-        print(f"{n['node']:<14} {n['state']:<18} {since:<20} {n.get('check_id') or '-':<16} "
-              f"{n.get('action') or ('drain' if n['ours'] else '-'):<8} {n['reason'] or '-'}"
-              + ("" if n["ours"] else f"  [not gpuguard's: {n.get('reason_user') or '?'}]"))
-        if n.get("passes_since") is not None:
-            print(f"{'':<14} health check: {n['passes_since']} passing run(s) of {n['drain_check']} since the drain")
+    print(render_status(nodes, spool, now, args.all))
     return 0
+

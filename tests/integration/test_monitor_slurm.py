@@ -5,6 +5,7 @@ local webhook about a throttled GPU on one node."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -32,14 +33,25 @@ def test_status_and_history_after_a_real_drain(site_factory):
     job = site.cluster.sbatch(JOB, "-N2", "--gres=gpu:8")
     assert site.cluster.wait_job(job, timeout=60)["JobState"] == "COMPLETED"
     site.cluster.drain("node1", "admin: replacing PSU [ticket 4411]")
+    # the same fault on node3, found by its health check: one group, the nodes as a hostlist
+    site.set_scenario("node3", "xid79")
+    hc = site.run_hook("healthcheck", "node3")
+    assert "DRAIN" in site.cluster.node_flags("node3"), (hc.stdout, hc.stderr)
 
     p = site.gpuguard("status")
     assert p.returncode == 0, p.stderr
-    lines = [line for line in p.stdout.splitlines() if line.startswith("node")]
-    assert len(lines) == 1 and lines[0].startswith("node2") and "gpu.xid" in lines[0] and "reboot" in lines[0]
+    out = p.stdout.splitlines()
+    assert "XID79 gpu.xid  node[2-3]  reboot" in out, p.stdout
+    rows = {line.split()[0]: line for line in out if line.startswith("  node")}
+    assert set(rows) == {"node2", "node3"}, p.stdout
+    assert " never " in rows["node2"]  # drained by the prolog; no health check has run on node2 since
+    assert re.search(r" 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ drain ", rows["node3"]), rows["node3"]
     status = json.loads(site.gpuguard("status", "--json").stdout)["nodes"]
-    assert [n["node"] for n in status] == ["node2"]
-    assert status[0]["keyword"] == "XID79" and status[0]["drained_at"] and status[0]["last_run"]["verdict"] == "drain"
+    assert [n["node"] for n in status] == ["node2", "node3"]
+    assert status[0]["keyword"] == "XID79" and status[0]["last_run"]["verdict"] == "drain"
+    assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ", status[0]["drained_at"])
+    assert 0 <= status[0]["drained_for_s"] < 300
+    assert status[1]["last_healthcheck"]["verdict"] == "drain"
     everyone = site.gpuguard("status", "--all").stdout
     assert "node1" in everyone and "not gpuguard's" in everyone
 
