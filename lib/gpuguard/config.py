@@ -271,8 +271,10 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "min_severity": (_choice("info", "warning", "critical"), "info"),
         "kinds": (_str_list, ["drain", "undrain", "prolog_failure", "straggler", "hang", "requeue",
                               "internal_error", "flapping", "resource"]),  # resource: monitor thresholds
-        # the same node + check + kind again within this window is suppressed (counted into the next message)
+        # one message per episode (node/GPU + check, until resolved); an episode nothing has repeated or resolved
+        # for this long is over (the fallback for alerts that never resolve)
         "dedup_window_s": (_num(0, strict=False), 3600.0),
+        "send_resolved": (_bool, True),  # a "resolved" message with the alert's dedup key when it clears
         # at most rate_limit messages per rate_window_s from one state file; the rest go out as one digest
         "rate_limit": (_int(1), 10),
         "rate_window_s": (_num(), 600.0),
@@ -282,6 +284,12 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "group_threshold": (_int(1), 3),
         "group_window_s": (_num(), 600.0),
         "state_path": (_str(allow_none=True), None),  # SQLite spool + limiter state (default: store.path)
+        # the monitor's (run as the job's user) own state; {job_dir} {job_id} {node} {uid}; null =
+        # {job_dir}/gpuguard/notify/{node}.db. It never uses state_path, store.path or shared_dir
+        "user_state_path": (_str(allow_none=True), None),
+        # besides root, the only owner root hooks accept for shared_dir and the files in it (e.g. the uid root is
+        # squashed to on an NFS export with all_squash,anonuid=...); a name or a numeric uid
+        "trusted_user": (_str(allow_none=True), None),
         "timeout_s": (_num(), 5.0),  # one delivery attempt to one URL
         "spool_max_age_h": (_num(), 72.0),  # undeliverable messages are retried by flush() this long
         "title_prefix": (_str(), "gpuguard"),

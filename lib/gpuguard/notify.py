@@ -1,35 +1,53 @@
-"""Notifications through apprise (Slack, webhooks, email, SNS, PagerDuty, ... by URL in `notify.urls`).
+"""Notifications through apprise (Slack, webhooks, email, SNS, PagerDuty, Opsgenie, ... by URL in `notify.urls`).
 
     emit(cfg, Event(kind="drain", node="node2", message=..., check_id="gpu.xid", action="reboot", ...))
 
-goes through three gates before anything is sent, so that one bad rack does not page 500 times:
+**Episodes and dedupe keys.** Every event has a stable dedupe key (`Event.key`: `gpuguard/node2/drain`,
+`gpuguard/node7/monitor.gpu_clock/gpu3/job5150`, `gpuguard/job5150/hang`, ...). An *episode* runs from the first
+failure until a "resolved" message with the same key (`Event(state="resolved")`, or an `undrain`); repeats inside
+an episode are counted, not re-sent, and the resolved message says how many there were and how long it lasted.
+An episode that nothing repeated or resolved for `dedup_window_s` is over (the fallback for alerts that never
+resolve). A drain or a FLAPPING pin is a transition Slurm confirmed and is always sent. Receivers get the key the
+way they understand it: `pagerduty://` URLs get `dedup=<key>&action=map` (a resolved message resolves the
+incident), `opsgenie://` URLs `alias=<key>`, `json://`/`form://`/`xml://` webhooks a `dedup_key` and a `status`
+(firing | resolved) field, everyone else a `dedup:` line in the body.
 
-1. **de-duplication** per node + check + kind: a repeat within `dedup_window_s` is counted, not sent; the next
-   message that does go out says how many were folded into it;
-2. **fleet-wide grouping** (when `shared_dir` names a directory on a shared filesystem): each node drops a marker
-   file per (kind, check, time window); once more than `group_threshold` nodes have one, later nodes stay quiet
-   and one digest naming every node (`node[001-037]`) goes out when the window closes, sent by whichever node's
-   `flush` claims it first (O_EXCL file creation: atomic on local and NFSv3+ filesystems);
+Three gates before anything is sent, so that one bad rack does not page 500 times:
+
+1. **episodes**, as above;
+2. **fleet-wide grouping** (root hooks only, when `shared_dir` names a directory on a shared filesystem): each
+   node drops a marker file per (kind, check, time window); once more than `group_threshold` nodes have one,
+   later nodes stay quiet and one digest naming every node (`node[001-037]`) goes out when the window closes,
+   sent by whichever node's `flush` claims it first (O_EXCL file creation: atomic on local and NFSv3+
+   filesystems). The directory is a trust boundary: it is walked with `openat`-style calls and O_NOFOLLOW, used
+   only when every component is owned by root (or `trusted_user`) and not writable by others, and member and
+   claim files count only when they are regular files with a trusted owner (size-bounded, parsed strictly).
+   A user can neither push a group over its threshold nor claim its digest;
 3. **rate limit**: at most `rate_limit` messages per `rate_window_s` from one state file; the rest are held and
-   leave as one digest when there is room again.
+   leave as one digest when there is room again (a resolved message whose alert went out is never held).
 
-What cannot be delivered (network down, a webhook timing out) stays in a spool table in the history store
-(`notify_spool`) and is retried by `flush()`, which the health check, the watch daemon and the monitor call
-periodically. Delivery runs in a worker thread: `emit` never blocks longer than its budget and never raises.
+What cannot be delivered (network down, a webhook timing out) stays in a spool table (`notify_spool`) and is
+retried by `flush()`, which the health check, the watch daemon and the monitor call periodically. Root hooks keep
+that state in the history store (`notify.state_path`, default `store.path`); the monitor, which runs as the job's
+user, passes its own (`user_state_path()`: in the job directory) and never touches the hooks' state or
+`shared_dir`. Delivery runs in a worker thread: `emit` never blocks longer than its budget and never raises.
 With no URL configured, `emit` returns "disabled" without importing apprise or opening anything.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
 import os
 import re
 import socket
+import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from gpuguard.hostlist import compress_hostlist
 
@@ -39,6 +57,15 @@ if TYPE_CHECKING:
 KINDS = ("drain", "undrain", "prolog_failure", "straggler", "hang", "requeue", "internal_error", "flapping",
          "resource")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+STATES = ("firing", "resolved")
+# The episode an event belongs to: an undrain resolves the node's drain; FLAPPING is the same drain, escalated.
+FAMILY = {"undrain": "drain", "flapping": "drain"}
+RESOLVING_KINDS = {"undrain"}  # kinds that are, by themselves, the resolution of an episode
+# Transitions Slurm confirmed (a node that was not drained by gpuguard is drained now; its reason became
+# FLAPPING): never folded into an open episode, whatever the state says (a missed resolve must not silence them).
+ALWAYS_SEND = {"drain", "flapping"}
+JOB_FAMILIES = {"straggler", "hang", "resource", "requeue"}  # their keys name the job (one incident per job)
+MAX_KEY_LEN = 255  # PagerDuty's dedup_key limit
 
 # What a human should do next, when the caller did not say (every message names one).
 DEFAULT_ACTIONS = {
@@ -62,7 +89,7 @@ _TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog
 
 @dataclass
 class Event:
-    kind: str  # drain|undrain|prolog_failure|straggler|hang|requeue|internal_error|flapping
+    kind: str  # drain|undrain|prolog_failure|straggler|hang|requeue|internal_error|flapping|resource
     node: str
     message: str
     severity: str = "warning"  # critical|warning|info
@@ -72,14 +99,66 @@ class Event:
     job_id: Optional[str] = None
     evidence: dict = field(default_factory=dict)  # type: ignore[type-arg]
     ts: float = field(default_factory=time.time)
+    state: str = "firing"  # firing | resolved (the alert with the same key has cleared)
+    gpu: Optional[int] = None  # the GPU (index) a per-GPU alert is about: part of its key
+    # what identifies the GPUs concerned in the hardware: [{index, uuid, serial, pci_bus_id}] (see gpu_identities)
+    gpus: list = field(default_factory=list)  # type: ignore[type-arg]
+    scope: str = "node"  # node | job: a job-wide condition (one incident per job, whichever node reports it)
+    dedup_key: Optional[str] = None  # an explicit stable key; default: see dedupe_key()
+
+    @property
+    def resolved(self) -> bool:
+        return self.state == "resolved" or self.kind in RESOLVING_KINDS
+
+    @property
+    def family(self) -> str:
+        return FAMILY.get(self.kind, self.kind)
 
     @property
     def key(self) -> str:
-        return f"{self.node}|{self.check_id or '-'}|{self.kind}"
-
+        return dedupe_key(self)
 
 
 # --------------------------------------------------------------------------- pure helpers
+
+
+def _part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.:@+-]", "_", str(text))[:100] or "_"
+
+
+def dedupe_key(event: Event, prefix: str = "gpuguard") -> str:
+    """The stable key of the incident an event belongs to: the same for its repeats and for its resolution,
+    different for another node, GPU, check or job. Pure. `<prefix>/<node or jobJ>/<family>[/<check>][/gpuN][/jobJ]`
+    (a drain is about the node: one per node at a time)."""
+    if event.dedup_key:
+        key = "/".join(_part(p) for p in event.dedup_key.split("/"))
+    else:
+        fam = event.family
+        job_scope = event.scope == "job" and bool(event.job_id)
+        parts = [prefix, f"job{event.job_id}" if job_scope else event.node, fam]
+        if fam != "drain" and not (job_scope and fam == "hang"):
+            parts.append(event.check_id or "-")
+        if event.gpu is not None and not job_scope:
+            parts.append(f"gpu{event.gpu}")
+        if event.job_id and not job_scope and fam in JOB_FAMILIES:
+            parts.append(f"job{event.job_id}")
+        key = "/".join(_part(p) for p in parts)
+    if len(key) > MAX_KEY_LEN:
+        key = key[:MAX_KEY_LEN - 17] + "~" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return key
+
+
+def iso_utc(ts: Optional[float]) -> str:
+    """2026-11-24T20:06:33Z"""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts if ts is not None else time.time()))
+
+
+def _duration(seconds: float) -> str:
+    s = max(0, int(round(seconds)))
+    d, rest = divmod(s, 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return (f"{d}d" if d else "") + (f"{h}h" if h or d else "") + (f"{m:02d}m{s:02d}s" if h or d else f"{m}m{s:02d}s")
 
 
 def _evidence_text(evidence: dict, limit: int = 1200) -> str:  # type: ignore[type-arg]
@@ -87,14 +166,45 @@ def _evidence_text(evidence: dict, limit: int = 1200) -> str:  # type: ignore[ty
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render(event: Event, prefix: str = "gpuguard", repeats: int = 0, since: Optional[float] = None) -> tuple[str, str]:
-    """(title, body) naming the node, the check, the evidence and the suggested action. Pure."""
-    title = f"{prefix}: {_TITLES.get(event.kind, event.kind)} {event.node}" + \
+def gpu_identities(nvml: Any, indices: Iterable[Optional[int]]) -> list[dict[str, Any]]:
+    """UUID, serial and PCI address of the GPUs with these NVML indices, from the run's NVML observation
+    (`observations.nvml`; anything with `.gpus[*].index/.uuid/.serial/.pci_bus_id`). A GPU NVML no longer sees
+    (fallen off the bus) is listed by index alone. Pure."""
+    by_index = {getattr(g, "index", None): g for g in (getattr(nvml, "gpus", None) or [])}
+    out = []
+    for i in dict.fromkeys(i for i in indices if i is not None):
+        g = by_index.get(i)
+        ident: dict[str, Any] = {"index": i}
+        for attr in ("uuid", "serial", "pci_bus_id"):
+            value = getattr(g, attr, None) if g is not None else None
+            if value:
+                ident[attr] = str(value)
+        out.append(ident)
+    return out
+
+
+def _gpu_line(g: dict[str, Any]) -> str:
+    bits = [f"GPU {g.get('index', '?')}"]
+    for attr, label in (("uuid", "uuid"), ("serial", "serial"), ("pci_bus_id", "pci")):
+        if g.get(attr):
+            bits.append(f"{label}={g[attr]}")
+    if len(bits) == 1:
+        bits.append("(not visible to NVML: no UUID/serial)")
+    return " ".join(bits)
+
+
+def render(event: Event, prefix: str = "gpuguard", repeats: int = 0, since: Optional[float] = None,
+           opened: Optional[float] = None) -> tuple[str, str]:
+    """(title, body) naming the node, the check, the GPUs (UUID, serial), the evidence, the suggested action and
+    the dedupe key; a resolved message also says since when it fired and how often. Pure."""
+    what = _TITLES.get(event.kind, event.kind)
+    title = f"{prefix}: {'RESOLVED ' if event.resolved else ''}{what} {event.node}" + \
         (f" {event.check_id}" if event.check_id else "")
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(event.ts))
+    state = "resolved" if event.resolved else "firing"
     lines = [
         f"node:     {event.node}",
         f"event:    {event.kind} ({event.severity})",
+        f"status:   {state}",
         f"check:    {event.check_id or '-'}",
         f"what:     {event.message}",
     ]
@@ -102,31 +212,49 @@ def render(event: Event, prefix: str = "gpuguard", repeats: int = 0, since: Opti
         lines.append(f"reason:   {event.reason}")
     if event.job_id:
         lines.append(f"job:      {event.job_id}")
+    for g in event.gpus or []:
+        if isinstance(g, dict):
+            lines.append(f"gpu:      {_gpu_line(g)}")
     lines.append(f"evidence: {_evidence_text(event.evidence) if event.evidence else '-'}")
-    lines.append(f"action:   {event.action or DEFAULT_ACTIONS.get(event.kind, 'see the gpuguard log')}")
-    lines.append(f"when:     {when}")
+    if event.action:
+        action = event.action
+    elif event.resolved and event.kind not in RESOLVING_KINDS:
+        action = "none: the condition cleared"
+    else:
+        action = DEFAULT_ACTIONS.get(event.kind, "see the gpuguard log")
+    lines.append(f"action:   {action}")
+    lines.append(f"when:     {iso_utc(event.ts)}")
+    if event.resolved and opened is not None:
+        lines.append(f"fired:    {iso_utc(opened)} (lasted {_duration(event.ts - opened)})")
+    lines.append(f"dedup:    {dedupe_key(event, prefix)}")
     if repeats:
-        first = time.strftime("%H:%M:%SZ", time.gmtime(since)) if since else "earlier"
+        first = iso_utc(since) if since else "earlier"
         lines.append(f"(also happened {repeats} more time(s) since {first}; those were not sent separately)")
     return title, "\n".join(lines)
+
+
+def _label(e: dict[str, Any]) -> str:
+    kind = str(e.get("kind") or "?")
+    return f"{kind} resolved" if e.get("state") == "resolved" and kind not in RESOLVING_KINDS else kind
 
 
 def render_digest(events: list[dict[str, Any]], prefix: str, why: str) -> tuple[str, str]:
     """One message for many events (held by the rate limit, or a fleet-wide group). Pure."""
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for e in events:
-        by.setdefault((e["kind"], e.get("check_id") or "-"), []).append(e)
-    nodes = sorted({e["node"] for e in events})
+        by.setdefault((_label(e), e.get("check_id") or "-"), []).append(e)
+    nodes = sorted({str(e.get("node")) for e in events})
     title = f"{prefix}: {len(events)} events on {len(nodes)} node(s): {compress_hostlist(nodes)}"
     lines = [f"{why}", ""]
     for (kind, check), evs in sorted(by.items()):
         worst = max(evs, key=lambda e: SEVERITY_RANK.get(e.get("severity", "warning"), 1))
-        lines.append(f"{kind} {check} x{len(evs)} on {compress_hostlist(e['node'] for e in evs)} "
+        lines.append(f"{kind} {check} x{len(evs)} on {compress_hostlist(str(e.get('node')) for e in evs)} "
                      f"({worst.get('severity', 'warning')})")
-        lines.append(f"  e.g. {worst['node']}: {worst['message']}")
+        lines.append(f"  e.g. {worst.get('node')}: {worst.get('message')}")
         if worst.get("reason"):
             lines.append(f"  reason: {worst['reason']}")
-        lines.append(f"  action: {worst.get('action') or DEFAULT_ACTIONS.get(kind, 'see the gpuguard log')}")
+        base_kind = str(worst.get("kind"))
+        lines.append(f"  action: {worst.get('action') or DEFAULT_ACTIONS.get(base_kind, 'see the gpuguard log')}")
     return title, "\n".join(lines)
 
 
@@ -135,7 +263,35 @@ def _url_id(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-# --------------------------------------------------------------------------- state (SQLite, in the history store)
+def _query_keys(url: str) -> set[str]:
+    query = url.split("?", 1)[1] if "?" in url else ""
+    return {kv.split("=", 1)[0].lower() for kv in query.split("&") if kv}
+
+
+def target_url(url: str, key: Optional[str], state: str, timeout_s: Optional[float] = None) -> str:
+    """The configured apprise URL with what this one message needs: the dedupe key where the service has a
+    field for it, whether it resolves, and the delivery timeout. A parameter the admin set wins. Pure."""
+    from urllib.parse import quote
+
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    have = _query_keys(url)
+    add: list[tuple[str, str]] = []
+    if key:
+        if scheme == "pagerduty":  # apprise: dedup -> dedup_key; action=map resolves on a SUCCESS notification
+            add += [("dedup", key), ("action", "map")]
+        elif scheme == "opsgenie":  # Opsgenie de-duplicates open alerts by alias
+            add += [("alias", key)]
+        elif scheme in ("json", "jsons", "form", "forms", "xml", "xmls"):  # ":field=value" adds a payload field
+            add += [(":dedup_key", key), (":status", state)]
+    if timeout_s:
+        add += [("cto", f"{timeout_s:g}"), ("rto", f"{timeout_s:g}")]
+    extra = "&".join(f"{k}={quote(v, safe='')}" for k, v in add if k.lower() not in have)
+    if not extra:
+        return url
+    return url + ("&" if "?" in url else "?") + extra
+
+
+# --------------------------------------------------------------------------- state (SQLite)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS notify_keys (key TEXT PRIMARY KEY, last_sent REAL, suppressed INTEGER NOT NULL DEFAULT 0,
@@ -151,6 +307,12 @@ CREATE TABLE IF NOT EXISTS notify_spool (
 );
 CREATE INDEX IF NOT EXISTS notify_spool_status ON notify_spool(status, next_try);
 """
+# Columns added since the first release (ALTER TABLE on an existing state file)
+_ADDED_COLUMNS = {
+    "notify_keys": (("opened", "REAL"), ("last_seen", "REAL"), ("is_open", "INTEGER"),
+                    ("announced", "INTEGER NOT NULL DEFAULT 0")),
+    "notify_spool": (("dedup_key", "TEXT"), ("state", "TEXT")),
+}
 
 
 def local_node(cfg: "Config", fallback: Optional[str] = None) -> str:
@@ -163,12 +325,59 @@ def _state_path(cfg: "Config", node: str) -> str:
     return (n["state_path"] or cfg.sections["store"]["path"]).replace("{node}", node)
 
 
+def user_state_path(cfg: "Config", job_dir: str, job_id: Optional[str], node: str) -> str:
+    """Where the monitor (the job's user) keeps its own notification state: `notify.user_state_path` or
+    `<job dir>/gpuguard/notify/<node>.db`. Never the hooks' state (root's history store)."""
+    template = (cfg.sections.get("notify") or {}).get("user_state_path") or \
+        os.path.join("{job_dir}", "gpuguard", "notify", "{node}.db")
+    safe_node = re.sub(r"[^A-Za-z0-9_.-]", "_", node) or "_"
+    return (template.replace("{job_dir}", job_dir).replace("{job_id}", str(job_id or "nojob"))
+            .replace("{node}", safe_node).replace("{uid}", str(os.geteuid())))
+
+
+def _migrate(conn: Any) -> None:
+    conn.executescript(_SCHEMA)
+    for table, cols in _ADDED_COLUMNS.items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        for name, decl in cols:
+            if name not in have:
+                try:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+                except Exception as e:  # noqa: BLE001 - another process added it between our look and ours
+                    if "duplicate column" not in str(e):
+                        raise
+
+
 def _connect(path: str, timeout_s: float) -> Any:
+    """The hooks' state: the history store (WAL, busy timeout, a corrupt file is moved aside)."""
     from gpuguard.store import Store
 
-    store = Store(path, timeout_s=timeout_s)  # WAL, busy timeout, a corrupt file is moved aside
-    store.conn.executescript(_SCHEMA)
+    store = Store(path, timeout_s=timeout_s)
+    _migrate(store.conn)
     return store.conn
+
+
+def _connect_user(path: str, timeout_s: float) -> Any:
+    """The monitor's own state: a small SQLite file of its own (rollback journal, not WAL: it may sit on the job
+    directory's network filesystem, where WAL does not work), created private (0700 directory, 0600 file)."""
+    import sqlite3
+
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    for attempt in (1, 2):
+        conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout=%d" % int(timeout_s * 1000))
+            _migrate(conn)
+            return conn
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            if attempt == 2 or "malformed" not in str(e) and "not a database" not in str(e):
+                raise
+            os.replace(path, f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+            _log(f"notification state {path} was corrupt ({e}); moved aside, starting a new one")
+    raise AssertionError("unreachable")
 
 
 def _log(msg: str) -> None:
@@ -181,88 +390,408 @@ def _log(msg: str) -> None:
         pass
 
 
+# --------------------------------------------------------------------------- trust (root hooks)
+
+
+class Untrusted(OSError):
+    """A path or file root hooks must not use: a symlink, or writable / owned by someone else."""
+
+
+def trusted_uids(ncfg: dict[str, Any]) -> set[int]:
+    """root, this process's own uid and `notify.trusted_user` (a name or a number)."""
+    uids = {0, os.geteuid()}
+    user = ncfg.get("trusted_user")
+    if user:
+        if str(user).isdigit():
+            uids.add(int(user))
+        else:
+            try:
+                import pwd
+
+                uids.add(pwd.getpwnam(str(user)).pw_uid)
+            except KeyError:
+                _log(f"notify.trusted_user {user!r} is not a user on this node; only root is trusted")
+    return uids
+
+
+def _check_dir(st: os.stat_result, what: str, uids: set[int], allow_sticky: bool) -> None:
+    if not stat.S_ISDIR(st.st_mode):
+        raise Untrusted(f"{what}: not a directory")
+    if st.st_uid not in uids:
+        raise Untrusted(f"{what}: owned by uid {st.st_uid}, not by root or notify.trusted_user")
+    if st.st_mode & 0o022 and not (allow_sticky and st.st_mode & stat.S_ISVTX):
+        raise Untrusted(f"{what}: writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_trusted_dir(path: str, uids: set[int], create: bool = False) -> int:
+    """An fd on `path`, walked from / one component at a time with O_NOFOLLOW (a symlink anywhere is refused).
+    Every directory on the way must be owned by a trusted uid and not writable by others (a sticky directory
+    such as /tmp may be on the way, not at the end). `create`: make the last component (0755) if it is missing.
+    Raises Untrusted / OSError."""
+    if not os.path.isabs(path):
+        raise Untrusted(f"{path}: not an absolute path")
+    parts = [p for p in os.path.normpath(path).split("/") if p]
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        _check_dir(os.fstat(fd), "/", uids, allow_sticky=bool(parts))
+        for i, name in enumerate(parts):
+            if create and i == len(parts) - 1:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Untrusted(f"{'/' + '/'.join(parts[:i + 1])}: a symlink (not followed)") from e
+                raise
+            os.close(fd)
+            fd = nfd
+            _check_dir(os.fstat(fd), "/" + "/".join(parts[:i + 1]), uids, allow_sticky=i < len(parts) - 1)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_child_dir(parent_fd: int, name: str, uids: set[int], what: str, create: bool) -> int:
+    if create:
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Untrusted(f"{what}: not a directory (a symlink?)") from e
+        raise
+    try:
+        _check_dir(os.fstat(fd), what, uids, allow_sticky=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+MAX_MEMBER_BYTES = 16384
+MAX_GROUP_ENTRIES = 20000
+_MEMBER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}\.json$")
+
+
+def _lstat_member(dir_fd: int, name: str, uids: set[int]) -> Optional[os.stat_result]:
+    """The member file's stat when it may count: a regular file, trusted owner, not writable by others, bounded."""
+    if not _MEMBER_NAME.match(name):
+        return None
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in uids or st.st_mode & 0o022 or \
+            st.st_size > MAX_MEMBER_BYTES:
+        return None
+    return st
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _group_kind(kind: str, resolved: bool) -> str:
+    """Alerts and their resolutions are grouped apart: `straggler` vs `straggler.resolved` (`undrain` is one)."""
+    return f"{kind}.resolved" if resolved and kind not in RESOLVING_KINDS else kind
+
+
+def parse_member(raw: bytes, name: str, kind: str, check: str) -> Optional[dict[str, Any]]:
+    """A group member file, parsed strictly: one JSON object (no NaN, no duplicate keys), for this group's kind
+    (`_group_kind`) and check, naming the node its file is named after, with sane field types. None when anything is off. Pure."""
+    if len(raw) > MAX_MEMBER_BYTES:
+        return None
+
+    def no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        d = dict(pairs)
+        if len(d) != len(pairs):
+            raise ValueError("duplicate key")
+        return d
+
+    def no_constants(c: str) -> Any:
+        raise ValueError(f"{c} is not JSON")
+
+    try:
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=no_dupes, parse_constant=no_constants)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    node = data.get("node")
+    if not isinstance(node, str) or not node or _safe(node) + ".json" != name:
+        return None
+    state = data.get("state", "firing")
+    if state not in STATES or not isinstance(data.get("kind"), str) or \
+            _group_kind(data["kind"], state == "resolved") != kind:
+        return None
+    if _safe(str(data.get("check_id") or "-")) != check:
+        return None
+    if not isinstance(data.get("message"), str) or data.get("severity") not in SEVERITY_RANK or \
+            not _finite(data.get("ts")):
+        return None
+    for opt in ("reason", "action", "job_id"):
+        if data.get(opt) is not None and not isinstance(data[opt], str):
+            return None
+    return data
+
+
+def _read_member(dir_fd: int, name: str, uids: set[int], kind: str, check: str) -> Optional[dict[str, Any]]:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)  # the file we opened, not the name (no swap between a check and the read)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in uids or st.st_mode & 0o022 or \
+                st.st_size > MAX_MEMBER_BYTES:
+            return None
+        raw = os.read(fd, MAX_MEMBER_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return parse_member(raw, name, kind, check)
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text) or "_"
+
+
+def _group_name(event: Event, bucket: int) -> str:
+    """`<kind>+<check>+<window number>` (kind and check with [A-Za-z0-9_.-] only, so "+" separates)."""
+    return f"{_safe(_group_kind(event.kind, event.resolved))}+{_safe(event.check_id or '-')}+{bucket}"
+
+
+def _split_group(name: str) -> Optional[tuple[str, str, int]]:
+    parts = name.split("+")
+    if len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2])
+
+
+def _member_record(event: Event) -> dict[str, Any]:
+    """What a node writes into its marker: enough for the digest, bounded (evidence is not needed there)."""
+    rec = {"node": event.node, "kind": event.kind, "check_id": event.check_id, "severity": event.severity,
+           "message": event.message[:1000], "reason": (event.reason or None) and event.reason[:300],
+           "action": (event.action or None) and event.action[:500], "job_id": event.job_id, "ts": event.ts,
+           "state": "resolved" if event.resolved else "firing"}
+    return rec
+
+
+def _gate_group(shared_dir: str, uids: set[int], event: Event, now: float, window_s: float, threshold: int) -> bool:
+    """True when this event joins a fleet-wide group that is already past its threshold (stay quiet).
+    Raises Untrusted / OSError when the directory cannot be used safely (the caller then pages individually)."""
+    bucket = int(now // window_s)
+    name = _group_name(event, bucket)
+    kind, check = _safe(_group_kind(event.kind, event.resolved)), _safe(event.check_id or "-")
+    root_fd = open_trusted_dir(shared_dir, uids, create=True)
+    try:
+        groups_fd = _open_child_dir(root_fd, "groups", uids, f"{shared_dir}/groups", create=True)
+    finally:
+        os.close(root_fd)
+    try:
+        gfd = _open_child_dir(groups_fd, name, uids, f"{shared_dir}/groups/{name}", create=True)
+    finally:
+        os.close(groups_fd)
+    try:
+        marker = _safe(event.node) + ".json"
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=gfd)
+            try:
+                os.write(fd, json.dumps(_member_record(event), default=str).encode()[:MAX_MEMBER_BYTES])
+            finally:
+                os.close(fd)
+        except FileExistsError:
+            pass  # this node is already counted in this window (or an untrusted file squats the name: see below)
+        mine = _lstat_member(gfd, marker, uids)
+        if mine is None:
+            _log(f"{shared_dir}/groups/{name}/{marker} is not this node's marker (owner/type); paging individually")
+            return False
+        # the first `threshold` valid members (by arrival: mtime, then name) page individually
+        earlier: list[tuple[int, str]] = []
+        for n in os.listdir(gfd)[:MAX_GROUP_ENTRIES]:
+            if n == marker:
+                continue
+            st = _lstat_member(gfd, n, uids)
+            if st is not None and (st.st_mtime_ns, n) < (mine.st_mtime_ns, marker):
+                earlier.append((st.st_mtime_ns, n))
+        valid = 0
+        for _, n in sorted(earlier):
+            if _read_member(gfd, n, uids, kind, check) is not None:
+                valid += 1
+                if valid >= threshold:
+                    return True
+        return False
+    finally:
+        os.close(gfd)
+
+
+def _state_trusted(path: str, uids: set[int]) -> Optional[str]:
+    """Why root must not keep its notification state in `path` (None: fine). Someone who can write it could
+    fake an open episode, fill the rate limiter or delete the spool."""
+    for p, what in ((os.path.dirname(path) or ".", "directory"), (path, "file")):
+        try:
+            st = os.stat(p)  # where a link leads is what counts
+        except FileNotFoundError:
+            continue  # created by the store (as root, 0755)
+        except OSError as e:
+            return f"state {what} {p} unusable: {e.strerror or e}"
+        if st.st_uid not in uids:
+            return f"state {what} {p} is owned by uid {st.st_uid}"
+        if st.st_mode & 0o022 and not (what == "directory" and st.st_mode & stat.S_ISVTX):
+            return f"state {what} {p} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
 # --------------------------------------------------------------------------- gates
 
 
-def _gate_group(shared_dir: str, event: Event, now: float, window_s: float, threshold: int) -> bool:
-    """True when this event joins a fleet-wide group that is already past its threshold (stay quiet)."""
-    bucket = int(now // window_s)
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{event.kind}__{event.check_id or '-'}__{bucket}")
-    gdir = os.path.join(shared_dir, "groups", safe)
-    os.makedirs(gdir, exist_ok=True)
-    marker = os.path.join(gdir, re.sub(r"[^A-Za-z0-9_.-]", "_", event.node) + ".json")
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(event), f, default=str)
-    except FileExistsError:
-        pass  # this node is already counted in this window (de-dup keeps it quiet anyway)
-    members = sorted(n for n in os.listdir(gdir) if n.endswith(".json"))
-    rank = members.index(os.path.basename(marker)) if os.path.basename(marker) in members else len(members)
-    # the first `threshold` nodes (by arrival) page individually; order by mtime, ties by name
-    by_time = sorted(members, key=lambda n: (os.stat(os.path.join(gdir, n)).st_mtime_ns, n))
-    rank = by_time.index(os.path.basename(marker)) if os.path.basename(marker) in by_time else rank
-    return rank >= threshold
+@dataclass
+class _Decision:
+    verdict: str  # send | suppressed | held
+    repeats: int = 0
+    since: Optional[float] = None
+    opened: Optional[float] = None
 
 
-def _gate(conn: Any, ncfg: dict[str, Any], event: Event, now: float) -> tuple[str, int, Optional[float]]:
-    """-> ("send", repeats, since) | ("suppressed", 0, None) | ("held", 0, None). One transaction."""
+def _upsert_key(conn: Any, key: str, **cols: Any) -> None:
+    names = ["key"] + list(cols)
+    conn.execute(f"INSERT INTO notify_keys({','.join(names)}) VALUES ({','.join('?' * len(names))}) "
+                 f"ON CONFLICT(key) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in cols)}",
+                 [key] + list(cols.values()))
+
+
+def _rate_full(conn: Any, ncfg: dict[str, Any], now: float) -> bool:
+    conn.execute("DELETE FROM notify_sent WHERE ts < ?", (now - ncfg["rate_window_s"],))
+    return conn.execute("SELECT COUNT(*) FROM notify_sent").fetchone()[0] >= ncfg["rate_limit"]
+
+
+def _gate(conn: Any, ncfg: dict[str, Any], event: Event, key: str, now: float,
+          group_uids: Optional[set[int]]) -> _Decision:
+    """Episodes, the fleet-wide group (when `group_uids`: root hooks with a shared_dir) and the rate limit, in
+    one transaction."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        row = conn.execute("SELECT last_sent, suppressed, first_suppressed FROM notify_keys WHERE key=?",
-                           (event.key,)).fetchone()
-        if row and row[0] is not None and now - row[0] < ncfg["dedup_window_s"]:
-            conn.execute("UPDATE notify_keys SET suppressed=suppressed+1, first_suppressed=COALESCE(first_suppressed,?)"
-                         " WHERE key=?", (now, event.key))
-            conn.execute("COMMIT")
-            return "suppressed", 0, None
-        if ncfg["shared_dir"]:
+        row = conn.execute("SELECT last_sent, suppressed, first_suppressed, opened, last_seen, is_open, announced "
+                           "FROM notify_keys WHERE key=?", (key,)).fetchone()
+        last_sent, suppressed, first_suppressed, opened, last_seen, is_open, announced = \
+            row if row else (None, 0, None, None, None, 0, 0)
+        if is_open is None:  # a row from before episodes: open while its last message is within the window
+            is_open, last_seen = int(last_sent is not None), last_seen or last_sent
+        open_now = bool(is_open) and last_seen is not None and now - last_seen < ncfg["dedup_window_s"]
+
+        def grouped() -> bool:
+            if group_uids is None:
+                return False
             try:
-                if _gate_group(ncfg["shared_dir"], event, now, ncfg["group_window_s"], ncfg["group_threshold"]):
-                    conn.execute("INSERT INTO notify_keys(key,last_sent,suppressed) VALUES (?,?,0) ON CONFLICT(key)"
-                                 " DO UPDATE SET last_sent=excluded.last_sent, suppressed=0, first_suppressed=NULL",
-                                 (event.key, now))
+                return _gate_group(ncfg["shared_dir"], group_uids, event, now, ncfg["group_window_s"],
+                                   ncfg["group_threshold"])
+            except OSError as e:  # untrusted or down: never let it stop local paging
+                _log(f"shared_dir {ncfg['shared_dir']} not used ({e}); paging individually")
+                return False
+
+        if event.resolved:
+            _upsert_key(conn, key, is_open=0, last_seen=now, suppressed=0, first_suppressed=None)
+            if not ncfg.get("send_resolved", True):
+                conn.execute("COMMIT")
+                return _Decision("suppressed")
+            decision = _Decision("send", suppressed if open_now else 0, first_suppressed if open_now else None,
+                                 opened if (open_now or is_open) else None)
+            if not (is_open and announced):  # its alert was not sent on its own: treat it like any message
+                if grouped():
                     conn.execute("COMMIT")
-                    return "suppressed", 0, None
-            except OSError as e:  # a shared filesystem that is down must not stop local paging
-                _log(f"shared_dir {ncfg['shared_dir']} unusable ({e}); not grouping")
-        conn.execute("DELETE FROM notify_sent WHERE ts < ?", (now - ncfg["rate_window_s"],))
-        sent = conn.execute("SELECT COUNT(*) FROM notify_sent").fetchone()[0]
-        if sent >= ncfg["rate_limit"]:
+                    return _Decision("suppressed")
+                if _rate_full(conn, ncfg, now):
+                    conn.execute("COMMIT")
+                    return _Decision("held")
+            conn.execute("INSERT INTO notify_sent(ts) VALUES (?)", (now,))
             conn.execute("COMMIT")
-            return "held", 0, None
+            return decision
+
+        if open_now and event.kind not in ALWAYS_SEND:
+            conn.execute("UPDATE notify_keys SET suppressed=suppressed+1, first_suppressed=COALESCE(first_suppressed,?),"
+                         " last_seen=? WHERE key=?", (now, now, key))
+            conn.execute("COMMIT")
+            return _Decision("suppressed")
+        # a new episode (or a transition Slurm confirmed); an episode that expired hands on its count
+        carried = (suppressed, first_suppressed) if suppressed else (0, None)
+        start = opened if open_now and opened else now
+        if grouped():
+            _upsert_key(conn, key, is_open=1, opened=start, last_seen=now, announced=0, suppressed=0,
+                        first_suppressed=None)
+            conn.execute("COMMIT")
+            return _Decision("suppressed")
+        if _rate_full(conn, ncfg, now):
+            _upsert_key(conn, key, is_open=1, opened=start, last_seen=now, announced=0, suppressed=0,
+                        first_suppressed=None)
+            conn.execute("COMMIT")
+            return _Decision("held")
         conn.execute("INSERT INTO notify_sent(ts) VALUES (?)", (now,))
-        repeats, since = (row[1], row[2]) if row else (0, None)
-        conn.execute("INSERT INTO notify_keys(key,last_sent,suppressed) VALUES (?,?,0) ON CONFLICT(key) DO UPDATE "
-                     "SET last_sent=excluded.last_sent, suppressed=0, first_suppressed=NULL", (event.key, now))
+        _upsert_key(conn, key, is_open=1, opened=start, last_seen=now, last_sent=now, announced=1, suppressed=0,
+                    first_suppressed=None)
         conn.execute("COMMIT")
-        return "send", repeats, since
+        return _Decision("send", carried[0], carried[1], start)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
 
 
 def _spool(conn: Any, event: Optional[Event], title: str, body: str, targets: list[str], status: str,
-           now: float, severity: Optional[str] = None) -> int:
+           now: float, severity: Optional[str] = None, key: Optional[str] = None,
+           state: Optional[str] = None) -> int:
+    ev_json = None
+    if event is not None:
+        d = asdict(event)
+        d["state"] = "resolved" if event.resolved else "firing"
+        ev_json = json.dumps(d, default=str)
     cur = conn.execute(
-        "INSERT INTO notify_spool(created,kind,node,check_id,severity,title,body,targets,status,next_try,event) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        "INSERT INTO notify_spool(created,kind,node,check_id,severity,title,body,targets,status,next_try,event,"
+        "dedup_key,state) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (now, event.kind if event else "digest", event.node if event else None, event.check_id if event else None,
          severity or (event.severity if event else "warning"), title, body, json.dumps(targets), status, now,
-         json.dumps(asdict(event), default=str) if event else None))
+         ev_json, key, state or ("resolved" if event is not None and event.resolved else "firing")))
     return int(cur.lastrowid or 0)
 
 
 # --------------------------------------------------------------------------- delivery
 
+Row = tuple[int, str, str, str, list[str], Optional[str], str]  # id, title, body, severity, targets, key, state
 
-def _notify_type(apprise: Any, severity: str) -> Any:
+
+def _notify_type(apprise: Any, severity: str, state: str = "firing") -> Any:
+    if state == "resolved":
+        return apprise.NotifyType.SUCCESS  # PagerDuty (action=map) resolves, Opsgenie (map) closes
     return {"critical": apprise.NotifyType.FAILURE, "warning": apprise.NotifyType.WARNING}.get(
         severity, apprise.NotifyType.INFO)
 
 
-def _deliver_rows(path: str, rows: list[tuple[int, str, str, str, list[str]]], urls: dict[str, str],
-                  done: dict[int, bool]) -> None:
+def _send_one(apprise: Any, url: str, title: str, body: str, severity: str, key: Optional[str], state: str,
+              timeout_s: Optional[float]) -> tuple[bool, Optional[str]]:
+    """(delivered, error). An invalid URL is permanent: reported as delivered-with-error so it is not retried."""
+    client = apprise.Apprise()
+    if not client.add(target_url(url, key, state, timeout_s)):
+        return True, "invalid URL"
+    try:
+        ok = bool(client.notify(title=title, body=body, notify_type=_notify_type(apprise, severity, state),
+                                body_format=apprise.NotifyFormat.TEXT))
+    except Exception as e:  # noqa: BLE001 - a plugin bug must not lose the message
+        return False, f"{type(e).__name__}: {e}"
+    return ok, None if ok else "delivery failed"
+
+
+def _deliver_rows(path: str, rows: list[Row], urls: dict[str, str], done: dict[int, bool],
+                  timeout_s: Optional[float]) -> None:
     """Worker thread: deliver each spooled row to its remaining targets; record progress in the spool as it goes
     (its own connection: the caller may have returned already)."""
     import sqlite3
@@ -274,24 +803,17 @@ def _deliver_rows(path: str, rows: list[tuple[int, str, str, str, list[str]]], u
         return
     conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
     try:
-        for row_id, title, body, severity, targets in rows:
+        for row_id, title, body, severity, targets, key, state in rows:
             left, errors = [], []
             for tid in targets:
                 url = urls.get(tid)
                 if url is None:
                     continue  # that URL was removed from the config: nobody to deliver to
-                client = apprise.Apprise()
-                if not client.add(url):
-                    errors.append(f"invalid URL #{tid}")  # permanent: retrying cannot help
-                    continue
-                try:
-                    ok = bool(client.notify(title=title, body=body, notify_type=_notify_type(apprise, severity),
-                                             body_format=apprise.NotifyFormat.TEXT))
-                except Exception as e:  # noqa: BLE001 - a plugin bug must not lose the message
-                    ok, errors = False, errors + [f"{type(e).__name__}: {e}"]
+                ok, err = _send_one(apprise, url, title, body, severity, key, state, timeout_s)
+                if err:
+                    errors.append(f"#{tid}: {err}")
                 if not ok:
                     left.append(tid)
-                    errors.append(f"delivery to #{tid} failed")
             if left:
                 conn.execute("UPDATE notify_spool SET targets=?, attempts=attempts+1, last_error=?, "
                              "next_try=? + MIN(3600, 30 * (1 << MIN(attempts, 7))) WHERE id=?",
@@ -305,15 +827,38 @@ def _deliver_rows(path: str, rows: list[tuple[int, str, str, str, list[str]]], u
         conn.close()
 
 
-def _deliver(path: str, rows: list[tuple[int, str, str, str, list[str]]], urls: dict[str, str],
-             budget_s: float) -> dict[int, bool]:
+def _deliver(path: str, rows: list[Row], urls: dict[str, str], budget_s: float,
+             timeout_s: Optional[float]) -> dict[int, bool]:
     done: dict[int, bool] = {}
     if not rows:
         return done
-    t = threading.Thread(target=_deliver_rows, args=(path, rows, urls, done), name="gpuguard-notify", daemon=True)
+    t = threading.Thread(target=_deliver_rows, args=(path, rows, urls, done, timeout_s), name="gpuguard-notify",
+                         daemon=True)
     t.start()
     t.join(max(0.0, budget_s))
     return dict(done)
+
+
+def _deliver_direct(ncfg: dict[str, Any], event: Event, budget_s: float) -> str:
+    """No usable state (it is not trusted): send straight away, without gates or spool. Better a duplicate page
+    than a silenced drain."""
+    title, body = render(event, ncfg["title_prefix"])
+    key = dedupe_key(event, ncfg["title_prefix"])
+    state = "resolved" if event.resolved else "firing"
+    result: dict[str, bool] = {}
+
+    def run() -> None:
+        try:
+            import apprise
+        except ImportError:
+            return
+        result["ok"] = all(_send_one(apprise, u, title, body, event.severity, key, state, ncfg["timeout_s"])[0]
+                           for u in ncfg["urls"])
+
+    t = threading.Thread(target=run, name="gpuguard-notify-direct", daemon=True)
+    t.start()
+    t.join(max(0.0, budget_s))
+    return "sent" if result.get("ok") else "failed"
 
 
 def _enabled(cfg: "Config") -> Optional[dict[str, Any]]:
@@ -321,83 +866,171 @@ def _enabled(cfg: "Config") -> Optional[dict[str, Any]]:
     return ncfg if ncfg and ncfg.get("urls") else None
 
 
+def _wanted(ncfg: dict[str, Any], event: Event) -> bool:
+    if event.kind not in ncfg["kinds"]:
+        return False
+    if event.resolved:
+        return bool(ncfg.get("send_resolved", True))  # its alert passed min_severity: so does its resolution
+    return SEVERITY_RANK.get(event.severity, 1) >= SEVERITY_RANK[ncfg["min_severity"]]
+
+
 # --------------------------------------------------------------------------- the API
 
 
-def emit(cfg: "Config", event: Event, budget_s: float = 2.0) -> str:
-    """Send `event` (or suppress / spool it). Returns "sent" | "suppressed" | "spooled" | "disabled".
-    Never raises, never takes longer than `budget_s`."""
+def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optional[str] = None) -> str:
+    """Send `event` (or fold it into its episode / a digest / the spool). Returns "sent" | "suppressed" |
+    "spooled" | "disabled" | "failed" (the state could not be used and direct delivery failed too).
+    `state_path`: a caller with its own state (the monitor, as the job's user; see user_state_path) — it never
+    uses shared_dir. Never raises, never takes longer than `budget_s` (plus the state's lock timeout).
+    A state that cannot be used (untrusted, full disk, read-only, locked) never silences a message: it is then
+    delivered directly, without de-duplication or spool."""
     row_id: Optional[int] = None
+    ncfg = None
+    start = time.monotonic()
     try:
         ncfg = _enabled(cfg)
-        if ncfg is None:
+        if ncfg is None or not _wanted(ncfg, event):
             return "disabled"
-        if event.kind not in ncfg["kinds"] or \
-                SEVERITY_RANK.get(event.severity, 1) < SEVERITY_RANK[ncfg["min_severity"]]:
-            return "disabled"
-        start = time.monotonic()
-        path = _state_path(cfg, local_node(cfg, event.node))
-        conn = _connect(path, timeout_s=max(0.2, min(1.0, budget_s / 4)))
+        own_state = state_path is not None
+        path = state_path or _state_path(cfg, local_node(cfg, event.node))
+        group_uids: Optional[set[int]] = None
+        if not own_state:
+            uids = trusted_uids(ncfg)
+            why = _state_trusted(path, uids)
+            if why:
+                _log(f"not using notification state ({why}); delivering {event.kind} {event.node} directly")
+                return _deliver_direct(ncfg, event, budget_s)
+            if ncfg["shared_dir"]:
+                group_uids = uids
+        timeout = max(0.2, min(1.0, budget_s / 4))
+        key = dedupe_key(event, ncfg["title_prefix"])
+        state = "resolved" if event.resolved else "firing"
+        urls = {_url_id(u): u for u in ncfg["urls"]}
+        conn = _connect_user(path, timeout) if own_state else _connect(path, timeout)
         try:
             now = time.time()
-            decision, repeats, since = _gate(conn, ncfg, event, now)
-            urls = {_url_id(u): u for u in ncfg["urls"]}
-            if decision == "suppressed":
+            d = _gate(conn, ncfg, event, key, now, group_uids)
+            if d.verdict == "suppressed":
                 return "suppressed"
-            title, body = render(event, ncfg["title_prefix"], repeats, since)
-            if decision == "held":  # over the rate limit: kept, leaves in the next digest
-                _spool(conn, event, title, body, list(urls), "held", now)
+            title, body = render(event, ncfg["title_prefix"], d.repeats, d.since, d.opened)
+            if d.verdict == "held":  # over the rate limit: kept, leaves in the next digest
+                _spool(conn, event, title, body, list(urls), "held", now, key=key)
                 return "suppressed"
-            row_id = _spool(conn, event, title, body, list(urls), "pending", now)
+            row_id = _spool(conn, event, title, body, list(urls), "pending", now, key=key)
         finally:
             conn.close()
         left = budget_s - (time.monotonic() - start)
-        done = _deliver(path, [(row_id, title, body, event.severity, list(urls))], urls, left)
+        done = _deliver(path, [(row_id, title, body, event.severity, list(urls), key, state)], urls, left,
+                        ncfg["timeout_s"])
         return "sent" if done.get(row_id) else "spooled"
     except Exception as e:  # noqa: BLE001 - notifying must never break a prolog
         _log(f"emit {event.kind} {event.node}: {type(e).__name__}: {e}")
-        return "spooled" if row_id is not None else "suppressed"
+        if row_id is not None:
+            return "spooled"
+        if ncfg is None:
+            return "suppressed"
+        try:  # the state failed us before the message was kept: it goes out directly
+            return _deliver_direct(ncfg, event, max(0.0, budget_s - (time.monotonic() - start)))
+        except Exception as e2:  # noqa: BLE001
+            _log(f"emit {event.kind} {event.node}: direct delivery: {type(e2).__name__}: {e2}")
+            return "failed"
 
 
-def _group_digests(conn: Any, ncfg: dict[str, Any], urls: list[str], now: float) -> None:
-    """For every closed fleet-wide group past its threshold, claim it (O_EXCL) and spool one digest."""
-    root = os.path.join(ncfg["shared_dir"], "groups")
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    for name in names:
-        gdir = os.path.join(root, name)
-        try:
-            bucket = int(name.rsplit("__", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        if (bucket + 1) * ncfg["group_window_s"] > now:
-            continue  # still open
-        try:
-            members = [m for m in os.listdir(gdir) if m.endswith(".json")]
-            if len(members) <= ncfg["group_threshold"]:
-                continue
-            fd = os.open(os.path.join(gdir, "digest.claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            os.write(fd, f"{socket.gethostname()} {now}\n".encode())
-            os.close(fd)
-        except FileExistsError:
-            continue  # another node sends (or sent) it
-        except OSError:
-            continue
-        events = []
-        for m in members:
+def _claim_digest(gfd: int, uids: set[int], group: str) -> bool:
+    """O_EXCL claim of a group's digest. A claim file only counts when a trusted uid owns it: anything else
+    squatting the name (planted while the directory was writable) is removed, or the next name is used."""
+    for name in ("digest.claim", "digest.claim.1", "digest.claim.2"):
+        for _ in (1, 2):
             try:
-                with open(os.path.join(gdir, m)) as f:
-                    events.append(json.load(f))
-            except (OSError, ValueError):
-                events.append({"node": m[:-5], "kind": name.split("__")[0], "message": "(unreadable)"})
-        title, body = render_digest(events, ncfg["title_prefix"],
-                                    f"{len(events)} nodes reported the same problem within "
-                                    f"{ncfg['group_window_s']:g} s; the first {ncfg['group_threshold']} were sent "
-                                    "individually, this digest lists all of them.")
-        severity = max((e.get("severity", "warning") for e in events), key=lambda s: SEVERITY_RANK.get(s, 1))
-        _spool(conn, None, title, body, urls, "pending", now, severity)
+                fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                             dir_fd=gfd)
+            except FileExistsError:
+                try:
+                    st = os.stat(name, dir_fd=gfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # gone meanwhile: try again
+                if stat.S_ISREG(st.st_mode) and st.st_uid in uids and not st.st_mode & 0o022:
+                    return False  # another node sends (or sent) it
+                _log(f"groups/{group}/{name}: not a trusted claim (uid {st.st_uid}, mode {st.st_mode:o}); ignored")
+                try:
+                    os.unlink(name, dir_fd=gfd)  # unlinkat: removes the entry itself, never follows it
+                except OSError:
+                    break  # a directory, or cannot: use the next name
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{socket.gethostname()} {time.time():.3f}\n")
+            return True
+    return False
+
+
+def _group_digests(conn: Any, ncfg: dict[str, Any], uids: set[int], urls: list[str], now: float) -> None:
+    """For every closed fleet-wide group past its threshold, claim it (O_EXCL) and spool one digest; remove
+    groups older than the spool's age limit."""
+    try:
+        root_fd = open_trusted_dir(ncfg["shared_dir"], uids)
+    except OSError as e:
+        _log(f"shared_dir {ncfg['shared_dir']} not used ({e}); no fleet-wide digests")
+        return
+    try:
+        try:
+            groups_fd = _open_child_dir(root_fd, "groups", uids, f"{ncfg['shared_dir']}/groups", create=False)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            _log(f"{ncfg['shared_dir']}/groups not used ({e})")
+            return
+    finally:
+        os.close(root_fd)
+    try:
+        keep_s = max(86400.0, ncfg["spool_max_age_h"] * 3600)
+        for name in sorted(os.listdir(groups_fd))[:MAX_GROUP_ENTRIES]:
+            parsed = _split_group(name)
+            if parsed is None:
+                continue
+            kind, check, bucket = parsed
+            end = (bucket + 1) * ncfg["group_window_s"]
+            if end > now:
+                continue  # still open
+            try:
+                gfd = _open_child_dir(groups_fd, name, uids, f"groups/{name}", create=False)
+            except OSError as e:
+                _log(f"groups/{name} ignored ({e})")
+                continue
+            try:
+                if now - end > keep_s:
+                    _remove_group(groups_fd, gfd, name)
+                    continue
+                entries = os.listdir(gfd)[:MAX_GROUP_ENTRIES]
+                events = [m for m in (_read_member(gfd, n, uids, kind, check) for n in entries
+                                      if _MEMBER_NAME.match(n)) if m is not None]
+                if len(events) <= ncfg["group_threshold"] or not _claim_digest(gfd, uids, name):
+                    continue
+            finally:
+                os.close(gfd)
+            title, body = render_digest(events, ncfg["title_prefix"],
+                                        f"{len(events)} nodes reported the same problem within "
+                                        f"{ncfg['group_window_s']:g} s (window ending {iso_utc(end)}); the first "
+                                        f"{ncfg['group_threshold']} were sent individually, this digest lists all "
+                                        "of them.")
+            severity = max((e.get("severity", "warning") for e in events), key=lambda s: SEVERITY_RANK.get(s, 1))
+            all_resolved = all(e.get("state") == "resolved" for e in events)
+            _spool(conn, None, title, body, urls, "pending", now, severity,
+                   key=f"{_part(ncfg['title_prefix'])}/digest/{name}", state="resolved" if all_resolved else "firing")
+    finally:
+        os.close(groups_fd)
+
+
+def _remove_group(groups_fd: int, gfd: int, name: str) -> None:
+    """unlinkat every entry of an old (trusted) group directory, then the directory; never follows a link."""
+    for n in os.listdir(gfd)[:MAX_GROUP_ENTRIES]:
+        try:
+            os.unlink(n, dir_fd=gfd)
+        except OSError:
+            pass
+    try:
+        os.rmdir(name, dir_fd=groups_fd)
+    except OSError:
+        pass
 
 
 def _held_digest(conn: Any, ncfg: dict[str, Any], urls: list[str], now: float) -> None:
@@ -406,8 +1039,7 @@ def _held_digest(conn: Any, ncfg: dict[str, Any], urls: list[str], now: float) -
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute("DELETE FROM notify_sent WHERE ts < ?", (now - ncfg["rate_window_s"],))
-        if conn.execute("SELECT COUNT(*) FROM notify_sent").fetchone()[0] >= ncfg["rate_limit"]:
+        if _rate_full(conn, ncfg, now):
             conn.execute("COMMIT")
             return
         events = [json.loads(e) for _, e in held if e]
@@ -416,7 +1048,10 @@ def _held_digest(conn: Any, ncfg: dict[str, Any], urls: list[str], now: float) -
                                     f"({ncfg['rate_limit']} per {ncfg['rate_window_s']:g} s):")
         severity = max((e.get("severity", "warning") for e in events), key=lambda s: SEVERITY_RANK.get(s, 1))
         conn.execute("INSERT INTO notify_sent(ts) VALUES (?)", (now,))
-        _spool(conn, None, title, body, urls, "pending", now, severity)
+        all_resolved = all(e.get("state") == "resolved" for e in events)
+        _spool(conn, None, title, body, urls, "pending", now, severity,
+               key=f"{_part(ncfg['title_prefix'])}/digest/held/{int(now)}",
+               state="resolved" if all_resolved else "firing")
         marks = ",".join("?" * len(held))
         conn.execute(f"UPDATE notify_spool SET status='digested' WHERE id IN ({marks})", [i for i, _ in held])
         conn.execute("COMMIT")
@@ -425,30 +1060,39 @@ def _held_digest(conn: Any, ncfg: dict[str, Any], urls: list[str], now: float) -
         raise
 
 
-def flush(cfg: "Config", budget_s: float = 5.0) -> int:
-    """Retry spooled messages, send digests (rate-limited events, closed fleet-wide groups). Returns how many
-    messages were delivered within `budget_s`. Never raises."""
+def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None) -> int:
+    """Retry spooled messages, send digests (rate-limited events, closed fleet-wide groups: root hooks only).
+    Returns how many messages were delivered within `budget_s`. Never raises."""
     try:
         ncfg = _enabled(cfg)
         if ncfg is None:
             return 0
         start = time.monotonic()
-        path = _state_path(cfg, local_node(cfg))
-        conn = _connect(path, timeout_s=max(0.2, min(1.0, budget_s / 4)))
+        own_state = state_path is not None
+        path = state_path or _state_path(cfg, local_node(cfg))
+        uids = trusted_uids(ncfg)
+        if not own_state:
+            why = _state_trusted(path, uids)
+            if why:
+                _log(f"not using notification state ({why}); nothing flushed")
+                return 0
+        timeout = max(0.2, min(1.0, budget_s / 4))
+        conn = _connect_user(path, timeout) if own_state else _connect(path, timeout)
         urls = {_url_id(u): u for u in ncfg["urls"]}
         try:
             now = time.time()
             conn.execute("UPDATE notify_spool SET status='expired' WHERE status IN ('pending','held') AND created < ?",
                          (now - ncfg["spool_max_age_h"] * 3600,))
-            if ncfg["shared_dir"]:
-                _group_digests(conn, ncfg, list(urls), now)
+            if ncfg["shared_dir"] and not own_state:
+                _group_digests(conn, ncfg, uids, list(urls), now)
             _held_digest(conn, ncfg, list(urls), now)
-            rows = [(i, t, b, s or "warning", json.loads(tg)) for i, t, b, s, tg in conn.execute(
-                "SELECT id, title, body, severity, targets FROM notify_spool WHERE status='pending' AND next_try<=? "
-                "ORDER BY id LIMIT 50", (now,))]
+            rows: list[Row] = [(i, t, b, s or "warning", json.loads(tg), k, st or "firing")
+                               for i, t, b, s, tg, k, st in conn.execute(
+                "SELECT id, title, body, severity, targets, dedup_key, state FROM notify_spool "
+                "WHERE status='pending' AND next_try<=? ORDER BY id LIMIT 50", (now,))]
         finally:
             conn.close()
-        done = _deliver(path, rows, urls, budget_s - (time.monotonic() - start))
+        done = _deliver(path, rows, urls, budget_s - (time.monotonic() - start), ncfg["timeout_s"])
         return sum(1 for ok in done.values() if ok)
     except Exception as e:  # noqa: BLE001
         _log(f"flush: {type(e).__name__}: {e}")

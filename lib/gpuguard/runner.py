@@ -475,13 +475,16 @@ def _save_tier_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs:
 
 def run_events(result: RunResult) -> list[Any]:
     """What a human should hear about this run: a drain (or a prolog that failed a job without being able to
-    drain), an undrain, a node pinned as FLAPPING."""
-    from gpuguard.notify import Event
+    drain), an undrain or the end of gpuguard's drain (both resolve the drain's alert: same dedupe key), a node
+    pinned as FLAPPING. Hardware alerts name the GPUs by UUID and serial (from this run's NVML observation)."""
+    from gpuguard.notify import Event, gpu_identities
 
     ctx, v = result.context, result.verdict
     p = v.primary
+    failing = ([p] if p else []) + [f for f in v.failing if f is not p]
+    gpus = gpu_identities(getattr(result.observations, "nvml", None), (f.gpu for f in failing))
     base = dict(node=ctx.node, job_id=ctx.job_id, check_id=p.check_id if p else None,
-                evidence=dict(p.evidence) if p else {})
+                evidence=dict(p.evidence) if p else {}, gpus=gpus)
     events = []
     drain = result.drain or {}
     if drain.get("outcome") == "done":
@@ -495,6 +498,10 @@ def run_events(result: RunResult) -> list[Any]:
     u = result.undrain or {}
     if u.get("outcome") == "done":
         events.append(Event(kind="undrain", severity="info", node=ctx.node, message=f"undrained: {u['detail']}"))
+    elif u.get("outcome") == "gone":  # resumed or taken over outside gpuguard: its drain alert is over
+        events.append(Event(kind="undrain", severity="info", node=ctx.node,
+                            message=f"gpuguard's drain ended outside gpuguard: {u['detail']}",
+                            action="none from gpuguard: the node is no longer drained by it"))
     elif u.get("outcome") == "flapping":
         events.append(Event(kind="flapping", severity="critical", node=ctx.node,
                             message=f"pinned drained as FLAPPING: {u['detail']}",

@@ -116,13 +116,16 @@ def test_kind_and_severity_filters(tmp_path, hook):
 
 
 def test_repeats_are_suppressed_then_counted(tmp_path, hook):
+    """An episode nothing repeated or resolved for dedup_window_s is over (the fallback for alerts that never
+    resolve): the next one is sent and says how many repeats the last one folded."""
     cfg = make_cfg(tmp_path, urls=[hook.url()], dedup_window_s=0.6)
-    assert emit(cfg, xid_drain()) == "sent"
-    assert [emit(cfg, xid_drain()) for _ in range(4)] == ["suppressed"] * 4
+    failure = dict(kind="prolog_failure")
+    assert emit(cfg, xid_drain(**failure)) == "sent"
+    assert [emit(cfg, xid_drain(**failure)) for _ in range(4)] == ["suppressed"] * 4
     # another check on the same node is another key
-    assert emit(cfg, xid_drain(check_id="gpu.ecc")) == "sent"
+    assert emit(cfg, xid_drain(check_id="gpu.ecc", **failure)) == "sent"
     time.sleep(0.7)
-    assert emit(cfg, xid_drain()) == "sent"
+    assert emit(cfg, xid_drain(**failure)) == "sent"
     last = hook.wait_for(3)[-1]["body"]["message"]
     assert "also happened 4 more time(s)" in last
 
@@ -198,14 +201,18 @@ def test_emit_never_exceeds_its_budget(tmp_path, hook):
     assert time.monotonic() - t0 < 0.9
 
 
-def test_bad_url_and_unwritable_state_never_raise(tmp_path):
+def test_bad_url_and_unwritable_state_never_raise(tmp_path, hook):
     cfg = make_cfg(tmp_path, urls=["not a url at all", "json://127.0.0.1:1/closed-port"])
     assert emit(cfg, xid_drain(), budget_s=3) == "spooled"
     blocked = tmp_path / "file"
     blocked.write_text("")
     cfg2 = make_cfg(tmp_path, urls=["json://127.0.0.1:1/x"], state_path=str(blocked / "sub" / "s.db"))
-    assert emit(cfg2, xid_drain(), budget_s=1) in ("suppressed", "spooled")
+    assert emit(cfg2, xid_drain(), budget_s=1) == "failed"  # no state to spool into, and nobody listening
     assert flush(cfg2) == 0
+    # a state that cannot be used never silences a drain: it goes out directly (no de-duplication, no spool)
+    cfg3 = make_cfg(tmp_path, urls=[hook.url("/direct")], state_path=str(blocked / "sub" / "s.db"))
+    assert emit(cfg3, xid_drain(), budget_s=5) == "sent"
+    assert "XID79" in hook.wait_for(1)[0]["body"]["message"]
 
 
 def test_config_rejects_bad_values(tmp_path):
