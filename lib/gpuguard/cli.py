@@ -39,7 +39,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def build_parser(only_feature: Optional[str] = None) -> argparse.ArgumentParser:
     """The full parser. `only_feature`: import just that feature module (the command being run), so a
     broken or missing optional module cannot take every other command down with it."""
+    from gpuguard import __version__
+
     ap = argparse.ArgumentParser(prog="gpuguard", description="Keep GPU training clusters healthy under Slurm.")
+    ap.add_argument("-V", "--version", action="version", version=f"gpuguard {__version__}")
     _add_common(ap)
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
@@ -276,7 +279,11 @@ def cmd_xid(args: argparse.Namespace) -> int:
 
         catalog = load_catalog()
         path = "/dev/stdin" if args.file == "-" else args.file
-        res = scan_xid_file(path)
+        try:
+            res = scan_xid_file(path)
+        except OSError as e:  # exit 1 means "fatal Xid found": a file that cannot be read is a usage error
+            print(f"gpuguard: error: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
+            return 2
         events = []
         for ev in res.events:
             info = catalog.lookup(ev.code)
@@ -413,6 +420,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["--version"], ["-V"]):  # without importing every feature module
+        from gpuguard import __version__
+
+        print(f"gpuguard {__version__}")
+        return 0
     # Fast path for the hooks: no argparse help machinery needed beyond a tiny parse.
     if argv and argv[0] in HOOK_KINDS:
         args = build_hook_parser(argv[0]).parse_args(argv)
@@ -443,6 +455,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:  # `gpuguard history | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a missing or unreadable input file: one line and exit 2 (exit 1 means "would drain")
+        if e.filename is None:
+            raise
+        print(f"gpuguard: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except RecursionError:  # JSON/YAML nested deeper than Python can follow (e.g. 100000 '['): bad input
+        print("gpuguard: error: input nested too deeply to read", file=sys.stderr)
+        return 2
     if args.cmd == "check":
         sys.stdout.flush()
         sys.stderr.flush()
