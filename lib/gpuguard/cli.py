@@ -127,12 +127,13 @@ def build_hook_parser(kind: str) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- hooks (prolog/epilog/healthcheck)
 
 
-def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> None:
+def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> Any:
     """Last line of defence: whatever hangs, the hook exits before slurmd's own timeout."""
     import threading
 
     def fire() -> None:
-        log.error(f"{state['kind']}: total deadline of {seconds:g}s exceeded; exiting with {state['exit_code']}")
+        log.error(f"{state['kind']}: {state.get('phase', 'total')} deadline of {seconds:g}s exceeded; "
+                  f"exiting with {state['exit_code']}")
         os._exit(state["exit_code"])
 
     t = threading.Timer(seconds, fire)
@@ -140,26 +141,44 @@ def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> None:
     t.start()
 
 
+    return t
+
+
+# Reading and validating the config takes milliseconds; a config on a hung filesystem (NFS) must not hang the
+# hook until slurmd kills it. Fail open: without a config there is no policy saying otherwise.
+CONFIG_LOAD_TIMEOUT_S = 10.0
 def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None) -> int:
     from gpuguard.config import ConfigError, load_config
     from gpuguard.context import context_from_env
+    import time
+
     from gpuguard.log import HookLog
 
     ctx = context_from_env(kind, os.environ)
     try:
+    t0 = time.monotonic()
         cfg = load_config(config_path)
+    state: dict[str, Any] = {"kind": f"{kind} on {ctx.node}", "exit_code": 0, "phase": "config-loading"}
+    try:  # tests shorten it; slurmd gives hooks a bare environment, so on a node it is the constant
+        load_timeout = float(os.environ.get("GPUGUARD_CONFIG_LOAD_TIMEOUT_S", CONFIG_LOAD_TIMEOUT_S))
+    except ValueError:
+        load_timeout = CONFIG_LOAD_TIMEOUT_S
+    guard = _watchdog(load_timeout, state, HookLog())
     except ConfigError as e:
         # Fail open: a typo in the config must not drain the whole fleet. Loud, though.
         HookLog().error(f"{kind} on {ctx.node}: INTERNAL ERROR (config) - not draining: {e}")
         return 0
     lg = cfg.sections["logging"]
     log = HookLog(lg["syslog"], lg["file"], lg["level"], stderr=kind != "healthcheck")
+    finally:
+        guard.cancel()
     if ctx.ignored_env:
         log.warning(f"{kind} on {ctx.node}: ignored malformed environment variables: {', '.join(ctx.ignored_env)}")
     open_policy = cfg.sections["policy"]["on_internal_error"] == "open"
     deadline = cfg.sections["deadlines"][f"{kind}_s"]
     state = {"kind": kind, "exit_code": 0 if open_policy else 1}
-    _watchdog(deadline + 1.0, state, log)
+    # the run's deadline counts from the hook's start, config loading included
+    _watchdog(max(0.5, deadline + 1.0 - (time.monotonic() - t0)), state, log)
     try:
         from gpuguard.runner import execute
 

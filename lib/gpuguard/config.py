@@ -8,6 +8,7 @@ Every check can be switched off fleet-wide (`checks.<id>.enabled: false`) withou
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ def _num(minimum: float = 0.0, strict: bool = True, allow_none: bool = False) ->
             return None
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise ValueError(f"expected a number{' or null' if allow_none else ''}, got {x!r}")
+        if not math.isfinite(x):  # YAML's .nan / .inf: a deadline of infinity is no deadline at all
+            raise ValueError(f"expected a finite number, got {x!r}")
         if (x <= minimum) if strict else (x < minimum):
             raise ValueError(f"expected a number {'>' if strict else '>='} {minimum:g}, got {x!r}")
         return x
@@ -112,6 +115,15 @@ def _disk_paths(x: Any) -> Any:
     return out
 
 
+def _pg_url(x: Any) -> Any:
+    """store.url; gpuguard.fleet.url is imported only when a url is configured (the hooks stay lean)."""
+    if x is None:
+        return None
+    from gpuguard.fleet.url import validate_url
+
+    return validate_url(x)
+
+
 # Sections with fixed keys: key -> (validator, default)
 SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
     "node": {
@@ -155,6 +167,14 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
     "store": {
         # SQLite history; "{node}" is replaced by the node name (several slurmd on one host)
         "path": (_str(), "/var/lib/gpuguard/state.db"),
+        # central history (gpuguard.fleet): postgresql://USER@HOST[:PORT]/DB, the password in ~/.pgpass or
+        # $PGPASSFILE rather than here; hooks record locally and ship asynchronously; null = SQLite only
+        "url": (_pg_url, None),
+        # local runs/findings/drains older than this are pruned by the health check (never less than
+        # reboot.window_days; never rows not yet shipped to store.url); null = keep everything
+        "retention_days": (_num(allow_none=True), 90.0),
+        "ship_budget_s": (_num(), 2.0),  # the health check ships and prunes for at most this long after its verdict
+        "ship_interval_s": (_num(), 60.0),  # how often the watch daemon ships
     },
     "slurm": {
         "backend": (_choice("auto", "cli", "pyslurm"), "auto"),
@@ -298,6 +318,10 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
     "metrics": {
         # node_exporter --collector.textfile.directory ("{node}" = node name); null = no metrics, no cost
         "textfile_dir": (_str(allow_none=True), None),
+        # slurm.conf HealthCheckInterval, exported so the freshness alert fires after 3x this without a health check
+        "healthcheck_interval_s": (_num(), 300.0),
+        # how often `gpuguard watch` writes its liveness heartbeat (the "watch down" alert waits 3x this)
+        "watch_heartbeat_s": (_num(), 30.0),
     },
     # @section:monitor
     "monitor": {
@@ -395,6 +419,7 @@ def parse_config(text: str, source: str = "<string>", check_params: Optional[dic
 
         check_params = param_schema()
     try:
+        check_yaml_expansion(text, source)
         root = load_yaml_located(text, source)
     except YamlError as e:
         raise ConfigError(str(e)) from None
@@ -431,6 +456,52 @@ def parse_config(text: str, source: str = "<string>", check_params: Optional[dic
                 raise _err(source, kline, path, str(e)) from None
     _parse_xid_overrides(cfg, root, source)
     return cfg
+
+
+MAX_YAML_NODES = 100_000  # a real config has a few hundred; "billion laughs" aliases expand to billions
+
+
+def check_yaml_expansion(text: str, source: str, limit: int = MAX_YAML_NODES) -> None:
+    """Refuse YAML whose aliases expand to more than `limit` nodes (a "billion laughs" document is a few hundred
+    bytes, expands exponentially and would hang the prolog). Counted on the composed node graph, where an alias
+    is the same node object again: linear in the document, iterative (no recursion limit)."""
+    import yaml
+
+    if "*" not in text:  # no alias, nothing can expand: skip the second compose on the prolog's path
+        return
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        loader = loader_cls(text)
+        try:
+            root = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError:
+        return  # the real parse reports the error with its line
+    if root is None:
+        return
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in size:
+            continue
+        if isinstance(node, yaml.MappingNode):
+            kids = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            kids = list(node.value)
+        else:
+            kids = []
+        if children_done or not kids:
+            total = 1 + sum(size.get(id(k), 0) for k in kids)
+            if total > limit:
+                line = node.start_mark.line + 1
+                raise YamlError(f"{source}: line {line}: document expands to more than {limit} nodes through "
+                                f"aliases (&anchor/*alias): refused")
+            size[id(node)] = total
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in size)
 
 
 def _parse_checks(cfg: Config, node: Located, source: str, check_params: dict[str, dict[str, str]]) -> None:
