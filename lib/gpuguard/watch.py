@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from gpuguard.config import Config, ConfigError, load_config
 from gpuguard.log import HookLog
+from gpuguard.metrics import WatchHeartbeat
 from gpuguard.model import Finding, Severity
 from gpuguard.watch_follow import Cursor, Follower, FollowError, make_follower
 from gpuguard.watch_judge import (CHECK_ID, WatchEvent, WatchJudge, event_finding, finding_reason, forged_finding,
@@ -462,6 +463,7 @@ class WatchDaemon:
         self._cursor_sent = 0.0
         self._forged_seen = 0
         self._forged_reported_at = -1e18
+        self.heartbeat = WatchHeartbeat(node, enabled=not once)  # liveness metric for the "watch down" alert
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
@@ -555,6 +557,7 @@ class WatchDaemon:
                 now = time.monotonic()
                 self._flush_cursor(now)
                 self._report_forged(now)
+                self.heartbeat.beat(self.cfg, now, self.log, self._pending_drains())
                 if wd is not None and now >= wd_next:
                     sd_notify("WATCHDOG=1")
                     wd_next = now + wd
@@ -571,6 +574,9 @@ class WatchDaemon:
     def _source_exhausted(self) -> bool:
         return bool(getattr(self.follower, "finished", True))
 
+    def _pending_drains(self) -> int:
+        return len(self.worker.pending) if self.worker is not None else 0
+
     def _timeout(self, now: float, wd_next: Optional[float]) -> Optional[float]:
         assert self.follower is not None
         due: list[float] = []
@@ -582,6 +588,9 @@ class WatchDaemon:
             due.append(max(0.0, self._forged_reported_at + self.settings.dedupe_window_s - now))
         if wd_next is not None:
             due.append(max(0.0, wd_next - now))
+        beat = self.heartbeat.due_in(self.cfg, now)
+        if beat is not None:
+            due.append(beat)
         if self.once:
             due.append(0.05)
         return min(due) if due else None  # None: sleep until the kernel log or a signal wakes us
@@ -723,6 +732,8 @@ class WatchDaemon:
             unresolved = len(worker.pending)
             worker.stop()
             worker.join(timeout=2 * self.settings.scontrol_s + 5)
+        # a clean stop says so at once (gpuguard_watch_up 0); a crash leaves the heartbeat to go stale
+        self.heartbeat.beat(self.cfg, time.monotonic(), self.log, unresolved, up=False, force=True)
         if follower is not None:
             follower.close()
         for fd in (self._wake_r, self._wake_w):

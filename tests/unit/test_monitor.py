@@ -287,11 +287,12 @@ def test_monitor_metrics_file_parses(site, tmp_path):
     text = (tmp_path / "prom" / "node1" / "gpuguard_monitor.prom").read_text()
     samples = {(x.name, x.labels.get("gpu")): x.value for f in text_string_to_metric_families(text)
                for x in f.samples}
+    # base units (docs/metrics.md); the node's CPU/memory/disk/network are node_exporter's, not repeated here
     assert samples[("gpuguard_gpu_temperature_celsius", "2")] == 71
-    assert samples[("gpuguard_gpu_sm_clock_mhz", "0")] == 1980
-    assert samples[("gpuguard_gpu_utilization_percent", "7")] == 97
-    assert 0 < samples[("gpuguard_monitor_rss_bytes", None)] < 200 * 2**20
-    assert ("gpuguard_node_cpu_percent", None) in samples
+    assert samples[("gpuguard_gpu_sm_clock_hertz", "0")] == 1980e6
+    assert samples[("gpuguard_gpu_utilization_ratio", "7")] == pytest.approx(0.97)
+    assert 0 < samples[("gpuguard_monitor_resident_memory_bytes", None)] < 200 * 2**20
+    assert not [name for name, _ in samples if name.startswith("gpuguard_node_")]
 
 
 def test_cost_per_sample_fits_the_budget(site, tmp_path):

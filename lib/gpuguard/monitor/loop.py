@@ -233,6 +233,13 @@ class Monitor:
 
     def close(self) -> None:
         self.gpus.close()
+        # on every exit (end of --duration, SIGTERM/SIGINT from srun or scancel, --once): a file left behind would
+        # show the GPUs' last values, and the job's alerts, as current for ever
+        from gpuguard.metrics import MONITOR_FILE, remove, textfile_dir
+
+        directory = textfile_dir(self.cfg, self.node)
+        if directory:
+            remove(directory, MONITOR_FILE)
 
 
 def main_from_args(args: Any) -> int:
