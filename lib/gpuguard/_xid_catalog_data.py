@@ -1,7 +1,7 @@
 # Generated from data/xid_catalog.yaml by `python -m gpuguard.xid regen`. Do not edit: edit the YAML.
 # The loader uses DATA only while YAML_FINGERPRINT (size:crc32) matches the YAML, else parses the YAML.
 # flake8: noqa
-YAML_FINGERPRINT = '89922:ff0a171a'
+YAML_FINGERPRINT = '90833:07dc3716'
 DATA = {'version': 1,
  'buckets': {'RESTART_APP': {'meaning': 'Restart the application; a GPU reset or bare-metal restart is not needed.',
                              'action': 'none',
@@ -66,10 +66,13 @@ DATA = {'version': 1,
              'nvidia_action_text': "Look the code up in NVIDIA's current Xid catalog "
                                    '(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html) and add a '
                                    'site override.',
-             'severity': 'fatal',
-             'action': 'drain',
+             'severity': 'warn',
+             'action': 'none',
              'causes': [],
-             'note': 'Fails closed: unknown codes drain the node for triage. Override `unknown` to relax this.'},
+             'note': 'Warns and alerts, never drains: a driver upgrade that adds an informational code would '
+                     'otherwise drain every node of the fleet at once. Known hardware faults (GPU lost, ECC, row '
+                     'remap, recovery action) are caught by their own checks whatever the code. Override `unknown` '
+                     '(e.g. severity fatal) to drain on unknown codes.'},
  'xids': {1: {'mnemonic': 'ROBUST_CHANNEL_FIFO_ERROR_FIFO_METHOD',
               'name': 'Invalid or corrupted push buffer stream',
               'description': 'NVIDIA lists this code as unused on A100, H100, B100 and GB200; on Volta and older '
@@ -1479,9 +1482,10 @@ DATA = {'version': 1,
                 'severity': 'fatal',
                 'action': 'reset',
                 'causes': [],
-                'note': "WORKFLOW bucket: NVIDIA's decode sheet maps some statuses of this unit to IGNORE and others "
-                        'to RESET_GPU (Fatal). The code alone cannot tell, so gpuguard fails closed; a check that '
-                        "reads the message's Fatal/Nonfatal field or a following Xid 154 can refine it."},
+                'note': "WORKFLOW bucket: NVIDIA's decode sheet maps the Nonfatal statuses of this unit to IGNORE "
+                        "and the Fatal ones to RESET_GPU. gpuguard reads the driver's Fatal/Nonfatal token in the "
+                        'message (Nonfatal: warn, the node stays in service; Fatal: drain, reset); this entry '
+                        'applies only to a message without the token, and fails closed.'},
           145: {'mnemonic': 'NVLINK_RLW_ERROR',
                 'name': 'NVLINK: RLW Error',
                 'description': 'An NVLink5 error reported by the RLW unit (B100/GB200). The message carries the '
@@ -1494,9 +1498,10 @@ DATA = {'version': 1,
                 'severity': 'fatal',
                 'action': 'reset',
                 'causes': [],
-                'note': "WORKFLOW bucket: NVIDIA's decode sheet maps some statuses of this unit to IGNORE and others "
-                        'to RESET_GPU (Fatal). The code alone cannot tell, so gpuguard fails closed; a check that '
-                        "reads the message's Fatal/Nonfatal field or a following Xid 154 can refine it."},
+                'note': "WORKFLOW bucket: NVIDIA's decode sheet maps the Nonfatal statuses of this unit to IGNORE "
+                        "and the Fatal ones to RESET_GPU. gpuguard reads the driver's Fatal/Nonfatal token in the "
+                        'message (Nonfatal: warn, the node stays in service; Fatal: drain, reset); this entry '
+                        'applies only to a message without the token, and fails closed.'},
           146: {'mnemonic': 'NVLINK_TLW_ERROR',
                 'name': 'NVLINK: TLW Error',
                 'description': 'An NVLink5 error reported by the TLW unit (B100/GB200). The message carries the '
@@ -1509,9 +1514,10 @@ DATA = {'version': 1,
                 'severity': 'fatal',
                 'action': 'reset',
                 'causes': [],
-                'note': "WORKFLOW bucket: NVIDIA's decode sheet maps some statuses of this unit to IGNORE and others "
-                        'to RESET_GPU (Fatal). The code alone cannot tell, so gpuguard fails closed; a check that '
-                        "reads the message's Fatal/Nonfatal field or a following Xid 154 can refine it."},
+                'note': "WORKFLOW bucket: NVIDIA's decode sheet maps the Nonfatal statuses of this unit to IGNORE "
+                        "and the Fatal ones to RESET_GPU. gpuguard reads the driver's Fatal/Nonfatal token in the "
+                        'message (Nonfatal: warn, the node stays in service; Fatal: drain, reset); this entry '
+                        'applies only to a message without the token, and fails closed.'},
           147: {'mnemonic': 'NVLINK_TREX_ERROR',
                 'name': 'NVLINK: TREX Error',
                 'description': 'An NVLink5 error reported by the TREX unit (B100/GB200). The message carries the '
@@ -1525,7 +1531,8 @@ DATA = {'version': 1,
                 'action': 'none',
                 'causes': [],
                 'note': 'WORKFLOW bucket resolved with the decode sheet: every listed TREX status is '
-                        'Non-fatal/IGNORE (NVIDIA notes it is not in production code).'},
+                        "Non-fatal/IGNORE (NVIDIA notes it is not in production code). The driver's Fatal/Nonfatal "
+                        'token in the message still wins: a Fatal one drains (reset).'},
           148: {'mnemonic': 'NVLINK_NVLPW_CTRL_ERROR',
                 'name': 'NVLINK: NVLPW_CTRL Error',
                 'description': 'An NVLink5 error reported by the NVLPW_CTRL unit (B100/GB200). The message carries '
@@ -1539,7 +1546,8 @@ DATA = {'version': 1,
                 'action': 'none',
                 'causes': [],
                 'note': 'WORKFLOW bucket resolved with the decode sheet: the only listed NVLPW_CTRL status is '
-                        'Non-fatal/IGNORE.'},
+                        "Non-fatal/IGNORE. The driver's Fatal/Nonfatal token in the message still wins: a Fatal one "
+                        'drains (reset).'},
           149: {'mnemonic': 'NVLINK_NETIR_ERROR',
                 'name': 'NVLINK: NETIR Error',
                 'description': 'An NVLink5 error reported by the NETIR unit (B100/GB200). The message carries the '
@@ -1552,8 +1560,10 @@ DATA = {'version': 1,
                 'severity': 'fatal',
                 'action': 'reset',
                 'causes': [],
-                'note': 'WORKFLOW bucket resolved with the decode sheet: every listed NETIR subcode (link events, '
-                        'link down) is Link Fatal with RESET_GPU.'},
+                'note': 'WORKFLOW bucket: NETIR events come both ways: link-down and link events the driver marks '
+                        'Fatal (RESET_GPU per the decode sheet) and informational ones such as NETIR_BER_EVENT '
+                        "marked Nonfatal (IGNORE). gpuguard reads the driver's Fatal/Nonfatal token in the message; "
+                        'this entry applies only to a message without the token, and fails closed.'},
           150: {'mnemonic': 'NVLINK_MSE_ERROR',
                 'name': 'NVLINK: MSE Error',
                 'description': 'An NVLink5 error reported by the MSE unit (B100/GB200). The message carries the '
@@ -1567,7 +1577,8 @@ DATA = {'version': 1,
                 'action': 'reset',
                 'causes': [],
                 'note': 'WORKFLOW bucket resolved with the decode sheet: MSE degraded and MSE watchdog are Fatal '
-                        '(firmware) with RESET_GPU.'},
+                        "(firmware) with RESET_GPU. The driver's Fatal/Nonfatal token in the message wins: a "
+                        'Nonfatal one is recorded, not drained.'},
           151: {'mnemonic': 'ROBUST_CHANNEL_KEY_ROTATION_ERROR',
                 'name': 'Key rotation Error',
                 'description': 'A channel key rotation error; NVIDIA says the VM that owns the GPU must be '

@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 from gpuguard.model import Action, Finding, Severity, XidEvent
 from gpuguard.probes.kernel_log import _JSON_ARRAY_NEEDLE, MAX_LINE_BYTES, NEEDLE, LineResult, Verdict
 from gpuguard.reason import format_reason
-from gpuguard.xid import XidCatalog, XidInfo
+from gpuguard.xid import NVLINK5_CODES, XidCatalog, XidInfo
 
 CHECK_ID = "gpu.xid"
 CONTEXT = "watch"
@@ -51,9 +51,9 @@ class XidDeduper:
     def __init__(self, window_s: float, max_keys: int = 4096) -> None:
         self.window_s = window_s
         self.max_keys = max_keys
-        self._last: dict[tuple[int, str], list[float]] = {}  # key -> [reported at, repeats since]
+        self._last: dict[tuple[int, str, str], list[float]] = {}  # key -> [reported at, repeats since]
 
-    def fold_if_suppressed(self, key: tuple[int, str], now: float) -> bool:
+    def fold_if_suppressed(self, key: tuple[int, str, str], now: float) -> bool:
         """Count a repeat without admitting anything: True when `key` is inside its window."""
         entry = self._last.get(key)
         if entry is not None and now - entry[0] < self.window_s:
@@ -61,7 +61,7 @@ class XidDeduper:
             return True
         return False
 
-    def admit(self, key: tuple[int, str], now: float) -> Optional[int]:
+    def admit(self, key: tuple[int, str, str], now: float) -> Optional[int]:
         """None for a repeat; else how many repeats were folded into the previous report of this key."""
         entry = self._last.get(key)
         if entry is not None and now - entry[0] < self.window_s:
@@ -114,10 +114,14 @@ class WatchJudge:
             self.counts.malformed += 1
             return None
         m = _FAST_KEY.search(line)
-        if m is not None and self.dedupe.fold_if_suppressed((int(m.group(2)), m.group(1).decode().lower()), now):
-            self.counts.xid_lines += 1
-            self.counts.duplicates += 1
-            return None
+        if m is not None:  # an Xid flood costs microseconds per line: fold repeats before the full parse
+            code = int(m.group(2))
+            # codes whose severity depends on the message (154, NVLink5 144-150) always get the full parse
+            if code != 154 and code not in NVLINK5_CODES and self.dedupe.fold_if_suppressed(
+                    (code, m.group(1).decode().lower(), self.catalog.lookup(code).severity), now):
+                self.counts.xid_lines += 1
+                self.counts.duplicates += 1
+                return None
         return self.judge(parse_kernel_log_line(line.decode("utf-8", errors="replace")), now, skip_seq_upto)
 
     def judge(self, result: LineResult, now: float, skip_seq_upto: Optional[int] = None) -> Optional[WatchEvent]:
@@ -135,11 +139,13 @@ class WatchJudge:
             c.malformed += 1
             return None
         ev = result.event
-        repeats = self.dedupe.admit((ev.code, ev.pci), now)
+        # Xid 154 names its own recovery action; Xids 144-150 say Fatal/Nonfatal: resolve before de-duplicating,
+        # so a Fatal event is never folded into the Nonfatal ones of the same code on the same GPU.
+        info = self.catalog.resolve(ev.code, ev.detail)
+        repeats = self.dedupe.admit((ev.code, ev.pci, info.severity), now)
         if repeats is None:
             c.duplicates += 1
             return None
-        info = self.catalog.resolve(ev.code, ev.detail)  # Xid 154 names its own recovery action
         c.events += 1
         if info.severity == "fatal":
             c.fatal += 1

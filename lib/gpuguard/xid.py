@@ -54,6 +54,23 @@ _ACTION_TEXT = {
 }
 # "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
 _XID154_TARGET = re.compile(r"\bto\s+(0x[0-9a-fA-F]+|\d+)\s*(?:\(([^)]*)\))?")
+# NVLink5 Xids 144-150 (Blackwell) name the unit/subcode and whether the driver judged the event fatal, e.g.
+#   "145, RLW_REMAP Nonfatal XC0 i0 Link 02"                       (NVIDIA/TensorRT-LLM#4816, B200 HGX)
+#   "149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 ...)"   (leptonai/gpud#1174)
+# NVIDIA's "XID 144-150 Decode" sheet (Xid-Catalog.xlsx) maps every Nonfatal status to IGNORE and Fatal ones to
+# RESET_GPU (or XID_154_EVAL, which the recovery-action check covers).
+NVLINK5_CODES = frozenset(range(144, 151))
+_NVLINK5_DETAIL = re.compile(r"^\s*(?P<unit>[A-Za-z][A-Za-z0-9_]*)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\b"
+                             r"(?:.*?\bLink\s+(?P<link>-?\d+))?", re.IGNORECASE)
+
+
+def decode_nvlink5(detail: str) -> Optional[tuple[str, bool, Optional[int]]]:
+    """(unit/subcode, fatal?, link) from an Xid 144-150 message, or None when the message has no severity token."""
+    m = _NVLINK5_DETAIL.match(detail or "")
+    if not m:
+        return None
+    link = int(m.group("link")) if m.group("link") is not None else None
+    return m.group("unit"), m.group("sev").lower() == "fatal", link
 
 
 class XidCatalogError(ValueError):
@@ -127,9 +144,25 @@ class XidCatalog:
             return None
 
     def resolve(self, code: int, detail: str = "") -> XidInfo:
-        """Like `lookup`, but uses the event's message where it decides the action (Xid 154 names it)."""
+        """Like `lookup`, but uses the event's message where it decides the action: Xid 154 names the recovery
+        action, Xids 144-150 carry the driver's Fatal/Nonfatal verdict."""
         info = self.lookup(code)
-        if code != 154 or info.source == "override":
+        if info.source == "override":
+            return info
+        if code in NVLINK5_CODES:
+            decoded = decode_nvlink5(detail)
+            if decoded is None:
+                return info  # no severity token: keep the catalog's entry
+            unit, fatal, link = decoded
+            where = f" on link {link}" if link is not None and link >= 0 else ""
+            if fatal:
+                return replace(info, severity="fatal", action="reset",
+                               note=f"The driver reported {unit} as Fatal{where}: NVIDIA's decode sheet maps Fatal "
+                                    f"NVLink5 events to RESET_GPU.")
+            return replace(info, severity="warn", action="none",
+                           note=f"The driver reported {unit} as Nonfatal{where}: NVIDIA's decode sheet maps Nonfatal "
+                                f"NVLink5 events to IGNORE; recorded, the node stays in service.")
+        if code != 154:
             return info
         action = self.xid154_action(detail)
         if action is None:
