@@ -1,4 +1,5 @@
-"""Rendering a run for humans (terminal, logs) and machines (--json)."""
+"""Rendering a run for humans (terminal, logs) and machines (--json). Times are UTC ISO 8601
+(`2026-11-24T20:06:33Z`): a fleet spans time zones, and Slurm, the kernel log and alerts are compared side by side."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, TextIO
+import time
+from typing import Any, Optional, TextIO
 
 from gpuguard.model import Severity
 from gpuguard.runner import RunResult
@@ -15,10 +17,15 @@ _ORDER = {Severity.FAIL: 0, Severity.INCOMPLETE: 1, Severity.WARN: 2, Severity.O
 _COLORS = {Severity.FAIL: "31", Severity.INCOMPLETE: "33", Severity.WARN: "33", Severity.OK: "32", Severity.SKIP: "90"}
 
 
+def iso_utc(ts: Optional[float]) -> Optional[str]:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts is not None else None
+
+
 def to_dict(r: RunResult, with_observations: bool = True) -> dict[str, Any]:
     d: dict[str, Any] = {
         "node": r.context.node,
         "kind": r.context.kind,
+        "started": iso_utc(r.started),
         "job_id": r.context.job_id,
         "gpus": list(r.context.gpu_indices) if r.context.gpu_indices is not None else None,
         "profile": r.profile.name,
@@ -52,7 +59,7 @@ def render_text(r: RunResult, verbose: bool = False, color: bool = False) -> str
                                                       "GPUs " + ",".join(map(str, ctx.gpu_indices)))
     job = f"job {ctx.job_id}, " if ctx.job_id else ""
     sim = f" [simulated: {os.path.relpath(r.simulated) if r.simulated else ''}]" if r.simulated else ""
-    lines = [f"gpuguard {ctx.kind} on {ctx.node} ({job}{gpus}) - profile {r.profile.name}{sim}"]
+    lines = [f"gpuguard {ctx.kind} on {ctx.node} ({job}{gpus}) at {iso_utc(r.started)} - profile {r.profile.name}{sim}"]
     shown = sorted(r.findings, key=lambda f: (_ORDER[f.severity], f.check_id))
     for f in shown:
         if f.severity is Severity.SKIP and not verbose:

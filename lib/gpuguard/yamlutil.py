@@ -1,4 +1,9 @@
-"""YAML loading with line numbers, so a bad config can name the key *and* the line."""
+"""YAML loading with line numbers, so a bad config can name the key *and* the line; JSON loading with the same
+promise: bad input is a clear error (YamlError / NestingError, both ValueErrors), never a traceback.
+
+Nesting is bounded (MAX_DEPTH levels): no config, scenario, job file or tool output comes near it, and input nested
+deeper (100000 `[`) would otherwise end in a RecursionError deep inside the parser or in `_construct`.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,66 @@ except AttributeError:  # pragma: no cover - PyYAML built without libyaml
     _Loader = yaml.SafeLoader
 
 
+MAX_DEPTH = 100
+
+
 class YamlError(ValueError):
     """A YAML file could not be read or parsed. The message names the file and line."""
+
+
+class NestingError(YamlError):
+    """The input is nested deeper than MAX_DEPTH (or than Python can follow)."""
+
+
+def _too_deep(source: str) -> NestingError:
+    return NestingError(f"{source}: nested too deeply to read (deeper than Python can follow)")
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def check_depth(root: yaml.Node, limit: int = MAX_DEPTH) -> None:
+    """Raise NestingError when the composed node graph is deeper than `limit`, YamlError when an alias makes it
+    recursive (messages name the line; the caller adds the source). Iterative, and each node (aliases share
+    them) is measured once, so it is linear in the document."""
+    height: dict[int, int] = {}  # finished nodes: levels below and including them
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, Any]] = [(root, iter(_children(root)))]
+    on_path.add(id(root))
+    while stack:
+        node, kids = stack[-1]
+        child = next(kids, None)
+        if child is None:
+            stack.pop()
+            on_path.discard(id(node))
+            height[id(node)] = 1 + max((height[id(c)] for c in _children(node)), default=0)
+            continue
+        if id(child) in on_path:
+            raise YamlError(f"line {child.start_mark.line + 1}: a recursive alias (the node contains itself)")
+        if id(child) in height:
+            if len(stack) + height[id(child)] > limit:
+                raise NestingError(f"line {child.start_mark.line + 1}: nested deeper than {limit} levels")
+            continue
+        if len(stack) + 1 > limit:
+            raise NestingError(f"line {child.start_mark.line + 1}: nested deeper than {limit} levels")
+        on_path.add(id(child))
+        stack.append((child, iter(_children(child))))
+
+
+def load_json(text: Union[str, bytes], source: str = "<string>") -> Any:
+    """json.loads for input from files and tools; input nested too deeply is a NestingError naming the source,
+    not a RecursionError. Other bad JSON raises json.JSONDecodeError (a ValueError) as usual."""
+    import json
+
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise _too_deep(source) from None
 
 
 class Located:
@@ -55,9 +118,12 @@ def load_yaml_located(text: Union[str, bytes], source: str = "<string>") -> Any:
             node = loader.get_single_node()
             if node is None:
                 return None
+            check_depth(node)
             return _construct(node, loader)
         finally:
             loader.dispose()
+    except RecursionError:  # the pure-Python parser (no libyaml) recurses while composing
+        raise _too_deep(source) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
@@ -65,7 +131,7 @@ def load_yaml_located(text: Union[str, bytes], source: str = "<string>") -> Any:
     except yaml.YAMLError as e:
         raise YamlError(f"{source}: {e}") from None
     except YamlError as e:
-        raise YamlError(f"{source}: {e}") from None
+        raise type(e)(f"{source}: {e}") from None
 
 
 def strip_located(value: Any) -> Any:
@@ -83,11 +149,28 @@ def load_yaml_file(path: Union[str, Path]) -> Any:
         text = p.read_bytes()
     except OSError as e:
         raise YamlError(f"{p}: cannot read: {e.strerror}") from None
+    return load_yaml_text(text, str(p))
+
+
+def load_yaml_text(text: Union[str, bytes], source: str = "<string>") -> Any:
+    """Plain data from YAML text (no line info); errors name `source` and the line."""
     try:
-        return yaml.load(text, Loader=_Loader)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            check_depth(node)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except RecursionError:
+        raise _too_deep(source) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}" if mark else "unknown line"
-        raise YamlError(f"{p}: {where}: {e.problem or e.context}") from None
+        raise YamlError(f"{source}: {where}: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise YamlError(f"{p}: {e}") from None
+        raise YamlError(f"{source}: {e}") from None
+    except YamlError as e:
+        raise type(e)(f"{source}: {e}") from None

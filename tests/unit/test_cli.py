@@ -76,3 +76,64 @@ def test_history_after_a_check(tmp_path):
     assert out["runs"][0]["node"] == "n9" and out["runs"][0]["verdict"] == "drain"
     assert out["drains"][0]["outcome"] == "skipped"
     assert "missing-gpu" not in gg("history", "--config", str(cfg)).stderr
+
+
+# --------------------------------------------------------------------------- small things an admin trips over
+
+
+def test_version():
+    from gpuguard import __version__
+
+    for argv in (["--version"], ["-V"], ["--config", "/nonexistent.yaml", "--version"]):
+        p = gg(*argv)
+        assert (p.returncode, p.stdout.strip(), p.stderr) == (0, f"gpuguard {__version__}", ""), argv
+
+
+FILE_COMMANDS = [  # every command that reads an input file; FILE is replaced by the path
+    ("xid", "scan", "--file", "FILE"),
+    ("nccl", "parse", "FILE"),
+    ("efa", "parse-fi-info", "FILE"),
+    ("dcgm", "parse", "FILE"),
+    ("lint", "FILE"),
+    ("render", "torchrun.sbatch.j2", "-c", "FILE"),
+    ("trainlog", "FILE"),
+    ("config", "--config", "FILE"),
+]
+
+
+def _one_line_error(p: subprocess.CompletedProcess[str]) -> str:
+    err = p.stderr.strip()
+    assert "Traceback" not in p.stderr and len(err.splitlines()) == 1, p.stderr
+    return err
+
+
+def test_a_missing_input_file_is_one_line_and_exit_2(tmp_path):
+    """Exit 1 means "would drain" (a fatal Xid, a failed test): a file that is not there must not look like it."""
+    for bad in (tmp_path / "missing.log", tmp_path):  # not there; a directory
+        for cmd in FILE_COMMANDS:
+            p = gg(*[str(bad) if a == "FILE" else a for a in cmd])
+            assert p.returncode == 2, (cmd, bad, p.returncode, p.stderr)
+            assert str(bad) in _one_line_error(p), (cmd, p.stderr)
+
+
+def test_deeply_nested_json_and_yaml_are_a_clear_error(tmp_path):
+    deep_json = tmp_path / "deep.json"
+    deep_json.write_text('{"results": ' + "[" * 100000 + "\n")
+    deep_yaml = tmp_path / "deep.yaml"
+    deep_yaml.write_text("a: " + "[" * 100000 + "\n")
+    for cmd, path in ((("nccl", "parse", "FILE"), deep_json), (("dcgm", "parse", "FILE"), deep_json),
+                      (("config", "--config", "FILE"), deep_yaml), (("config", "--config", "FILE"), deep_json),
+                      (("render", "torchrun.sbatch.j2", "-c", "FILE"), deep_yaml)):
+        p = gg(*[str(path) if a == "FILE" else a for a in cmd])
+        assert p.returncode == 2, (cmd, p.returncode, p.stderr[-500:])
+        assert "nest" in _one_line_error(p), (cmd, p.stderr)
+
+
+def test_check_report_times_are_utc_iso():
+    import re
+
+    scenario = str(Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "healthy-p5.yaml")
+    p = gg("check", "--simulate", scenario, "--dry-run")
+    assert re.search(r" at 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ - profile ", p.stdout.splitlines()[0]), p.stdout
+    doc = json.loads(gg("check", "--simulate", scenario, "--dry-run", "--json").stdout)
+    assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ", doc["started"])

@@ -76,6 +76,39 @@ def test_mpirun_prefixes_and_info_lines_of_other_ranks_inside_the_table():
     assert not res.warnings and not res.errors
 
 
+def _indented_rank0_rows() -> str:
+    """The fixture's rank-0 data rows only (no header, no INFO lines), each indented as when a log is pasted into
+    a ticket: `  [1,0]<stdout>:           8  2  float  sum ...`."""
+    rows = [ln for ln in fixture("mpirun_tag_output_p4d_legacy.txt").splitlines()
+            if ln.startswith("[1,0]<stdout>:") and ln.split(":", 1)[1].strip()[:1].isdigit()]
+    return "\n".join("  " + ln for ln in rows) + "\n"
+
+
+def test_indented_mpirun_prefixes_without_a_header():
+    text = _indented_rank0_rows()
+    assert text.startswith("  [1,0]<stdout>:           8")
+    res = parse_nccl_text(text)
+    assert res.prefix == "mpirun" and res.layout == "legacy"
+    assert len(res.rows) == 28 and res.rows[0].size_bytes == 8 and res.rows[-1].size_bytes == 1073741824
+    assert res.rows[-1].busbw == parse_nccl_text(fixture("mpirun_tag_output_p4d_legacy.txt")).rows[-1].busbw
+    srun = "\n".join("   0: " + ln.split(":", 1)[1] for ln in text.splitlines())
+    assert len(parse_nccl_text(srun).rows) == 28
+    ray = "\n".join("  (head, rank=0, pid=42) " + ln.split(":", 1)[1] for ln in text.splitlines())
+    assert len(parse_nccl_text(ray).rows) == 28
+
+
+def test_json_nested_too_deeply_is_a_clear_error_not_a_recursion_error():
+    from gpuguard.yamlutil import NestingError
+
+    deep = '{"results": ' + "[" * 100000
+    with pytest.raises(NestingError, match="nested too deeply"):
+        parse_nccl_json(deep)
+    with pytest.raises(NestingError):
+        parse_nccl(deep, strict=True)
+    res = parse_nccl(deep)  # a probe or sweep reading tool output gets a result with the error, no exception
+    assert not res.rows and "nested too deeply" in res.errors[0]
+
+
 def test_alltoall_none_redop_and_na_wrong():
     res = parse_nccl_text(fixture("alltoall_redop_none_na_wrong.txt"))
     r = res.rows[-1]

@@ -157,10 +157,14 @@ def _profile(cfg: Any, explicit: Optional[str]) -> str:
 
 def cmd_nccl_parse(args: argparse.Namespace) -> int:
     from gpuguard.nccl.parse import NcclParseError, parse_nccl
+    from gpuguard.yamlutil import NestingError
 
     text = _read(args.file)
     try:
-        res = parse_nccl(text)
+        res = parse_nccl(text, strict=True)
+    except NestingError as e:  # bad input, not a verdict: exit 2
+        print(f"gpuguard: error: {args.file}: {e}", file=sys.stderr)
+        return 2
     except NcclParseError as e:
         print(f"gpuguard: {args.file}: {e}", file=sys.stderr)
         return 1
@@ -348,7 +352,7 @@ def cmd_nccl_history(args: argparse.Namespace) -> int:
     if not rows:
         print("no sweeps recorded")
     for r in rows:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"]))
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["started"]))
         print(f"#{r['id']} {when} {r['nodes']} {r['method']} -> {r['conclusion']} slow={r['slow_nodes']}")
         for run in r["runs"]:
             print(f"    {run['stage']:8} {run['nodes']:20} job {run['job_id'] or '-':>6} "
@@ -379,6 +383,9 @@ def cmd_dcgm_parse(args: argparse.Namespace) -> int:
 
     try:
         obs = parse_dcgm_diag(_read(args.file))
+    except RecursionError:  # json's decoder on input like 100000 '[': bad input, exit 2
+        print(f"gpuguard: error: {args.file}: JSON nested too deeply to read", file=sys.stderr)
+        return 2
     except DcgmParseError as e:
         print(f"gpuguard: {args.file}: {e}", file=sys.stderr)
         return 1

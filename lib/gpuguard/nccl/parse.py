@@ -6,7 +6,8 @@ Layouts handled (tests/fixtures/nccl has a recorded example of each):
   `# nccl-tests version ...` header (v2.17.4+) and per-iteration / bitwise / timestamp columns;
 - legacy table (no `root` column, a float `error` column instead of `#wrong`), including old alltoall rows
   whose redop column is blank;
-- launcher prefixes: `N: ` (`srun -l`), `[1,0]<stdout>:` (`mpirun --tag-output`), `(head, rank=0, pid=N) `;
+- launcher prefixes: `N: ` (`srun -l`), `[1,0]<stdout>:` (`mpirun --tag-output`), `(head, rank=0, pid=N) `,
+  also when indented (a log pasted into a ticket);
 - NCCL INFO/WARN lines inside the table (from any rank), blank lines, `N/A` in `#wrong`, `redop none`,
   trailing whitespace, `#` lost from every tool line (markdown), a missing footer (crashed/truncated run).
 
@@ -142,9 +143,10 @@ class NcclParseError(ValueError):
 
 # --------------------------------------------------------------------------- launcher prefixes
 
+# Leading whitespace before a prefix is common: logs pasted into tickets and docs, or re-indented by a wrapper.
 _SRUN = re.compile(r"^\s*(\d+): ?")
-_MPIRUN = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr)>:")
-_RAY = re.compile(r"^\((?:[\w.-]+), rank=(\d+), pid=\d+\) ")
+_MPIRUN = re.compile(r"^\s*\[(\d+),(\d+)\]<(stdout|stderr)>:")
+_RAY = re.compile(r"^\s*\((?:[\w.-]+), rank=(\d+), pid=\d+\) ")
 
 
 def _strip_prefixes(lines: list[str]) -> tuple[list[tuple[Optional[str], str]], Optional[str]]:
@@ -442,9 +444,14 @@ def _json_start(text: str) -> str:
 
 
 def parse_nccl_json(text: str) -> NcclResult:
-    """Parse the file nccl-tests writes with `-J PATH` (v2.17.3+). Raises NcclParseError on invalid JSON."""
+    """Parse the file nccl-tests writes with `-J PATH` (v2.17.3+). Raises NcclParseError on invalid JSON,
+    gpuguard.yamlutil.NestingError (a ValueError) on JSON nested too deeply to read."""
+    from gpuguard.yamlutil import NestingError, load_json
+
     try:
-        doc = json.loads(_json_start(text))
+        doc = load_json(_json_start(text), "nccl-tests JSON")
+    except NestingError:
+        raise
     except ValueError as e:
         raise NcclParseError(f"not valid nccl-tests JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results", []), list):
@@ -501,12 +508,19 @@ def parse_nccl_json(text: str) -> NcclResult:
     return res
 
 
-def parse_nccl(text: str) -> NcclResult:
-    """Text or JSON, whichever `text` is."""
+def parse_nccl(text: str, strict: bool = False) -> NcclResult:
+    """Text or JSON, whichever `text` is. JSON nested too deeply to read gives a result with no rows and the
+    error (what a probe or sweep wants: no exception upward); with `strict` (the CLI), NestingError is raised."""
+    from gpuguard.yamlutil import NestingError
+
     body = _json_start(text).lstrip()
     if body.startswith("{"):
         try:
             return parse_nccl_json(text)
+        except NestingError as e:
+            if strict:
+                raise
+            return NcclResult(format="json", errors=[str(e)])
         except NcclParseError:
             pass  # a text log whose first brace line is not the document; fall through
     return parse_nccl_text(text)
