@@ -29,6 +29,8 @@ FEATURE_COMMANDS: dict[str, str] = {
     "trainlog": "gpuguard.monitor.cli",
     "status": "gpuguard.monitor.cli",
     "history": "gpuguard.monitor.cli",
+    # @command:fleet
+    "fleet": "gpuguard.fleet.cli",
 }
 
 

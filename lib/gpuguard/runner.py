@@ -422,6 +422,13 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
         store.prune_cursors(f"job:{ctx.node}:", older_than=time.time() - 7 * 86400)  # jobs without an epilog
     if not dry_run:
         tell_humans(cfg, result, deadline)
+    if ctx.kind == "healthcheck" and not read_only:
+        try:  # central history + retention, bounded by store.ship_budget_s; never on a prolog's path
+            from gpuguard.fleet.ship import ship_after_run
+
+            ship_after_run(cfg, result, deadline)
+        except Exception as e:  # noqa: BLE001 - shipping history must never change what the run decided
+            result.notes.append(f"central history: {type(e).__name__}: {e}"[:300])
 
     if not read_only:
         _save_tier_cursors(store, ctx, specs, obs, boot_id)

@@ -23,11 +23,15 @@ from typing import Any, Callable, Iterable, Optional
 
 from gpuguard.model import Finding
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Upgrades of an existing file, in order: version reached -> statements. A fresh file gets _SCHEMA directly.
 _MIGRATIONS: list[tuple[int, list[str]]] = [
     (2, ["ALTER TABLE runs ADD COLUMN restart_count INTEGER"]),
+    # history filtered in SQL over a big store (time ranges without a node, problem findings only), retention
+    (3, ["CREATE INDEX IF NOT EXISTS runs_time ON runs(started)",
+         "CREATE INDEX IF NOT EXISTS drains_time ON drains(ts)",
+         "CREATE INDEX IF NOT EXISTS findings_problems ON findings(run_id) WHERE severity NOT IN ('ok','skip')"]),
 ]
 
 _SCHEMA = """
@@ -73,6 +77,9 @@ CREATE TABLE IF NOT EXISTS drains (
     detail TEXT
 );
 CREATE INDEX IF NOT EXISTS drains_node_time ON drains(node, ts);
+CREATE INDEX IF NOT EXISTS runs_time ON runs(started);
+CREATE INDEX IF NOT EXISTS drains_time ON drains(ts);
+CREATE INDEX IF NOT EXISTS findings_problems ON findings(run_id) WHERE severity NOT IN ('ok','skip');
 CREATE TABLE IF NOT EXISTS cursors (
     name TEXT PRIMARY KEY,
     value TEXT NOT NULL,
@@ -335,6 +342,78 @@ class Store:
         cur = self.conn.execute(q, (node, limit) if node else (limit,))
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r)) for r in cur]
+
+    # ------------------------------------------------------------------ outbox and retention (gpuguard.fleet)
+    def rows_after(self, table: str, after_id: int, limit: int) -> list[dict[str, Any]]:
+        """Up to `limit` runs or drains with an id above `after_id`, oldest first: the shipper's outbox."""
+        if table not in ("runs", "drains"):
+            raise ValueError(f"not a shipped table: {table!r}")
+        cur = self.conn.execute(f"SELECT * FROM {table} WHERE id>? ORDER BY id LIMIT ?", (after_id, limit))
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur]
+
+    def problem_findings(self, first_run: int, last_run: int) -> list[dict[str, Any]]:
+        """The non-ok findings of runs first_run..last_run, in the order they were recorded."""
+        cur = self.conn.execute(
+            "SELECT rowid AS rowid_, * FROM findings WHERE run_id BETWEEN ? AND ? AND severity NOT IN ('ok','skip') "
+            "ORDER BY run_id, rowid", (first_run, last_run))
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur]
+
+    def count_after(self, table: str, after_id: int) -> int:
+        if table not in ("runs", "drains"):
+            raise ValueError(f"not a shipped table: {table!r}")
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM {table} WHERE id>?", (after_id,)).fetchone()[0])
+
+    def advance_watermark(self, name: str, value: dict[str, Any]) -> None:
+        """Set cursor `name` to `value` ({"id": N, "db": ...}) unless it already stands further for the same
+        database: two shippers racing never move a watermark back."""
+        self.conn.execute(
+            "INSERT INTO cursors(name,value,updated) VALUES (?,?,?) ON CONFLICT(name) DO UPDATE SET "
+            "value=excluded.value, updated=excluded.updated WHERE json_valid(cursors.value)=0 "
+            "OR json_extract(cursors.value,'$.db') IS NOT json_extract(excluded.value,'$.db') "
+            "OR COALESCE(json_extract(cursors.value,'$.id'),-1) < json_extract(excluded.value,'$.id')",
+            (name, json.dumps(value), time.time()))
+
+    def setdefault_cursor(self, name: str, value: dict[str, Any]) -> dict[str, Any]:
+        """Cursor `name`, set to `value` first if it does not exist yet (the first writer wins a race)."""
+        self.conn.execute("INSERT INTO cursors(name,value,updated) VALUES (?,?,?) ON CONFLICT(name) DO NOTHING",
+                          (name, json.dumps(value), time.time()))
+        return self.get_cursor(name) or value
+
+    def prune_history(self, before: float, batch: int, shipped: Optional[dict[str, int]] = None) -> dict[str, int]:
+        """Delete at most `batch` runs (with their findings) and `batch` drains recorded before `before`, in one
+        short transaction. Kept whatever their age: the newest row of each table (row ids never go back, the
+        shipper's watermarks rely on it), each node's latest drain and everything after it (undrain and
+        escalation read them), the runs those drains point to, and with `shipped` ({"runs": id, "drains": id})
+        every row not shipped yet."""
+        c = self.conn
+        run_cap = shipped["runs"] if shipped is not None else None
+        drain_cap = shipped["drains"] if shipped is not None else None
+        run_ids = [r[0] for r in c.execute(
+            "SELECT id FROM runs WHERE started<? AND id<(SELECT MAX(id) FROM runs) AND id<=COALESCE(?, id) "
+            "AND id NOT IN (SELECT run_id FROM drains WHERE run_id IS NOT NULL) ORDER BY started LIMIT ?",
+            (before, run_cap, batch))]
+        drain_ids = [r[0] for r in c.execute(
+            "SELECT id FROM drains d WHERE ts<? AND id<(SELECT MAX(id) FROM drains) AND id<=COALESCE(?, id) "
+            "AND id<COALESCE((SELECT MAX(k.id) FROM drains k WHERE k.node=d.node AND k.op='drain' "
+            "AND k.outcome IN ('done','already')), 9e18) ORDER BY id LIMIT ?", (before, drain_cap, batch))]
+        if not run_ids and not drain_ids:
+            return {"runs": 0, "drains": 0}
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            if drain_ids:
+                c.execute(f"DELETE FROM drains WHERE id IN ({','.join('?' * len(drain_ids))})", drain_ids)
+            if run_ids:
+                marks = ",".join("?" * len(run_ids))
+                c.execute(f"DELETE FROM findings WHERE run_id IN ({marks})", run_ids)
+                c.execute(f"DELETE FROM runs WHERE id IN ({marks}) "
+                          "AND id NOT IN (SELECT run_id FROM drains WHERE run_id IS NOT NULL)", run_ids)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        return {"runs": len(run_ids), "drains": len(drain_ids)}
 
 
 class GuardedStore:

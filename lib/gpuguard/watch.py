@@ -163,6 +163,7 @@ class DrainWorker(threading.Thread):
         self._store_error_logged = 0.0
         self._flusher: Optional[threading.Thread] = None
         self._next_flush = time.monotonic() + NOTIFY_FLUSH_S
+        self._next_ship = time.monotonic() + 5.0  # central history (store.url): gpuguard.fleet.ship
 
     def _configure(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -200,6 +201,8 @@ class DrainWorker(threading.Thread):
             due = [self._next_attempt] if self.pending else []
             if _notify_enabled(self.cfg):
                 due.append(self._next_flush)
+            if self.cfg.sections["store"].get("url"):
+                due.append(self._next_ship)
             timeout = max(0.0, min(due) - time.monotonic()) if due else None  # None: idle until a message
             try:
                 msg = self.q.get(timeout=timeout)
@@ -212,6 +215,13 @@ class DrainWorker(threading.Thread):
                     return
                 if msg is not None:
                     self._handle(msg)
+                    if msg[0] == "event":  # a drain reaches the central history within seconds
+                        self._next_ship = min(self._next_ship, time.monotonic() + 2.0)
+                if self.cfg.sections["store"].get("url") and time.monotonic() >= self._next_ship:
+                    from gpuguard.fleet.ship import ship_in_background  # its own thread, store and connection
+
+                    self._next_ship = time.monotonic() + self.cfg.sections["store"]["ship_interval_s"]
+                    ship_in_background(self.cfg, self.node)
                 if self.pending and time.monotonic() >= self._next_attempt:
                     self._attempt()
                 if _notify_enabled(self.cfg) and time.monotonic() >= self._next_flush:

@@ -34,14 +34,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="also list nodes drained or down by someone else")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("history", help="runs, findings, drains and requeues from the history store")
-    p.add_argument("--config", help="config file")
-    p.add_argument("--node", help="only this node (needed when store.path is per node)")
-    p.add_argument("--since", default="24h", help="how far back: 30m, 24h, 7d, or an ISO date (default 24h)")
-    p.add_argument("--limit", type=int, default=200, help="at most this many rows per table (default 200)")
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true")
-    fmt.add_argument("--csv", action="store_true")
+    p = sub.add_parser("history", help="drains, findings, runs and requeues from the history store")
+    from gpuguard.history import add_arguments as add_history_arguments  # filters shared with `fleet history`
+
+    add_history_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

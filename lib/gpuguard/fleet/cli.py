@@ -1,0 +1,199 @@
+"""`gpuguard fleet init-db | ship | history | report`. Imports are lazy (gpuguard.cli builds every feature's parser
+for `--help`); psycopg is imported only by commands that talk to PostgreSQL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    from gpuguard.history import add_arguments as add_history_arguments
+
+    p = sub.add_parser("fleet", help="central history in PostgreSQL (store.url): init-db, ship, history, report")
+    fs = p.add_subparsers(dest="fleet_cmd", metavar="SUBCOMMAND")
+
+    s = fs.add_parser("init-db", help="create or migrate the gpuguard schema in store.url's database")
+    s.add_argument("--config", help="config file")
+
+    s = fs.add_parser("ship", help="send what the local store(s) recorded to store.url (for a systemd timer)")
+    s.add_argument("--config", help="config file")
+    s.add_argument("--node", help="only these nodes' stores (a hostlist; when store.path has {node})")
+    s.add_argument("--budget-s", type=float, default=120.0, help="stop after this long (default 120)")
+    s.add_argument("--json", action="store_true")
+
+    s = fs.add_parser("history", help="drains, findings and runs of the whole fleet (store.url; else local stores)")
+    add_history_arguments(s, default_since="24h")
+    s.add_argument("--local", action="store_true", help="read the local SQLite store(s) even when store.url is set")
+
+    s = fs.add_parser("report", help="drains per check per week, MTBF, flapping nodes, time drained per node")
+    s.add_argument("--config", help="config file")
+    s.add_argument("--node", help="only these nodes: a Slurm hostlist")
+    s.add_argument("--since", default="28d", help="window start: 7d, 4w, or an ISO 8601 time (default 28d)")
+    s.add_argument("--until", help="window end (default now)")
+    s.add_argument("--check", action="append", metavar="ID", help="only drains by this check (repeatable)")
+    s.add_argument("--keyword", action="append", metavar="KW", help="only drains with this keyword (XID = any Xid)")
+    s.add_argument("--flap-min", type=int, default=3, help="failures in the window that make a node flapping (3)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--local", action="store_true", help="report over the local SQLite store(s) even with store.url")
+
+
+def _url(cfg: Any) -> Any:
+    return cfg.sections["store"].get("url")
+
+
+def _need_url(cfg: Any, what: str) -> str:
+    url = _url(cfg)
+    if not url:
+        raise ValueError(f"{what} needs store.url (postgresql://USER@HOST/DB) in {cfg.source}")
+    return str(url)
+
+
+def cmd_init_db(args: argparse.Namespace) -> int:
+    from gpuguard.config import load_config
+    from gpuguard.fleet.pg import FleetDBError, connect, ensure_schema
+    from gpuguard.fleet.url import redact_url
+
+    cfg = load_config(args.config)
+    url = _need_url(cfg, "gpuguard fleet init-db")
+    try:
+        conn = connect(url, timeout_s=10.0, application_name="gpuguard-init-db")
+    except FleetDBError as e:
+        print(f"gpuguard fleet init-db: {e}", file=sys.stderr)
+        return 1
+    try:
+        before, now = ensure_schema(conn)
+    except Exception as e:  # noqa: BLE001 - psycopg errors (permissions)
+        from gpuguard.fleet.pg import _clean_error
+
+        print(f"gpuguard fleet init-db: {redact_url(url)}: {_clean_error(e, url)}", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    print(f"{redact_url(url)}: gpuguard schema " + (f"at version {now}" if before == now
+                                                    else f"migrated from version {before} to {now}"))
+    return 0
+
+
+def cmd_ship(args: argparse.Namespace) -> int:
+    import time
+
+    from gpuguard.config import load_config
+    from gpuguard.fleet.query import build_filters
+    from gpuguard.fleet.ship import ship_path
+    from gpuguard.history import store_paths
+
+    cfg = load_config(args.config)
+    _need_url(cfg, "gpuguard fleet ship")
+    nodes = build_filters(since="0s", node=args.node).nodes if args.node else ()
+    paths = store_paths(cfg.sections["store"]["path"], nodes)
+    if not paths:
+        print(f"gpuguard fleet ship: no store file at {cfg.sections['store']['path']}", file=sys.stderr)
+        return 0
+    until = time.monotonic() + args.budget_s
+    results = []
+    for path in paths:
+        left = until - time.monotonic()
+        if left <= 0:
+            break
+        results.append(ship_path(cfg, path, left))
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=2))
+    else:
+        for r in results:
+            print(r.summary())
+    return 0 if results and all(r.error is None for r in results) else 1
+
+
+def _open_pg(cfg: Any) -> Any:
+    from gpuguard.fleet.pg import open_fleet_db
+
+    return open_fleet_db(_need_url(cfg, "gpuguard fleet"), timeout_s=10.0, migrate=False,
+                         application_name="gpuguard-fleet")
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from gpuguard.config import load_config
+    from gpuguard.fleet.pg import FleetDBError
+    from gpuguard.fleet.url import redact_url
+    from gpuguard.history import (SqliteHistory, filters_from_args, output_format, requeue_source, store_paths,
+                                  write_history)
+
+    cfg = load_config(args.config)
+    f = filters_from_args(args)
+    if args.local or not _url(cfg):
+        if not args.local:
+            print("gpuguard fleet history: store.url not set: reading the local SQLite store(s)", file=sys.stderr)
+        source: Any = SqliteHistory(store_paths(cfg.sections["store"]["path"], f.nodes))
+        title = f"history ({len(source.conns)} local store file(s))"
+    else:
+        from gpuguard.fleet.pgsource import PgHistory
+
+        try:
+            source = PgHistory(_open_pg(cfg), redact_url(cfg.sections["store"]["url"]))
+        except FleetDBError as e:
+            print(f"gpuguard fleet history: {e}", file=sys.stderr)
+            return 1
+        title = f"fleet history ({source.label[0]})"
+    try:
+        write_history(sys.stdout, output_format(args), source, requeue_source(cfg), f, args.limit or None, title)
+    except Exception as e:  # noqa: BLE001 - psycopg errors: undefined table (no init-db yet), timeouts
+        if type(e).__module__.startswith("psycopg"):
+            from gpuguard.fleet.pg import _clean_error
+
+            hint = " (run `gpuguard fleet init-db`)" if "does not exist" in str(e) else ""
+            print(f"\ngpuguard fleet history: {_clean_error(e, cfg.sections['store']['url'] or '')}{hint}",
+                  file=sys.stderr)
+            return 1
+        raise
+    finally:
+        source.close()
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpuguard.config import load_config
+    from gpuguard.fleet.pg import FleetDBError
+    from gpuguard.fleet.query import build_filters
+    from gpuguard.fleet.report import format_report, report_pg, report_sqlite
+    from gpuguard.fleet.url import redact_url
+    from gpuguard.history import store_paths
+
+    cfg = load_config(args.config)
+    if args.flap_min < 1:
+        raise ValueError(f"--flap-min: expected a number >= 1, got {args.flap_min}")
+    f = build_filters(since=args.since, until=args.until, node=args.node, check=args.check, keyword=args.keyword)
+    if args.local or not _url(cfg):
+        rep = report_sqlite(store_paths(cfg.sections["store"]["path"], f.nodes), f, args.flap_min)
+    else:
+        try:
+            conn = _open_pg(cfg)
+        except FleetDBError as e:
+            print(f"gpuguard fleet report: {e}", file=sys.stderr)
+            return 1
+        try:
+            rep = report_pg(conn, f, f"PostgreSQL {redact_url(cfg.sections['store']['url'])}", args.flap_min)
+        except Exception as e:  # noqa: BLE001
+            from gpuguard.fleet.pg import _clean_error
+
+            hint = " (run `gpuguard fleet init-db`)" if "does not exist" in str(e) else ""
+            print(f"gpuguard fleet report: {_clean_error(e, cfg.sections['store']['url'])}{hint}", file=sys.stderr)
+            return 1
+        finally:
+            conn.close()
+    if args.json:
+        print(json.dumps(rep.as_dict(), indent=2))
+    else:
+        sys.stdout.write(format_report(rep))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    handlers = {"init-db": cmd_init_db, "ship": cmd_ship, "history": cmd_history, "report": cmd_report}
+    handler = handlers.get(getattr(args, "fleet_cmd", None) or "")
+    if handler is None:
+        print("usage: gpuguard fleet {init-db,ship,history,report} ...", file=sys.stderr)
+        return 2
+    return handler(args)

@@ -1,0 +1,64 @@
+"""`store.url`: validate a PostgreSQL URL and redact it for messages. Pure (no psycopg import): config.py calls
+`validate_url` only when a url is configured."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+SCHEMES = ("postgresql", "postgres")
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password (user:PASSWORD@ or ?password=) replaced by ***: safe for logs and errors."""
+    try:
+        u = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = u.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, colon, _pw = userinfo.partition(":")
+        netloc = f"{user}{':***' if colon else ''}@{hostport}"
+    query = u.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="/:,*")
+    return urlunsplit((u.scheme, netloc, u.path, query, ""))
+
+
+def validate_url(value: object) -> str:
+    """A postgresql:// URL naming a host (in the netloc or as ?host=, e.g. a unix socket directory) and a
+    database. Raises ValueError with a message that never contains the password."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a postgresql://USER@HOST[:PORT]/DATABASE URL or null, got {type(value).__name__}")
+    shown = redact_url(value)
+    try:
+        u = urlsplit(value.strip())
+        u.port  # noqa: B018 - raises ValueError for a port that is not a number
+        params = dict(parse_qsl(u.query, keep_blank_values=True))
+    except ValueError as e:
+        raise ValueError(f"not a valid URL ({e}): {shown}") from None
+    if u.scheme not in SCHEMES:
+        raise ValueError(f"expected a postgresql:// URL (central history is PostgreSQL), got {shown}")
+    if not (u.hostname or params.get("host")):
+        raise ValueError(f"names no host (postgresql://USER@HOST/DB, or ?host=/run/postgresql for a local "
+                         f"socket): {shown}")
+    if not (u.path.strip("/") or params.get("dbname")):
+        raise ValueError(f"names no database (postgresql://USER@HOST/DATABASE): {shown}")
+    if any(c in unquote(value) for c in "\r\n\x00"):  # also percent-encoded ones: libpq decodes them
+        raise ValueError(f"contains control characters: {shown}")
+    return value.strip()
+
+
+def db_fingerprint(url: str) -> str:
+    """host:port/dbname: what a shipping watermark belongs to (a new database starts shipping from the start).
+    No user, no password."""
+    try:
+        u = urlsplit(url)
+        params = dict(parse_qsl(u.query, keep_blank_values=True))
+        host = u.hostname or params.get("host") or ""
+        port = u.port or params.get("port") or 5432
+    except ValueError:
+        return url and "?"
+    db = u.path.strip("/") or params.get("dbname") or ""
+    return f"{host}:{port}/{db}"
