@@ -224,6 +224,9 @@ class DiskUsage:
 class SystemObservation:
     status: ProbeStatus = field(default_factory=ProbeStatus)
     cpus_online: Optional[int] = None
+    cpus_offline: Optional[str] = None  # the kernel's cpulist of present-but-offline CPUs ("" = none)
+    smt_active: Optional[bool] = None  # /sys/devices/system/cpu/smt/active
+    smt_control: Optional[str] = None  # on | off | forceoff | notsupported | notimplemented
     mem_total_mib: Optional[int] = None
     mem_available_mib: Optional[int] = None
     disks: list[DiskUsage] = field(default_factory=list)

@@ -90,9 +90,16 @@ def test_job_gpu_not_in_nvml():
     assert any("job GPU index 9" in x.message for x in f)
 
 
-def test_wrong_model_and_memory():
-    assert run("gpu.model", bad_gpu(0, name="NVIDIA A100-SXM4-40GB"))[0].keyword == "GPUMODEL"
-    assert run("gpu.memory", bad_gpu(0, memory_total_mib=40960))[0].severity is Severity.FAIL
+def test_wrong_model_and_memory_warn_by_default():
+    """A profile that does not fit the node is a configuration mismatch: applied to a fleet at once it must not
+    drain every node. It warns, and drains (never reboots) only where the site asks for it."""
+    f = run("gpu.model", bad_gpu(0, name="NVIDIA A100-SXM4-40GB"))[0]
+    assert (f.keyword, f.severity, f.action) == ("GPUMODEL", Severity.WARN, Action.NONE)
+    assert run("gpu.memory", bad_gpu(0, memory_total_mib=40960))[0].severity is Severity.WARN
+    f = run("gpu.memory", bad_gpu(0, memory_total_mib=40960), params={"severity": "fail"})[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.DRAIN)
+    f = run("gpu.model", bad_gpu(0, name="NVIDIA A100-SXM4-40GB"), params={"severity": "fail"})[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.DRAIN)
     assert run("gpu.memory", bad_gpu(0, memory_total_mib=81000))[0].severity is Severity.OK  # within 2%
 
 
@@ -103,7 +110,11 @@ def test_ecc_dbe_needs_reset():
 
 
 def test_ecc_disabled_and_aggregate_limit():
-    assert run("gpu.ecc", bad_gpu(1, ecc_enabled=False))[0].action is Action.REBOOT
+    # ECC off is a mode someone set: a reboot does not change it, so it never reboot-drains (nor escalates)
+    f = run("gpu.ecc", bad_gpu(1, ecc_enabled=False))[0]
+    assert (f.severity, f.action) == (Severity.WARN, Action.NONE)
+    f = run("gpu.ecc", bad_gpu(1, ecc_enabled=False), params={"require_enabled": True})[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.DRAIN)
     f = run("gpu.ecc", bad_gpu(1, ecc_aggregate_uncorrected=12), params={"max_aggregate_uncorrected": 10})
     assert f[0].action is Action.REPLACE
     assert sev(run("gpu.ecc", bad_gpu(1, ecc_aggregate_uncorrected=12))) == {Severity.OK}  # no limit configured
@@ -131,8 +142,11 @@ def test_retired_pages_on_older_gpus():
     assert sev(run("gpu.retired_pages", node(v100()))) == {Severity.OK}
     assert run("gpu.retired_pages", node(v100(retired_pages_pending=True)))[0].action is Action.RESET
     assert run("gpu.retired_pages", node(h100(0)))[0].severity is Severity.SKIP  # H100: row remapping instead
-    f = run("gpu.retired_pages", node(replace(v100(), retired_pages_dbe=59)))
-    assert f[0].action is Action.REPLACE and "60 retired pages" in f[0].message
+    # 60 retired pages (1 SBE + 59 DBE) are still in service: DCGM's limit is 63 (DCGM_LIMIT_MAX_RETIRED_PAGES,
+    # raised from 60 "to match the field diag")
+    assert sev(run("gpu.retired_pages", node(replace(v100(), retired_pages_dbe=59)))) == {Severity.OK}
+    f = run("gpu.retired_pages", node(replace(v100(), retired_pages_dbe=62)))
+    assert f[0].action is Action.REPLACE and "63 retired pages (limit 63)" in f[0].message
 
 
 @pytest.mark.parametrize("value,action", [(1, Action.RESET), (2, Action.REBOOT), (4, Action.RESET), (3, Action.DRAIN)])

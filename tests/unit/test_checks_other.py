@@ -1,5 +1,7 @@
 """Xid, fabric and host checks."""
 
+import pytest
+
 from gpuguard.checks import CheckInput, get_check, param_defaults
 from gpuguard.model import (Action, DiskUsage, FabricObservation, FiInfo, GpuInfo, KernelLogObservation,
                             NvmlObservation, Observations, ProbeStatus, RdmaDevice, RdmaPort, Severity,
@@ -76,9 +78,14 @@ def test_efa_healthy_missing_down_provider():
     assert run("fabric.efa", efa_obs())[0].severity is Severity.OK
     f = run("fabric.efa", efa_obs(31, fi=FiInfo(ran=True, provider_found=True, devices=31)))
     assert f[0].keyword == "EFA" and "32 EFA devices expected, 31 found" in f[0].message
-    assert "rdmap21s27/1:DOWN" in run("fabric.efa", efa_obs(down=(5,)))[0].message
+    # a missing interface (failed card, or a launch template with fewer EFAs) drains for an admin: a reboot
+    # cannot attach it, and a reboot action would escalate to replace
+    assert f[0].action is Action.DRAIN
+    down = run("fabric.efa", efa_obs(down=(5,)))[0]
+    assert "rdmap21s27/1:DOWN" in down.message and down.action is Action.REBOOT  # a link down: hardware
     f = run("fabric.efa", efa_obs(fi=FiInfo(ran=True, provider_found=False, error="fi_getinfo: -61")))
     assert f[0].severity is Severity.FAIL and "provider efa not available" in f[0].message
+    assert f[0].action is Action.DRAIN  # software on the node, not hardware
     assert run("fabric.efa", efa_obs(fi=FiInfo(ran=False, error="fi_info not found")))[0].severity is Severity.INCOMPLETE
     assert run("fabric.efa", efa_obs(fi=FiInfo(ran=False)), params={"check_provider": False})[0].severity is Severity.OK
     assert run("fabric.efa", efa_obs(), profile=DGX)[0].severity is Severity.SKIP
@@ -109,10 +116,16 @@ def sysobs(**kw):
 
 def test_system_checks():
     assert run("sys.memory", sysobs())[0].severity is Severity.OK
-    assert run("sys.memory", sysobs(mem_total_mib=1_500_000))[0].action is Action.REPLACE
+    # less memory than the profile: a failed DIMM or a profile that does not fit; warns (drains when asked),
+    # never replace (which would also escalate)
+    f = run("sys.memory", sysobs(mem_total_mib=1_500_000))[0]
+    assert (f.severity, f.action) == (Severity.WARN, Action.NONE)
+    f = run("sys.memory", sysobs(mem_total_mib=1_500_000), params={"total_severity": "fail"})[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.DRAIN)
     f = run("sys.memory", sysobs(mem_available_mib=10_000), params={"min_available_gib": 64})[0]
     assert f.keyword == "MEM" and "need 64 GiB" in f.message
     assert run("sys.cpu", sysobs(cpus_online=96))[0].keyword == "CPU"
+    assert run("sys.cpu", sysobs(cpus_online=96))[0].severity is Severity.WARN
     f = run("sys.disk", sysobs(disks=[DiskUsage("/", 100_000, 50_000), DiskUsage("/tmp", 100_000, 500)]))[0]
     assert f.severity is Severity.FAIL and "/tmp has 0.5 GiB free" in f.message
     f = run("sys.disk", sysobs(disks=[DiskUsage("/", error="Stale file handle")]), params={"paths": [{"path": "/", "min_free_gib": 1}]})
@@ -144,3 +157,38 @@ def test_system_probe_reads_a_procfs_root(tmp_path):
     assert obs.disks[0].free_mib and obs.disks[1].error
     broken = read_system([], procfs_root=str(tmp_path / "nothing"))
     assert not broken.status.complete and broken.mem_total_mib is None
+
+
+# --------------------------------------------------------------------------- CPUs: SMT off is not a fault
+
+
+@pytest.mark.parametrize("online,smt_active,control,offline,expected", [
+    (192, True, "on", "", Severity.OK),
+    (96, False, "off", "", Severity.OK),            # SMT off in BIOS / nosmt: one thread per core
+    (96, False, "notsupported", "", Severity.OK),   # EC2 CpuOptions ThreadsPerCore=1: the guest sees no SMT
+    (96, True, "on", "96-191", Severity.WARN),      # half the CPUs taken offline by hand: tell, do not drain
+    (180, True, "on", "180-191", Severity.WARN),
+    (128, None, None, None, Severity.WARN),          # a different node type than the profile says
+])
+def test_cpu_count_accepts_one_thread_per_core(online, smt_active, control, offline, expected):
+    f = run("sys.cpu", sysobs(cpus_online=online, smt_active=smt_active, smt_control=control,
+                              cpus_offline=offline))[0]
+    assert f.severity is expected, f.message
+    assert f.action in (Action.NONE, Action.DRAIN)  # a count is a configuration fact: never reboot or replace
+    if expected is Severity.WARN and offline:
+        assert f"offline: {offline}" in f.message
+    f = run("sys.cpu", sysobs(cpus_online=96, smt_active=True, smt_control="on"), params={"severity": "fail"})[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.DRAIN)
+
+
+def test_smt_probe_reads_sysfs(tmp_path):
+    from gpuguard.probes.system import read_system
+
+    cpu = tmp_path / "devices/system/cpu"
+    (cpu / "smt").mkdir(parents=True)
+    (cpu / "online").write_text("0-95\n")
+    (cpu / "offline").write_text("\n")
+    (cpu / "smt" / "active").write_text("0\n")
+    (cpu / "smt" / "control").write_text("notsupported\n")  # what a 16-vCPU Firecracker VM with an H100 shows
+    obs = read_system(sysfs_root=str(tmp_path), procfs_root=str(tmp_path))
+    assert (obs.cpus_online, obs.smt_active, obs.smt_control, obs.cpus_offline) == (96, False, "notsupported", "")

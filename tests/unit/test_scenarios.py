@@ -24,7 +24,7 @@ EXPECTED = {
     "ecc-dbe": ("drain", "gpu.xid", "XID48", "reset"),
     "row-remap-pending": ("drain", "gpu.row_remap", "ROWREMAP", "reset"),
     "missing-gpu": ("drain", "gpu.count", "GPUCOUNT", "reboot"),
-    "missing-efa": ("drain", "fabric.efa", "EFA", "reboot"),
+    "missing-efa": ("drain", "fabric.efa", "EFA", "drain"),
     "hot-gpu": ("drain", "gpu.temperature", "THERMAL", "drain"),
     "nvml-hang": ("drain", "gpu.nvml", "TIMEOUT", "reboot"),
     "forged-xid": ("warn", None, None, None),

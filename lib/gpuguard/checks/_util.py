@@ -27,6 +27,17 @@ def fail(check_id: str, keyword: str, message: str, remediation: str, action: Ac
                    gpu=gpu, evidence=evidence)
 
 
+def mismatch(check_id: str, keyword: str, message: str, remediation: str, severity: str = "warn",
+             gpu: Optional[int] = None, **evidence: Any) -> Finding:
+    """The node is not configured as its profile says (CPU count, memory size, GPU model, ECC mode, ...). Applied to
+    a whole fleet at once, a wrong profile or a deliberate setting would drain every node, so this warns by default
+    and, when a site asks for `severity: fail`, drains for an admin: never a reboot or replace, which cannot fix a
+    setting and would escalate."""
+    if severity == "fail":
+        return fail(check_id, keyword, message, remediation, Action.DRAIN, gpu=gpu, mismatch=True, **evidence)
+    return warn(check_id, keyword, message, remediation, gpu=gpu, mismatch=True, **evidence)
+
+
 def incomplete(check_id: str, keyword: str, message: str, **evidence: Any) -> Finding:
     return Finding(check_id, Severity.INCOMPLETE, message, keyword=keyword,
                    remediation="see why the probe could not finish (timeout, missing tool, permissions)",

@@ -29,8 +29,11 @@ def check_efa(obs: Observations, inp: CheckInput) -> list[Finding]:
     efa = [d for d in fab.devices if d.kind == "efa"]
     findings: list[Finding] = []
     if len(efa) < expected:
+        # A device that is not there: a failed card or an instance launched with fewer EFA interfaces (a launch
+        # template applied to a whole fleet). Drain for an admin; a reboot cannot attach an interface, and a reboot
+        # action would escalate to "replace" after two.
         findings.append(fail(cid, "EFA", f"{expected} EFA devices expected, {len(efa)} found", _REMEDIATE_EFA,
-                             Action.REBOOT, expected=expected, found=len(efa), devices=[d.name for d in efa]))
+                             Action.DRAIN, expected=expected, found=len(efa), devices=[d.name for d in efa]))
     down = _down_ports(efa)
     if down:
         findings.append(fail(cid, "EFA", f"EFA port not ACTIVE: {', '.join(down[:4])}"
@@ -41,11 +44,12 @@ def check_efa(obs: Observations, inp: CheckInput) -> list[Finding]:
         if fi is None or not fi.ran:
             findings.append(incomplete(cid, "EFA", f"fi_info did not run: {fi.error if fi else 'not configured'}"))
         elif not fi.provider_found:
+            # software on the node (libfabric / the EFA installer), not hardware: drain, never reboot-escalate
             findings.append(fail(cid, "EFA", f"libfabric provider {inp.profile.libfabric_provider} not available",
-                                 _REMEDIATE_EFA, Action.REBOOT, error=fi.error))
+                                 _REMEDIATE_EFA, Action.DRAIN, error=fi.error))
         elif fi.devices < expected:
             findings.append(fail(cid, "EFA", f"libfabric sees {fi.devices} EFA devices, {expected} expected",
-                                 _REMEDIATE_EFA, Action.REBOOT, fi_info_devices=fi.devices))
+                                 _REMEDIATE_EFA, Action.DRAIN, fi_info_devices=fi.devices))
     if not fab.status.complete and not findings:
         findings.append(incomplete(cid, "EFA", f"fabric probe incomplete: {fab.status.error}"))
     return findings or [ok(cid, f"{len(efa)} EFA devices, ports ACTIVE, provider ok", devices=len(efa))]
@@ -75,7 +79,7 @@ def check_ib(obs: Observations, inp: CheckInput) -> list[Finding]:
         missing = sorted(set(names) - {d.name for d in ib}) if names else []
         what = f" (missing {','.join(missing[:4])})" if missing else ""
         findings.append(fail(cid, "IB", f"{expected} InfiniBand HCAs expected, {len(ib)} found{what}", _REMEDIATE_IB,
-                             Action.REBOOT, expected=expected, found=[d.name for d in ib]))
+                             Action.DRAIN, expected=expected, found=[d.name for d in ib]))
     down = _down_ports(ib)
     if down:
         findings.append(fail(cid, "IB", f"IB port not ACTIVE: {', '.join(down[:4])}"

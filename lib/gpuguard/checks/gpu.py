@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckInput
-from gpuguard.checks._util import NO_DRIVER, fail, gpu_label, job_gpus, nvml_unavailable, ok, skip, warn
+from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, job_gpus, mismatch, nvml_unavailable, ok, skip,
+                                   warn)
 from gpuguard.model import Action, Finding, Observations
 
 # NVML errors that mean the GPU is unusable until reset/reboot (DESIGN §6: never fail open on these).
@@ -91,9 +92,9 @@ def check_model(obs: Observations, inp: CheckInput) -> list[Finding]:
         return [bad]
     assert obs.nvml is not None
     findings = [
-        fail(cid, "GPUMODEL", f"{gpu_label(g)} is {g.name!r}, expected {model!r}",
-             "the node is not the instance type its profile says: fix node.profile", Action.DRAIN, gpu=g.index,
-             name=g.name)
+        mismatch(cid, "GPUMODEL", f"{gpu_label(g)} is {g.name!r}, expected {model!r}",
+                 "the node is not the instance type its profile says: fix node.profile",
+                 inp.params.get("severity", "warn"), gpu=g.index, name=g.name)
         for g in job_gpus(obs.nvml, inp.job_gpus)
         if g.name is not None and model.lower() not in g.name.lower()
     ]
@@ -113,9 +114,10 @@ def check_memory(obs: Observations, inp: CheckInput) -> list[Finding]:
     tol = inp.profile.gpu_memory_tolerance_pct if tol is None else tol
     floor = expected * (1 - tol / 100.0)
     findings = [
-        fail(cid, "GPUMEM", f"{gpu_label(g)} has {g.memory_total_mib} MiB, expected {expected} MiB",
-             "framebuffer smaller than this GPU model has: check ECC/MIG mode, else hardware inspection",
-             Action.DRAIN, gpu=g.index, total_mib=g.memory_total_mib, expected_mib=expected)
+        mismatch(cid, "GPUMEM", f"{gpu_label(g)} has {g.memory_total_mib} MiB, expected {expected} MiB",
+                 "framebuffer smaller than the profile says: check the profile, the ECC and MIG modes and the "
+                 "driver version; then hardware inspection", inp.params.get("severity", "warn"), gpu=g.index,
+                 total_mib=g.memory_total_mib, expected_mib=expected)
         for g in job_gpus(obs.nvml, inp.job_gpus)
         if g.memory_total_mib is not None and g.memory_total_mib < floor
     ]
@@ -135,11 +137,13 @@ def check_ecc(obs: Observations, inp: CheckInput) -> list[Finding]:
         if g.ecc_enabled is None and g.ecc_volatile_uncorrected is None:
             continue
         supported = True
-        if p.get("require_enabled", True) and g.ecc_enabled is False:
+        if g.ecc_enabled is False:
+            # A mode someone set, not a fault: a reboot does not enable it (nvidia-smi -e 1 first), so it warns,
+            # or drains for an admin where the site requires ECC.
             then = " (enabled after the next reboot)" if g.ecc_pending_enabled else ""
-            findings.append(fail(cid, "ECC", f"{gpu_label(g)}: ECC is disabled{then}",
-                                 "enable ECC (`nvidia-smi -i %d -e 1`) and reboot" % g.index, Action.REBOOT,
-                                 gpu=g.index))
+            findings.append(mismatch(cid, "ECC", f"{gpu_label(g)}: ECC is disabled{then}",
+                                     "enable ECC (`nvidia-smi -i %d -e 1`) and reboot" % g.index,
+                                     "fail" if p.get("require_enabled", False) else "warn", gpu=g.index))
         limit = p.get("max_volatile_uncorrected", 0)
         if g.ecc_volatile_uncorrected is not None and g.ecc_volatile_uncorrected > limit:
             findings.append(fail(cid, "ECC", f"{gpu_label(g)}: {g.ecc_volatile_uncorrected} uncorrectable ECC "
@@ -164,7 +168,7 @@ def check_retired_pages(obs: Observations, inp: CheckInput) -> list[Finding]:
     if bad:
         return [bad]
     assert obs.nvml is not None
-    limit = inp.params.get("max_retired", 60)
+    limit = inp.params.get("max_retired", 63)
     findings: list[Finding] = []
     supported = False
     for g in job_gpus(obs.nvml, inp.job_gpus):

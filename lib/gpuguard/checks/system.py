@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckInput
-from gpuguard.checks._util import fail, incomplete, ok, skip
+from gpuguard.checks._util import fail, incomplete, mismatch, ok, skip
 from gpuguard.model import Action, Finding, Observations, SystemObservation
 
 
@@ -28,9 +28,12 @@ def check_memory(obs: Observations, inp: CheckInput) -> list[Finding]:
     total_gib = s.mem_total_mib / 1024
     # memory_gib is a floor for MemTotal (profiles set it ~5% under nominal: firmware/kernel reservations).
     if want_total and total_gib < want_total:
-        findings.append(fail(cid, "MEM", f"{total_gib:.0f} GiB memory installed, expected {want_total} GiB",
-                             "a DIMM is missing or failed: check `dmidecode -t memory` and the BMC log",
-                             Action.REPLACE, total_gib=round(total_gib, 1)))
+        # Less memory than the profile: a failed DIMM, or a profile that does not fit this node type / a kernel
+        # reservation. Applied fleet-wide, the second would drain everything: warn unless the site says fail.
+        findings.append(mismatch(cid, "MEM", f"{total_gib:.0f} GiB memory installed, expected {want_total} GiB",
+                                 "a DIMM is missing or failed (`dmidecode -t memory`, the BMC log), or the profile "
+                                 "does not fit this node (node.overrides.memory_gib)",
+                                 inp.params.get("total_severity", "warn"), total_gib=round(total_gib, 1)))
     if min_avail is not None and s.mem_available_mib is not None and s.mem_available_mib / 1024 < min_avail:
         findings.append(fail(cid, "MEM", f"only {s.mem_available_mib / 1024:.1f} GiB memory available, "
                              f"need {min_avail:g} GiB",
@@ -76,8 +79,17 @@ def check_cpu(obs: Observations, inp: CheckInput) -> list[Finding]:
         return [s]
     if s.cpus_online is None:
         return [incomplete(cid, "CPU", "online CPUs not readable")]
-    if s.cpus_online < want:
-        return [fail(cid, "CPU", f"{s.cpus_online} CPUs online, expected {want}",
-                     "CPUs offline (hot-unplugged or failed): check `lscpu` and the kernel log; reboot",
-                     Action.REBOOT, online=s.cpus_online, expected=want)]
-    return [ok(cid, f"{s.cpus_online} CPUs online")]
+    smt_off = s.smt_active is False or s.smt_control in ("off", "forceoff", "notsupported", "notimplemented")
+    if s.cpus_online == want:
+        return [ok(cid, f"{s.cpus_online} CPUs online")]
+    if smt_off and s.cpus_online * 2 == want:
+        # one thread per core: SMT disabled in BIOS / `nosmt`, or EC2 CpuOptions ThreadsPerCore=1
+        return [ok(cid, f"{s.cpus_online} CPUs online: {want // 2} cores, one thread per core (SMT "
+                        f"{s.smt_control or 'off'})", online=s.cpus_online, smt=s.smt_control)]
+    offline = f"; offline: {s.cpus_offline}" if s.cpus_offline else ""
+    return [mismatch(cid, "CPU", f"{s.cpus_online} CPUs online, expected {want}"
+                     + (f" ({want // 2} with SMT off)" if want % 2 == 0 else "") + offline,
+                     "if CPUs were taken offline (`lscpu`, /sys/devices/system/cpu/offline) bring them back or "
+                     "reboot; if this node type has a different count, fix the profile (node.overrides.cpus)",
+                     inp.params.get("severity", "warn"), online=s.cpus_online, expected=want,
+                     smt=s.smt_control, offline=s.cpus_offline or "")]

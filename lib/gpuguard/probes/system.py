@@ -27,6 +27,23 @@ def read_cpus_online(sysfs_root: str = "/sys") -> Optional[int]:
         return os.cpu_count()
 
 
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def read_smt(sysfs_root: str = "/sys") -> tuple[Optional[bool], Optional[str], Optional[str]]:
+    """(SMT active, SMT control, offline cpulist). SMT off (BIOS, `nosmt`, or an EC2 instance launched with one
+    thread per core, where the guest sees control=notsupported) halves the online CPUs without any fault."""
+    cpu = os.path.join(sysfs_root, "devices/system/cpu")
+    active = _read_text(os.path.join(cpu, "smt/active"))
+    return (None if active is None else active == "1", _read_text(os.path.join(cpu, "smt/control")),
+            _read_text(os.path.join(cpu, "offline")))
+
+
 def read_disk(path: str) -> DiskUsage:
     try:
         st = os.statvfs(path)
@@ -63,5 +80,6 @@ def read_system(paths: Iterable[str] = (), procfs_root: str = "/proc", sysfs_roo
     except (OSError, KeyError) as e:
         obs.status = ProbeStatus(complete=False, error=f"memory: {e}")
     obs.cpus_online = read_cpus_online(sysfs_root)
+    obs.smt_active, obs.smt_control, obs.cpus_offline = read_smt(sysfs_root)
     obs.disks = [read_disk(p) for p in paths]
     return obs

@@ -351,6 +351,11 @@ def _write_system(root: Path, sc: Scenario) -> None:
     cpu_dir = root / "sys/devices/system/cpu"
     cpu_dir.mkdir(parents=True, exist_ok=True)
     (cpu_dir / "online").write_text(f"0-{cpus - 1}\n" if cpus > 1 else "0\n")
+    (cpu_dir / "offline").write_text(f"{s.get('offline', '')}\n")
+    smt = str(s.get("smt", "on"))  # on | off | notsupported (an EC2 instance launched with one thread per core)
+    (cpu_dir / "smt").mkdir(exist_ok=True)
+    (cpu_dir / "smt" / "control").write_text(f"{smt}\n")
+    (cpu_dir / "smt" / "active").write_text("1\n" if smt == "on" else "0\n")
     total_kib = int(float(s.get("memory_gib", sc.profile.memory_gib or 64)) * 1024 * 1024)
     avail_kib = int(float(s.get("mem_available_gib", total_kib / 1024 / 1024 * 0.95)) * 1024 * 1024)
     proc = root / "proc"
