@@ -231,12 +231,17 @@ def test_progress_resumes_then_stalls_again_alerts_again(site, hook):
     assert mon.step(now=t0 + 70)["fired"] == ["monitor.progress:sent"]
     with log.open("a") as f:
         f.write(MEGATRON.format(s=2, it=20, cs=5120, ms=850.0, loss=2.9))
-    assert mon.step(now=t0 + 80)["alerts"] == []
-    # a new episode: reported again (job log, events.jsonl); the page itself is de-duplicated for an hour
-    assert mon.step(now=t0 + 150)["fired"] == ["monitor.progress:suppressed"]
-    events = (s.job_dir / "gpuguard" / "events.jsonl").read_text().splitlines()
-    assert [json.loads(e)["check"] for e in events] == ["monitor.progress", "monitor.progress"]
-    assert len(hook.wait_for(1)) == 1
+    resumed = mon.step(now=t0 + 80)
+    assert resumed["alerts"] == [] and resumed["resolved"] == ["monitor.progress:sent"]  # the episode ended
+    # a new episode: paged again, with the same dedupe key (one incident per job hang, opened and resolved)
+    assert mon.step(now=t0 + 150)["fired"] == ["monitor.progress:sent"]
+    events = [json.loads(e) for e in (s.job_dir / "gpuguard" / "events.jsonl").read_text().splitlines()]
+    assert [(e["check"], e.get("state", "firing")) for e in events] == [
+        ("monitor.progress", "firing"), ("monitor.progress", "resolved"), ("monitor.progress", "firing")]
+    bodies = [r["body"] for r in hook.wait_for(3)]
+    assert [b["status"] for b in bodies] == ["firing", "resolved", "firing"]
+    assert {b["dedup_key"] for b in bodies} == {"gpuguard/job5150/hang"}
+    assert bodies[1]["type"] == "success" and "RESOLVED job hang node1" in bodies[1]["title"]
 
 
 def test_all_gpus_idle_is_a_hang(site, hook):

@@ -1,13 +1,16 @@
-"""What the monitor does about a hang besides alerting: dump the job's Python stacks with py-spy, and ask for a
-requeue. Every external command is an argv list (never a shell) under a timeout."""
+"""What the monitor does about a hang besides alerting: dump the job's Python stacks with py-spy, ask for a
+requeue, and make sure the job's hang pages once (the monitor runs on every node: one node claims the episode in
+the job directory with O_EXCL). Every external command is an argv list (never a shell) under a timeout."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import sys
 import time
-from typing import Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from gpuguard.tools import run_tool
 
@@ -87,3 +90,85 @@ def requeue(argv_template: list[str], job_id: str, timeout_s: float) -> tuple[bo
         return False, f"cannot run {argv[0]}: {r.error}"
     out = (r.err_text() or r.text()).strip()[:300]
     return r.rc == 0, f"{' '.join(argv)} -> exit {r.rc}" + (f": {out}" if out else "")
+
+
+# --------------------------------------------------------------------------- one hang page per job
+
+_CLAIM_MAX_BYTES = 4096
+
+
+def hang_claim_path(claims_dir: str, job_id: str, restart: str) -> str:
+    """One claim per job attempt (a requeued job keeps its id and, usually, its job directory)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"hang-{job_id}-r{restart}")[:200]
+    return os.path.join(claims_dir, safe)
+
+
+def _read_claim(path: str) -> Optional[dict[str, Any]]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, _CLAIM_MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        data = json.loads(raw.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("node"), str) else None
+
+
+def _write_new(path: str, payload: dict[str, Any]) -> bool:
+    """O_CREAT|O_EXCL: True for exactly one caller (atomic on local filesystems, NFSv3+ and Lustre)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(payload))
+    return True
+
+
+def claim_hang(path: str, node: str, now: float, owner_alive: Callable[[str], bool]) -> str:
+    """Which node pages for the job's hang. Returns
+    "new"     this node opened the job's hang episode: it pages (and requeues);
+    "mine"    this node already owns it;
+    "taken"   another node whose monitor is alive owns it: stay quiet (record the event only);
+    "adopted" its owner's monitor is gone (no fresh report): this node takes the episode over, without paging
+              again, so that someone resolves it. Exactly one node adopts (an O_EXCL marker per stale claim)."""
+    if _write_new(path, {"node": node, "ts": now}):
+        return "new"
+    held = _read_claim(path)
+    owner = held.get("node") if held else None
+    if owner == node:
+        return "mine"
+    if owner is not None and owner_alive(owner):
+        return "taken"
+    if held is None:
+        try:
+            if time.time() - os.stat(path).st_mtime < 60:
+                return "taken"  # just created, its content not written yet
+        except FileNotFoundError:
+            return claim_hang(path, node, now, owner_alive)  # released meanwhile: try again
+    stale = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{owner}-{held.get('ts') if held else 'unreadable'}")[:100]
+    if not _write_new(f"{path}.takeover-{stale}", {"node": node, "ts": now}):
+        return "taken"  # another node adopted it
+    from gpuguard.fsutil import atomic_write
+
+    atomic_write(path, json.dumps({"node": node, "ts": now, "adopted_from": owner}))
+    return "adopted"
+
+
+def release_hang(path: str, node: str) -> bool:
+    """The owner closes the job's hang episode (the hang ended, or the job did): a later hang pages again."""
+    held = _read_claim(path)
+    if not held or held.get("node") != node:
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

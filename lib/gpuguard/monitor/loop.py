@@ -20,7 +20,7 @@ from gpuguard.monitor.sampler import GpuSampler, HostSampler, self_cost, to_dict
 
 def _log(msg: str) -> None:
     # the monitor's stderr lands in the job's output: users see what it saw
-    sys.stderr.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} gpuguard-monitor: {msg}\n")
+    sys.stderr.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpuguard-monitor: {msg}\n")
     sys.stderr.flush()
 
 
@@ -70,7 +70,15 @@ class Monitor:
         self.ecc_baseline: dict[int, int] = {}
         self.first_seen: dict[str, float] = {}  # alert key -> when the condition started
         self.streak: dict[str, int] = {}  # alert key -> consecutive samples
-        self.active: set[str] = set()  # alert keys already reported in this episode
+        self.active: dict[str, Alert] = {}  # alerts of open episodes (reported once), by key
+        self.clear_streak: dict[str, int] = {}  # alert key -> samples in a row its condition has been clear
+        self.gpu_ids: dict[int, dict[str, Any]] = {}  # GPU index -> uuid, serial, pci_bus_id (for alerts)
+        self.restart = os.environ.get("SLURM_RESTART_COUNT") or "0"  # a requeued job keeps its id and job dir
+        self.hang_claim: Optional[str] = None
+        from gpuguard.notify import user_state_path
+
+        # the monitor runs as the job's user: its notification state is its own (never the hooks' store)
+        self.notify_state = user_state_path(cfg, job_dir, job_id, node)
         self.peers: dict[str, dict[str, Any]] = {}
         self.samples = 0
         self.last_flush = 0.0
@@ -120,14 +128,16 @@ class Monitor:
 
         alerts = self._judge(now, gpus, host, report)
         fired = self._fire(now, alerts)
+        resolved = self._resolve(now, {a.key for a in alerts})
         self._write_metrics(report, alerts)
         if now - self.last_flush > 60:
             self.last_flush = now
             from gpuguard.notify import flush
 
-            flush(self.cfg, budget_s=2.0)
+            flush(self.cfg, budget_s=2.0, state_path=self.notify_state)
         report["alerts"] = [a.__dict__ for a in alerts]
         report["fired"] = fired
+        report["resolved"] = resolved
         return report
 
     def _judge(self, now: float, gpus: list[Any], host: Any, report: dict[str, Any]) -> list[Alert]:
@@ -142,43 +152,163 @@ class Monitor:
         alerts += [a for a in (progress_hang(now, self.started, self.last_progress, report["last_iteration"],
                                              report["train_log"], p),
                                idle_hang(now, self.idle_since, list(self.peers.values()), p)) if a is not None]
-        self.active &= {a.key for a in alerts}  # a condition that cleared may alert again if it comes back
         return alerts
 
-    def _fire(self, now: float, alerts: list[Alert]) -> list[str]:
-        """Alert once per episode; job-wide hangs are claimed by one node, which also requeues."""
-        from gpuguard.notify import Event, emit
+    # ------------------------------------------------------------------ alerts: one message per episode
+    def _notify(self, event: Any, budget_s: float = 2.0) -> str:
+        from gpuguard.notify import emit
 
+        return emit(self.cfg, event, budget_s=budget_s, state_path=self.notify_state)
+
+    def _gpu_identity(self, index: int) -> dict[str, Any]:
+        """UUID, serial and PCI address of a GPU for its alerts (asked once per GPU; NVML may not know all)."""
+        if index not in self.gpu_ids:
+            ident: dict[str, Any] = {"index": index}
+            handle, nv = dict(self.gpus.handles).get(index), self.gpus.nv
+            if handle is not None and nv is not None:
+                from gpuguard.probes.nvml import normalize_pci_bus_id
+
+                for key, fn in (("uuid", "nvmlDeviceGetUUID"), ("serial", "nvmlDeviceGetSerial"),
+                                ("pci_bus_id", "nvmlDeviceGetPciInfo")):
+                    try:
+                        value = getattr(nv, fn)(handle)
+                        value = getattr(value, "busId", value)
+                        value = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+                        if value:
+                            ident[key] = normalize_pci_bus_id(value) if key == "pci_bus_id" else value
+                    except Exception:  # noqa: BLE001 - NOT_SUPPORTED, a lost GPU: the index still names it
+                        pass
+            self.gpu_ids[index] = ident
+        return self.gpu_ids[index]
+
+    def _event(self, a: Alert, now: float, state: str = "firing", message: Optional[str] = None,
+               evidence: Optional[dict[str, Any]] = None) -> Any:
+        from gpuguard.notify import Event
+
+        ev = dict(a.evidence if evidence is None else evidence)
+        if a.gpu is not None:
+            ev["gpu"] = a.gpu
+        return Event(kind=a.kind, node=self.node, message=message or a.message, severity=a.severity,
+                     check_id=a.check_id, action=a.action if state == "firing" else None, job_id=self.job_id,
+                     evidence=ev, ts=now, state=state, gpu=a.gpu,
+                     gpus=[self._gpu_identity(a.gpu)] if a.gpu is not None else [],
+                     # a hang is the job's: one incident per job, whichever node reports or resolves it
+                     scope="job" if a.kind == "hang" and self.job_id else "node")
+
+    def _record(self, event: dict[str, Any]) -> None:
+        try:
+            self.jobdir.record_event(event)
+        except OSError:
+            pass
+
+    def _claim_hang(self, now: float) -> tuple[bool, bool]:
+        """(this node holds the job's hang episode, it has just opened it and pages). The monitor runs on every
+        node of the job: N nodes must not page N times."""
+        if not self.job_id:
+            return True, True
+        from gpuguard.monitor.actions import claim_hang, hang_claim_path
+
+        if self.hang_claim is None:
+            self.hang_claim = hang_claim_path(self.jobdir.path("claims"), self.job_id, self.restart)
+
+        def alive(owner: str) -> bool:  # its monitor still writes reports
+            try:
+                return owner in self.jobdir.read_reports(max(3 * self.interval, 60.0), now)
+            except OSError:
+                return True  # cannot tell: never page twice
+
+        try:
+            outcome = claim_hang(self.hang_claim, self.node, now, alive)
+        except OSError as e:  # the job directory is unusable: two pages are better than none
+            _log(f"cannot claim the job's hang in {self.jobdir.root}: {e}; reporting it from this node")
+            return True, True
+        return outcome in ("new", "mine", "adopted"), outcome == "new"
+
+    def _release_hang(self) -> bool:
+        """True when this node held the job's hang episode (and has now closed it)."""
+        if not self.job_id:
+            return True
+        if self.hang_claim is None:
+            return False
+        from gpuguard.monitor.actions import release_hang
+
+        try:
+            return release_hang(self.hang_claim, self.node)
+        except OSError:
+            return False
+
+    def _fire(self, now: float, alerts: list[Alert]) -> list[str]:
+        """An alert is sent when its condition starts (per node, GPU and check) and not again while it lasts;
+        a job's hang is sent once by the node that claims it first (which also requeues)."""
         fired = []
         for a in alerts:
+            self.clear_streak.pop(a.key, None)
             if a.key in self.active:
                 continue
-            self.active.add(a.key)
+            self.active[a.key] = a
             evidence = dict(a.evidence)
-            if a.gpu is not None:
-                evidence["gpu"] = a.gpu
-            owner = True
+            pages = True
             if a.kind == "hang":
-                evidence["stacks"] = self._dump_stacks(now)
-                if a.scope == "job":
-                    episode = f"hang-{a.check_id}-{self.job_id}-{self.follower.last.iteration if self.follower and self.follower.last else 'start'}"  # noqa: E501
-                    owner = self.jobdir.claim(episode, self.node)
+                evidence["stacks"] = self._dump_stacks(now)  # every node dumps its own: find the stuck rank
+                _, pages = self._claim_hang(now)
             _log(f"{a.severity.upper()} {a.check_id}: {a.message}")
-            try:
-                self.jobdir.record_event({"ts": now, "node": self.node, "kind": a.kind, "check": a.check_id,
-                                          "severity": a.severity, "message": a.message, "gpu": a.gpu,
-                                          "reported": owner})
-            except OSError:
-                pass
-            if not owner:
-                continue  # another node reports this job-wide hang (and requeues)
-            result = emit(self.cfg, Event(kind=a.kind, node=self.node, message=a.message, severity=a.severity,
-                                          check_id=a.check_id, action=a.action, job_id=self.job_id,
-                                          evidence=evidence, ts=now), budget_s=2.0)
-            fired.append(f"{a.check_id}:{result}")
+            self._record({"ts": now, "node": self.node, "kind": a.kind, "check": a.check_id,
+                          "severity": a.severity, "message": a.message, "gpu": a.gpu, "reported": pages})
+            if not pages:
+                continue  # another node reports this job's hang (and requeues), or this node already did
+            fired.append(f"{a.check_id}:{self._notify(self._event(a, now, evidence=evidence))}")
             if a.kind == "hang" and self.p["requeue_on_hang"] and self.job_id:
                 self._requeue(now, a)
         return fired
+
+    def _resolve(self, now: float, current: set[str]) -> list[str]:
+        """An episode ends when its condition has been clear for `straggler_samples` samples in a row (a hang:
+        when progress resumes): a "resolved" message with the alert's dedupe key."""
+        out = []
+        for key, a in list(self.active.items()):
+            if key in current:
+                continue
+            self.clear_streak[key] = self.clear_streak.get(key, 0) + 1
+            if a.kind != "hang" and self.clear_streak[key] < max(1, self.p["straggler_samples"]):
+                continue
+            del self.active[key]
+            self.clear_streak.pop(key, None)
+            if a.kind == "hang":
+                if any(x.kind == "hang" for x in self.active.values()) or not self._release_hang():
+                    continue  # still hung here, or another node holds the job's hang
+                message = f"the job makes progress again ({a.check_id} cleared; it was: {a.message})"
+            else:
+                message = f"cleared: {a.message}"
+            out.append(self._send_resolved(a, now, message))
+        return out
+
+    def _send_resolved(self, a: Alert, now: float, message: str, budget_s: float = 2.0) -> str:
+        _log(f"RESOLVED {a.check_id}: {message}")
+        self._record({"ts": now, "node": self.node, "kind": a.kind, "check": a.check_id, "state": "resolved",
+                      "message": message, "gpu": a.gpu})
+        return f"{a.check_id}:{self._notify(self._event(a, now, state='resolved', message=message), budget_s)}"
+
+    def resolve_all(self, why: str, budget_s: float = 10.0) -> list[str]:
+        """The job ended (the monitor was stopped by srun/scancel): every open episode is resolved, so receivers
+        do not keep incidents open for a job that is gone; one last try at the spool."""
+        from gpuguard.notify import flush
+
+        now, end = time.time(), time.monotonic() + budget_s
+        out, hang_done = [], False
+        for key, a in list(self.active.items()):
+            left = end - time.monotonic()
+            if left <= 0.2:
+                break
+            del self.active[key]
+            if a.kind == "hang":
+                if hang_done or not self._release_hang():
+                    continue
+                hang_done = True
+            out.append(self._send_resolved(a, now, f"{why} (it was: {a.message})", min(2.0, left)))
+        left = end - time.monotonic()
+        if left > 0.2:
+            flush(self.cfg, budget_s=min(2.0, left), state_path=self.notify_state)
+        return out
 
     def _dump_stacks(self, now: float) -> str:
         from gpuguard.monitor.actions import dump_stacks, find_py_spy, job_python_pids
@@ -194,7 +324,7 @@ class Monitor:
 
     def _requeue(self, now: float, alert: Alert) -> None:
         from gpuguard.monitor.actions import requeue
-        from gpuguard.notify import Event, emit
+        from gpuguard.notify import Event
 
         if not self.jobdir.claim(f"requeue-{self.job_id}-{int(self.started)}", self.node):
             return
@@ -205,11 +335,11 @@ class Monitor:
                                       "ok": ok, "detail": detail})
         except OSError:
             pass
-        emit(self.cfg, Event(kind="requeue", node=self.node, job_id=self.job_id, check_id=alert.check_id,
-                             severity="warning" if ok else "critical",
-                             message=f"job {self.job_id} {'requeue requested' if ok else 'requeue FAILED'} after: "
-                                     f"{alert.message}", evidence={"command": detail},
-                             action=None if ok else "requeue or cancel the job by hand"), budget_s=2.0)
+        self._notify(Event(kind="requeue", node=self.node, job_id=self.job_id, check_id=alert.check_id,
+                           severity="warning" if ok else "critical",
+                           message=f"job {self.job_id} {'requeue requested' if ok else 'requeue FAILED'} after: "
+                                   f"{alert.message}", evidence={"command": detail}, ts=now,
+                           action=None if ok else "requeue or cancel the job by hand"))
 
     def _write_metrics(self, report: dict[str, Any], alerts: list[Alert]) -> None:
         from gpuguard.metrics import textfile_dir
@@ -281,6 +411,8 @@ def main_from_args(args: Any) -> int:
         except Exception as e:  # noqa: BLE001 - one bad sample must not end monitoring of a multi-day job
             _log(f"sample failed: {type(e).__name__}: {e}")
         stop.wait(max(0.0, interval - (time.monotonic() - t0)))
+    if stop.is_set():  # SIGTERM/SIGINT: the job is ending (or was cancelled/requeued)
+        mon.resolve_all("no longer monitored: the job ended")
     c = mon.cost()
     _log(f"stopping after {mon.samples} samples; cost {c['cpu_pct_of_one_core']:.2f}% of one core, "
          f"RSS {c['rss_bytes'] / 2**20:.1f} MiB")
