@@ -19,14 +19,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--once", action="store_true", help="take one sample, evaluate, print it as JSON and exit")
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: until killed)")
 
-    p = sub.add_parser("trainlog", help="analyse a training log: NaN/inf, loss spikes, grad norm, lr")
+    p = sub.add_parser("trainlog", help="analyse a training log (Megatron, nanotron, torchtitan, HF Trainer, "
+                       "Lightning): NaN/missing loss, skipped steps, grad-norm spikes, throughput drops, lr")
     p.add_argument("file", help="log file ('-' for stdin)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", metavar="PNG", help="also draw loss and iteration time (needs matplotlib)")
-    p.add_argument("--grad-norm-max", type=float, help="flag grad norm above this (default 100)")
+    p.add_argument("--plot", metavar="PNG", help="also draw loss, lr, grad norm and time per sample on one "
+                   "iteration axis, restarts and skipped intervals marked (needs matplotlib)")
+    p.add_argument("--grad-spike-k", type=float,
+                   help="flag grad norm above the run's median + K x MAD of its trailing window (default 6)")
+    p.add_argument("--grad-norm-max", type=float, help="also flag grad norm above this absolute value (default off)")
     p.add_argument("--spike-ratio", type=float, help="flag loss above this multiple of its recent trend (default 1.3)")
-    p.add_argument("--time-spike-ratio", type=float,
-                   help="flag iteration time above this multiple of its recent median (default 2)")
+    p.add_argument("--throughput-drop", type=float, help="flag time per sample (token, iteration) staying this "
+                   "fraction slower than before for 5+ records (default 0.2)")
+    p.add_argument("--time-spike-ratio", type=float, help=argparse.SUPPRESS)  # old name: drop = 1 - 1/ratio
 
     p = sub.add_parser("status", help="nodes drained by gpuguard, grouped by fault: hostlists, drained for, last "
                                       "health check, undelivered notifications")

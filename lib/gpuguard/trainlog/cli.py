@@ -1,0 +1,97 @@
+"""`gpuguard trainlog FILE [--json] [--plot PNG]`: exit 0 no flags, 1 flags, 2 unreadable input / no training
+lines / bad option. The file is read as a stream (a log of many GB costs memory for its records only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Iterator
+
+from gpuguard.trainlog.analysis import Thresholds, analyze
+from gpuguard.trainlog.parse import scan_log
+from gpuguard.trainlog.plot import PlotUnavailable, plot
+from gpuguard.trainlog.report import format_summary
+
+
+class _ReadError(Exception):
+    pass
+
+
+def iter_lines(path: str) -> Iterator[str]:
+    """The file's lines (undecodable bytes replaced); `-` is stdin. An OSError, at open or mid-read, becomes
+    _ReadError with a one-line reason."""
+    try:
+        if path == "-":
+            yield from (line.rstrip("\n") for line in sys.stdin)
+            return
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+            for line in f:
+                yield line.rstrip("\n")
+    except OSError as e:
+        raise _ReadError(e.strerror or str(e)) from None
+
+
+def read_lines(path: str) -> list[str]:
+    try:
+        return list(iter_lines(path))
+    except _ReadError as e:
+        raise OSError(str(e)) from None
+
+
+_OPTIONS = {"grad_norm_max": "grad_norm_max", "spike_ratio": "spike_ratio", "grad_spike_k": "grad_spike_k",
+            "throughput_drop": "throughput_drop"}
+
+
+def thresholds_from_args(args: Any) -> Thresholds:
+    """Thresholds with the command line's overrides; ValueError with the option's name when one is out of range."""
+    th = Thresholds()
+    for name, attr in _OPTIONS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if not value > 0 or (name == "throughput_drop" and not value < 1):
+            rule = "between 0 and 1" if name == "throughput_drop" else "> 0"
+            raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value:g}")
+        setattr(th, attr, value)
+    legacy = getattr(args, "time_spike_ratio", None)  # pre-0.x name: a time ratio r is a drop of 1 - 1/r
+    if legacy is not None:
+        if not legacy > 1:
+            raise ValueError(f"--time-spike-ratio must be > 1, got {legacy:g}")
+        th.throughput_drop = 1 - 1 / legacy
+    return th
+
+
+def main_from_args(args: Any) -> int:
+    def fail(message: str) -> int:
+        print(f"gpuguard trainlog: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        th = thresholds_from_args(args)
+    except ValueError as e:
+        return fail(str(e))
+    try:
+        log = scan_log(iter_lines(args.file))
+    except _ReadError as e:
+        return fail(f"cannot read {args.file}: {e}")
+    if not log.records and not any(e.severity in ("critical", "warning") for e in log.events):
+        return fail(f"no training progress lines in {args.file} (expected Megatron-LM, nanotron, torchtitan, "
+                    "HF Trainer, Lightning or key=value lines such as 'step=10 loss=2.3')")
+    result = analyze(log.records, th, log.events, log.duplicates)
+    if args.plot:
+        try:
+            plot(log.records, result, args.plot, title=args.file)
+        except PlotUnavailable as e:
+            return fail(str(e))
+        except (OSError, ValueError) as e:
+            return fail(f"cannot write the plot {args.plot}: {e}")
+    if args.json:
+        out = result.to_dict()
+        if args.plot:
+            out["plot"] = args.plot
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_summary(args.file, result))
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 1 if result.flags else 0
