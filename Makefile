@@ -83,6 +83,7 @@ install: fakenvml
 	@install -d $(PREFIX)/share/gpuguard/sbatch_templates $(PREFIX)/share/gpuguard/examples
 	@install -m 644 sbatch_templates/*.j2 sbatch_templates/README.md $(PREFIX)/share/gpuguard/sbatch_templates/
 	@cp -r examples/scenarios $(PREFIX)/share/gpuguard/examples/
+	@install -d $(PREFIX)/share/gpuguard/observability && install -m 644 observability/gpuguard-dashboard.json docs/runbooks.md $(PREFIX)/share/gpuguard/observability/ && u='$(RUNBOOK_URL)' && sed "s|@RUNBOOK_URL@|$${u:-file://$(PREFIX)/share/gpuguard/observability/runbooks.md}|g" observability/gpuguard.rules.yml > $(PREFIX)/share/gpuguard/observability/gpuguard.rules.yml
 	@sed "s|/usr/local/libexec|$(PREFIX)/libexec|g" healthcheck/gpuguard-watch.service \
 	  > $(PREFIX)/share/gpuguard/gpuguard-watch.service
 	@echo ">> the watch daemon (drains within a second of a fatal Xid):"

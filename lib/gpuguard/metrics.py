@@ -342,19 +342,19 @@ def node_families(st: dict[str, Any], node: str, drain: Optional[DrainState], ve
         ops.add(n, node=node, op=op, outcome=outcome)
 
     xid = fam("gpuguard_xid_events_total", "counter",
-              "Xid events in the kernel log, by the catalog's severity class (fatal, app, warn, info); each event "
-              "counted once")
+              "Xid events in the kernel log by the catalog's class (fatal, app, warn, info), each event counted once "
+              "(the label is not called severity: alerts set that one)")
     x_totals = dict(st["xid_total"])
     for s in XID_SEVERITIES:
         x_totals.setdefault(s, 0)
     for s, n in sorted(x_totals.items()):
-        xid.add(n, node=node, severity=s)
+        xid.add(n, node=node, **{"class": s})
     by_code = fam("gpuguard_xid_code_events_total", "counter",
                   "Xid events in the kernel log by Xid code (a code's series starts at its first event: alert on "
                   "gpuguard_xid_events_total)")
     for key, n in sorted(st["xid_by_code"].items(), key=lambda kv: int(kv[0].split("|")[0])):
         code_s, s = key.split("|", 1)
-        by_code.add(n, node=node, code=code_s, severity=s)
+        by_code.add(n, node=node, code=code_s, **{"class": s})
 
     ecc = fam("gpuguard_gpu_ecc_errors_total", "counter",
               "Lifetime (aggregate, kept in the GPU's infoROM) ECC errors by type, as NVML reported them")

@@ -159,9 +159,9 @@ def test_every_hook_run_writes_one_node_file_that_promtool_accepts(tmp_path):
     assert abs(value(m, "gpuguard_node_drained_since_timestamp_seconds") - time.time()) < 60
     assert value(m, "gpuguard_drain_operations_total", op="drain", outcome="done") == 1
     # the Xid once, although the prolog, health check and epilog all read that kernel log
-    assert value(m, "gpuguard_xid_events_total", severity="fatal") == 1
-    assert value(m, "gpuguard_xid_events_total", severity="app") == 0
-    assert value(m, "gpuguard_xid_code_events_total", code=79, severity="fatal") == 1
+    assert value(m, "gpuguard_xid_events_total", **{"class": "fatal"}) == 1
+    assert value(m, "gpuguard_xid_events_total", **{"class": "app"}) == 0
+    assert value(m, "gpuguard_xid_code_events_total", code=79, **{"class": "fatal"}) == 1
     assert value(m, "gpuguard_runs_total", kind="prolog", verdict="drain") == 1
     assert value(m, "gpuguard_runs_total", kind="healthcheck", verdict="drain") == 1
     from gpuguard import __version__
@@ -185,8 +185,7 @@ def test_counters_start_at_zero_so_increase_sees_the_first_drain(tmp_path):
     assert value(m, "gpuguard_node_drained") == 0 and "check" not in m["gpuguard_node_drained"][0][0]
     for op, outcome in (("drain", "done"), ("drain", "failed"), ("undrain", "done")):
         assert value(m, "gpuguard_drain_operations_total", op=op, outcome=outcome) == 0
-    assert {lab["severity"] for lab, v in m["gpuguard_xid_events_total"] if v == 0} == {"fatal", "app", "warn",
-                                                                                          "info"}
+    assert {lab["class"] for lab, v in m["gpuguard_xid_events_total"] if v == 0} == {"fatal", "app", "warn", "info"}
     assert value(m, "gpuguard_runs_total", kind="prolog", verdict="drain") == 0
     assert value(m, "gpuguard_gpu_ecc_errors_total", gpu=0, type="uncorrected") == 0
 
@@ -195,7 +194,7 @@ def test_counters_start_at_zero_so_increase_sees_the_first_drain(tmp_path):
     assert value(m, "gpuguard_drain_operations_total", op="drain", outcome="done") == 1
     assert value(m, "gpuguard_node_drained") == 1
     assert {lab["keyword"] for lab, _ in m["gpuguard_node_drained"]} == {"XID48"}  # the DBE's Xid 48 leads
-    assert value(m, "gpuguard_xid_events_total", severity="fatal") == 1
+    assert value(m, "gpuguard_xid_events_total", **{"class": "fatal"}) == 1
     assert value(m, "gpuguard_runs_total", kind="prolog", verdict="drain") == 1
     assert value(m, "gpuguard_runs_total", kind="healthcheck", verdict="pass") == 1
 
