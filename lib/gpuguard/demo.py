@@ -50,13 +50,33 @@ def _prolog_runs(site: DevSite, job: str) -> list[tuple[str, dict[str, Any]]]:
     return sorted(found, key=lambda x: x[1]["started"])
 
 
+def _fleet_report(site: DevSite, out: Out) -> bool:
+    """`gpuguard fleet report` as an admin runs it. The demo has no store.url, so the report runs its SQL over the
+    nodes' SQLite stores; with store.url set the same report comes from PostgreSQL (docs/fleet.md)."""
+    p = site.gpuguard("fleet", "report", "--since", "1h")
+    for line in p.stdout.rstrip().splitlines():
+        out.line(line)
+    if p.returncode != 0:
+        out.line(out.c(RED, p.stderr.strip()))
+        return False
+    out.line(out.c(DIM, "(SQLite stores here; with store.url: postgresql://... every node ships its history to "
+                        "PostgreSQL and the same report covers the fleet)"))
+    try:
+        rep = json.loads(site.gpuguard("fleet", "report", "--since", "1h", "--json").stdout)
+    except ValueError:
+        return False
+    weekly = {(w["check"], w["drains"]) for w in rep["drains_per_check_per_week"]}
+    failures = {n["node"]: n["failures"] for n in rep["nodes"]}
+    return ("gpu.xid", 1) in weekly and failures.get("node2") == 1 and failures.get("node1") == 0
+
+
 def run_demo(keep: bool = False) -> int:
     out = Out(sys.stdout.isatty())
     missing = missing_requirements()
     if missing:
         print("cannot run the demo here: " + "; ".join(missing), file=sys.stderr)
         return 2
-    total = 5
+    total = 6
     print(out.c(BOLD, "gpuguard demo: a real Slurm cluster on this machine, 3 nodes, each a simulated "
                       "p5.48xlarge (8x H100 80GB, 32 EFA)"))
     print(out.c(DIM, "NVML answers through the real nvidia-ml-py binding over a fake libnvidia-ml.so.1; "
@@ -115,7 +135,11 @@ def run_demo(keep: bool = False) -> int:
         out.line(out.c(DIM, f"evidence: {ev.get('first', '')}"))
         out.line("(more: .venv/bin/gpuguard xid explain 79 ; make demo DEMO_ARGS=--keep keeps the site for "
                  "`gpuguard history`)")
-        success = ok and info["NodeList"] == "node[1,3]" and (d["reason"] or "").startswith("gpuguard: XID79 gpu.xid")
+
+        out.step(6, total, "fleet report of the demo's drains (`gpuguard fleet report`)")
+        fleet_ok = _fleet_report(site, out)
+        success = ok and info["NodeList"] == "node[1,3]" and (d["reason"] or "").startswith("gpuguard: XID79 gpu.xid") \
+            and fleet_ok
     except Exception as e:  # noqa: BLE001 - show what happened, keep the logs
         site.keep = True
         print(f"\ndemo failed: {e}\n(logs kept in {site.workdir})", file=sys.stderr)

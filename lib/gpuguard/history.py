@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import glob
 import heapq
-import io
 import itertools
 import json
 import os
@@ -114,6 +113,7 @@ class SqliteHistory:
     def __init__(self, paths: list[str]) -> None:
         self.label = list(paths)
         self.conns: list[tuple[str, sqlite3.Connection]] = []
+        _room_for_files(len(paths))
         for p in paths:
             conn = open_store_ro(p)
             if conn is not None:
@@ -163,6 +163,22 @@ class SqliteHistory:
         gens = [self._one(p, c, kind, f, limit) for p, c in self.conns]
         merged = heapq.merge(*gens, key=_sort_key, reverse=True) if len(gens) > 1 else (gens[0] if gens else iter(()))
         return itertools.islice(merged, limit) if limit else merged
+
+
+def _room_for_files(stores: int) -> None:
+    """Per-node stores read at once keep a few descriptors each (database, -wal, -shm): raise the soft limit."""
+    if stores < 100:
+        return
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 4 * stores + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard),
+                                                        hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _sort_key(r: dict[str, Any]) -> tuple[float, Any]:

@@ -81,13 +81,21 @@ def cmd_ship(args: argparse.Namespace) -> int:
     import time
 
     from gpuguard.config import load_config
-    from gpuguard.fleet.query import build_filters
     from gpuguard.fleet.ship import ship_path
     from gpuguard.history import store_paths
 
     cfg = load_config(args.config)
     _need_url(cfg, "gpuguard fleet ship")
-    nodes = build_filters(since="0s", node=args.node).nodes if args.node else ()
+    nodes: list[str] = []
+    if args.node:
+        import hostlist
+
+        try:
+            nodes = hostlist.expand_hostlist(args.node)
+        except hostlist.BadHostlist as e:
+            raise ValueError(f"--node: not a Slurm hostlist ({e}): {args.node!r}") from None
+    if args.budget_s <= 0:
+        raise ValueError(f"--budget-s: expected a number > 0, got {args.budget_s}")
     paths = store_paths(cfg.sections["store"]["path"], nodes)
     if not paths:
         print(f"gpuguard fleet ship: no store file at {cfg.sections['store']['path']}", file=sys.stderr)

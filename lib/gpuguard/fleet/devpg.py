@@ -42,9 +42,9 @@ def missing_requirements() -> list[str]:
             missing.append("a `postgres` system user to run the server as (initdb refuses root)")
         if not shutil.which("runuser"):
             missing.append("runuser (util-linux)")
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg") is None:
         missing.append("psycopg 3 (pip install 'psycopg[binary]')")
     return missing
 

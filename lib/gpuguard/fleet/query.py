@@ -33,8 +33,11 @@ def parse_time(text: str, now: Optional[float] = None, flag: str = "--since") ->
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
     if m:
         return now - float(m.group(1)) * _UNITS[m.group(2)]
+    iso = (text or "").strip()
+    if iso[-1:] in ("Z", "z"):  # Python < 3.11 fromisoformat does not take the Z gpuguard prints
+        iso = iso[:-1] + "+00:00"
     try:
-        dt = datetime.fromisoformat((text or "").strip())
+        dt = datetime.fromisoformat(iso)
     except ValueError:
         raise ValueError(f"{flag}: expected a duration like 30m, 24h, 7d or an ISO 8601 time like "
                          f"2026-11-24T20:06:33Z, got {text!r}") from None
