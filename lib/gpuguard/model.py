@@ -119,11 +119,23 @@ class GpuInfo:
     temperature_c: Optional[int] = None
     temperature_slowdown_c: Optional[int] = None
     temperature_shutdown_c: Optional[int] = None
+    temperature_gpu_max_c: Optional[int] = None  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX: max operating temperature
+    temperature_mem_max_c: Optional[int] = None  # NVML_TEMPERATURE_THRESHOLD_MEM_MAX: HBM max operating temperature
+    memory_temperature_c: Optional[int] = None  # HBM (NVML_FI_DEV_MEMORY_TEMP)
     clock_event_reasons: Optional[int] = None  # bitmask, nvmlClocksEventReason*
     pcie_gen_current: Optional[int] = None
     pcie_gen_max: Optional[int] = None
     pcie_width_current: Optional[int] = None
     pcie_width_max: Optional[int] = None
+    pcie_replay_counter: Optional[int] = None  # link-level retransmissions since the driver loaded
+    minor_number: Optional[int] = None  # /dev/nvidia<minor>: what Slurm's gres.conf File= names
+    persistence_mode: Optional[bool] = None
+    mig_enabled: Optional[bool] = None  # MIG mode currently on
+    mig_devices: list[str] = field(default_factory=list)  # MIG device UUIDs (MIG-...) on this GPU
+    fabric_state: Optional[int] = None  # NVML_GPU_FABRIC_STATE_*: 0 not supported, 1 not started, 2 in progress,
+    #                                     3 completed (NVSwitch systems: Fabric Manager registered the GPU)
+    fabric_status: Optional[int] = None  # nvmlReturn of the fabric registration (0 = success)
+    fabric_health_mask: Optional[int] = None  # NVML_GPU_FABRIC_HEALTH_MASK_* fields (v2+ drivers)
     nvlink_active: Optional[list[bool]] = None  # one entry per link that exists; None = no NVLink
     power_mw: Optional[int] = None
     utilization_gpu_pct: Optional[int] = None
@@ -138,6 +150,8 @@ class GpuInfo:
 class NvmlObservation:
     status: ProbeStatus = field(default_factory=ProbeStatus)
     init_error: Optional[str] = None  # NVML error name when nvmlInit failed, or "TIMEOUT"
+    init_duration_s: Optional[float] = None  # how long nvmlInit took (seconds; slow without persistence mode)
+    slow_answer_s: Optional[float] = None  # set when the probe only answered in its second wait (see runner)
     driver_version: Optional[str] = None
     device_count: Optional[int] = None
     gpus: list[GpuInfo] = field(default_factory=list)

@@ -16,7 +16,7 @@ from gpuguard.reason import format_reason
 # When several checks fail, the reason names the most actionable one: root causes first.
 CHECK_PRIORITY = [
     "gpu.xid", "gpu.nvml", "gpu.count", "gpu.recovery_action", "gpu.row_remap", "gpu.retired_pages", "gpu.ecc",
-    "gpu.nvlink", "gpu.pcie", "gpu.temperature", "gpu.throttle", "fabric.efa", "fabric.ib", "dcgm.diag",
+    "gpu.nvlink", "gpu.fabric", "gpu.pcie", "gpu.temperature", "gpu.throttle", "fabric.efa", "fabric.ib", "dcgm.diag",
     "nccl.busbw", "fabric.efa_counters", "gpu.model",
     "gpu.memory", "gpu.leftovers", "gpu.memory_released", "gpu.processes", "sys.memory", "sys.disk", "sys.cpu",
 ]
@@ -58,6 +58,34 @@ def escalate_recurring(findings: list[Finding], recurrences: Mapping[tuple[str, 
             f = Finding(f.check_id, f.severity, f"{f.message}; back after {seen} reboots", keyword=f.keyword,
                         remediation="the fault survived reboots: hardware inspection / RMA. " + f.remediation,
                         action=Action.REPLACE, evidence={**f.evidence, "recurred_boots": seen}, gpu=f.gpu)
+        out.append(f)
+    return out
+
+
+def apply_persistence(findings: list[Finding], streak_start: Mapping[tuple[str, str], Optional[float]],
+                      now: float) -> list[Finding]:
+    """A failure that needs persistence (evidence {"persist": {"key", "seconds"}}, e.g. HW slowdown throttling)
+    drains only when the same condition was seen in every run for at least that long (`streak_start`: when the
+    current streak began in earlier runs, None if this run is the first to see it). Until then it is a warning
+    that says when it will drain."""
+    out = []
+    for f in findings:
+        p = f.evidence.get("persist") if f.severity is Severity.FAIL else None
+        if not isinstance(p, dict) or "key" not in p:
+            out.append(f)
+            continue
+        need = float(p.get("seconds", 0) or 0)
+        since = streak_start.get((f.check_id, str(p["key"])))
+        held = now - since if since is not None else 0.0
+        if need and held < need:
+            f = Finding(f.check_id, Severity.WARN,
+                        f"{f.message} (seen for {held:.0f}s; drains if it persists {need:.0f}s)", keyword=f.keyword,
+                        remediation=f.remediation, evidence={**f.evidence, "persist_held_s": round(held, 1)},
+                        gpu=f.gpu)
+        elif need:
+            f = Finding(f.check_id, f.severity, f"{f.message} for {held:.0f}s", keyword=f.keyword,
+                        remediation=f.remediation, action=f.action,
+                        evidence={**f.evidence, "persist_held_s": round(held, 1)}, gpu=f.gpu)
         out.append(f)
     return out
 

@@ -25,7 +25,7 @@ MAX_LEN = 120
 # Fixed vocabulary so tooling can act on reasons. A keyword may carry a numeric suffix (XID79).
 KEYWORDS = frozenset(
     {
-        "XID", "ECC", "ROWREMAP", "RETIRED", "RECOVERY", "THERMAL", "CLOCKS", "PCIE", "NVLINK",
+        "XID", "ECC", "ROWREMAP", "RETIRED", "RECOVERY", "THERMAL", "CLOCKS", "PCIE", "NVLINK", "FABRIC",
         "GPUCOUNT", "GPUMODEL", "GPUMEM", "NVML", "GPUPROC", "EFA", "IB", "NCCL", "DISK", "MEM",
         "CPU", "TIMEOUT", "FLAPPING", "INTERNAL", "DCGM",
     }

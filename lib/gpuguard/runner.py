@@ -19,7 +19,7 @@ from gpuguard.config import Config
 from gpuguard.context import RunContext
 from gpuguard.model import (Finding, KernelLogObservation, NvmlObservation, Observations, ProbeStatus,
                             Severity, SystemObservation, FabricObservation)
-from gpuguard.policy import Verdict, decide, escalate_recurring
+from gpuguard.policy import Verdict, apply_persistence, decide, escalate_recurring
 from gpuguard.profiles import Profile
 
 
@@ -129,6 +129,8 @@ class _Probe:
     fn: Callable[[], Any]
     timeout_s: float
     on_timeout: Callable[[str], Any]
+    # a second wait before calling it a hang (NVML without persistence mode can take many seconds to start)
+    grace_s: float = 0.0
 
 
 def gather(probes: list[_Probe], deadline: Deadline) -> dict[str, Any]:
@@ -155,6 +157,10 @@ def gather(probes: list[_Probe], deadline: Deadline) -> dict[str, Any]:
         t, until = threads[p.name]
         t.join(max(0.0, until - time.monotonic()))
         box = boxes[p.name]
+        late = False
+        if t.is_alive() and p.grace_s and deadline.remaining() > 0:
+            t.join(min(p.grace_s, deadline.remaining()))  # once more: slow is not hung
+            late = not t.is_alive()
         if t.is_alive():
             out[p.name] = p.on_timeout(f"{p.name} probe timed out after {p.timeout_s:g}s")
         elif "error" in box:
@@ -167,6 +173,8 @@ def gather(probes: list[_Probe], deadline: Deadline) -> dict[str, Any]:
             status = getattr(out[p.name], "status", None)
             if status is not None:
                 status.duration_s = box.get("took", 0.0)
+            if late and hasattr(out[p.name], "slow_answer_s"):
+                out[p.name].slow_answer_s = box.get("took", 0.0)
     return out
 
 
@@ -205,7 +213,8 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
         probes.append(_Probe("nvml", lambda: read_nvml(
             gpu_indices=list(ctx.gpu_indices) if ctx.gpu_indices is not None else None,
             nvlinks=profile.nvlinks_per_gpu, library_path=sources.nvml_library, env=sources.nvml_env or None,
-            with_processes=want_procs), dl["nvml_s"], _timed_out(NvmlObservation, init_error="TIMEOUT")))
+            with_processes=want_procs), dl["nvml_s"], _timed_out(NvmlObservation, init_error="TIMEOUT"),
+            grace_s=dl["nvml_s"]))
     if "kernel_log" in needs:
         from gpuguard.probes.kernel_log import read_xid_events
 
@@ -376,6 +385,12 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
     recurrences = {(f.check_id, f.keyword): store.previous_fault_boots(ctx.node, f.check_id, f.keyword, boot_id, since)
                    for f in findings if f.severity is Severity.FAIL and f.keyword}
     findings = escalate_recurring(findings, recurrences, reboot_cfg["escalate_after"])
+    # conditions that must persist before they drain (HW slowdown): when did the current streak start?
+    persist_keys = {(f.check_id, str(f.evidence["persist"]["key"])) for f in findings
+                    if f.severity is Severity.FAIL and isinstance(f.evidence.get("persist"), dict)}
+    max_gap = max(3600.0, 3 * cfg.sections["deadlines"].get("healthcheck_s", 20.0))
+    findings = apply_persistence(findings, {k: store.persist_streak_start(ctx.node, k[0], k[1], max_gap)
+                                            for k in persist_keys}, time.time())
     streaks = store.incomplete_streaks(ctx.node, [f.check_id for f in findings if f.severity is Severity.INCOMPLETE])
     verdict = decide(findings, ctx.kind, on_failure=pol["on_failure"], on_incomplete=pol["on_incomplete"],
                      incomplete_escalate_after=pol["incomplete_escalate_after"], incomplete_history=streaks)

@@ -317,6 +317,24 @@ class Store:
             (node, check_id, since, f"gpuguard: {keyword} %", f"% {keyword}: %")).fetchall()
         return sum(1 for (b,) in rows if b != current_boot)
 
+    def persist_streak_start(self, node: str, check_id: str, key: str, max_gap_s: float,
+                             limit: int = 50) -> Optional[float]:
+        """When the condition `key` of `check_id` (a finding whose evidence carries {"persist": {"key": key}})
+        was first seen in the unbroken run of recent runs that evaluated the check and all saw it; None when the
+        latest such run did not see it. A gap longer than `max_gap_s` between two runs breaks the streak (nobody
+        looked in between)."""
+        rows = self.conn.execute(
+            "SELECT r.id, r.started, MAX(CASE WHEN f.severity IN ('warn','fail') AND json_extract(f.evidence, "
+            "'$.persist.key')=? THEN 1 ELSE 0 END) FROM findings f JOIN runs r ON r.id=f.run_id "
+            "WHERE r.node=? AND f.check_id=? AND r.verdict!='error' GROUP BY r.id ORDER BY r.id DESC LIMIT ?",
+            (key, node, check_id, limit)).fetchall()
+        start: Optional[float] = None
+        for _, started, seen in rows:
+            if not seen or (start is not None and start - started > max_gap_s):
+                break
+            start = started
+        return start
+
     def runs(self, node: Optional[str] = None, since: Optional[float] = None, limit: int = 200) -> list[dict[str, Any]]:
         q = "SELECT * FROM runs WHERE 1=1"
         args: list[Any] = []
@@ -427,7 +445,7 @@ class GuardedStore:
     _DEFAULTS: dict[str, Any] = {
         "get_cursor": None, "incomplete_streaks": {}, "active_drain": None, "consecutive_passes": 0,
         "count_ops": 0, "previous_fault_boots": 0, "runs": [], "drains": [], "findings_for": [],
-        "record_run": None,
+        "record_run": None, "persist_streak_start": None,
     }
 
     def __init__(self, opener: Callable[[], "Store"]) -> None:

@@ -19,7 +19,10 @@ def h100(i: int, **kw) -> GpuInfo:
                 ecc_volatile_uncorrected=0, ecc_volatile_corrected=0, ecc_aggregate_uncorrected=0,
                 ecc_aggregate_corrected=2, remapped_rows_correctable=0, remapped_rows_uncorrectable=0,
                 remapped_rows_pending=False, remapped_rows_failure=False, recovery_action=0, temperature_c=31,
-                temperature_slowdown_c=90, temperature_shutdown_c=92, clock_event_reasons=0x1, pcie_gen_current=1,
+                # NVML's own limits on a real H100 SXM, driver 580 (tests/fixtures/nvml/): slowdown 89, shutdown
+                # 95, GPU max operating 87, HBM max 95; HBM at 36 C idle
+                temperature_slowdown_c=89, temperature_shutdown_c=95, temperature_gpu_max_c=87,
+                temperature_mem_max_c=95, memory_temperature_c=36, clock_event_reasons=0x1, pcie_gen_current=1,
                 pcie_gen_max=5, pcie_width_current=16, pcie_width_max=16, nvlink_active=[True] * 18)
     return replace(g, **kw)
 
@@ -160,19 +163,39 @@ def test_recovery_action_not_reported_by_old_driver_is_skipped():
     assert run("gpu.recovery_action", obs)[0].severity is Severity.SKIP
 
 
-def test_temperature_warn_fail_and_hardware_slowdown_limit():
-    warn_c, fail_c = P5.gpu_temp_warn_c, P5.gpu_temp_fail_c
-    assert run("gpu.temperature", bad_gpu(0, temperature_c=warn_c))[0].severity is Severity.WARN
-    f = run("gpu.temperature", bad_gpu(0, temperature_c=fail_c))[0]
-    assert f.severity is Severity.FAIL and f.keyword == "THERMAL"
-    # a config limit above the GPU's own slowdown point is capped by it
-    f = run("gpu.temperature", bad_gpu(0, temperature_c=91), params={"fail_c": 99})[0]
-    assert f.severity is Severity.FAIL and "limit 90C" in f.message
+def test_temperature_limits_are_the_gpus_own():
+    """An H100/H200 fails at its own slowdown temperature (89 C, from NVML), not at a profile's 85 C, which is 2 C
+    below its max operating temperature and would drain healthy GPUs under load."""
+    assert P5.gpu_temp_fail_c is None  # the profile no longer guesses
+    assert run("gpu.temperature", bad_gpu(0, temperature_c=80))[0].severity is Severity.WARN  # profile's early warn
+    for t in (85, 87, 88):
+        assert run("gpu.temperature", bad_gpu(0, temperature_c=t))[0].severity is Severity.WARN, t
+    f = run("gpu.temperature", bad_gpu(0, temperature_c=89))[0]
+    assert (f.severity, f.keyword, f.action) == (Severity.FAIL, "THERMAL", Action.DRAIN)
+    assert "limit 89C, the GPU's slowdown temperature" in f.message
+    # a site limit can only make it stricter
+    assert run("gpu.temperature", bad_gpu(0, temperature_c=91), params={"fail_c": 99})[0].message.count("limit 89C")
+    f = run("gpu.temperature", bad_gpu(0, temperature_c=84), params={"fail_c": 84})[0]
+    assert f.severity is Severity.FAIL and "limit 84C, configured" in f.message
+    # a GPU that reports no thresholds falls back to the profile (A100 on p4d: 85 C)
+    p4d = load_profile("p4d.24xlarge")
+    f = run("gpu.temperature", bad_gpu(0, temperature_c=86, temperature_slowdown_c=None, temperature_gpu_max_c=None,
+                                          name="NVIDIA A100-SXM4-40GB"), profile=p4d)[0]
+    assert f.severity is Severity.FAIL and "limit 85C" in f.message
+
+
+def test_hbm_temperature():
+    f = run("gpu.temperature", bad_gpu(3, memory_temperature_c=95))[0]
+    assert (f.severity, f.gpu) == (Severity.FAIL, 3) and "HBM at 95C" in f.message
+    assert run("gpu.temperature", bad_gpu(3, memory_temperature_c=91))[0].severity is Severity.WARN
+    assert sev(run("gpu.temperature", bad_gpu(3, memory_temperature_c=None))) == {Severity.OK}
 
 
 def test_throttle_reasons():
     f = run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x1 | 0x40))[0]
     assert f.severity is Severity.FAIL and "hw_thermal" in f.message and f.keyword == "CLOCKS"
+    # the failure must persist before the runner drains (gpuguard.policy.apply_persistence)
+    assert f.evidence["persist"] == {"key": "GPU-4:hw_thermal", "seconds": 240.0}
     assert run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x80))[0].severity is Severity.FAIL
     assert run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x20))[0].severity is Severity.WARN
     assert sev(run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x4))) == {Severity.OK}  # SW power cap is normal

@@ -106,6 +106,7 @@ def expected_gpu(i: int) -> GpuInfo:
         power_mw=69000 + i,
         utilization_gpu_pct=i,
         processes=[GpuProcess(pid=1000 + i, used_memory_mib=512 + i)],
+        minor_number=i,
     )
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckInput
-from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, job_gpus, mismatch, nvml_unavailable, ok, skip,
-                                   warn)
+from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, incomplete, job_gpus, mismatch, nvml_unavailable,
+                                   ok, skip, warn)
 from gpuguard.model import Action, Finding, Observations
 
 # NVML errors that mean the GPU is unusable until reset/reboot (DESIGN §6: never fail open on these).
@@ -49,10 +49,96 @@ def check_nvml(obs: Observations, inp: CheckInput) -> list[Finding]:
     if nvml.status.timed_out:
         findings.append(fail(cid, "TIMEOUT", "NVML stopped answering part-way through the GPU queries",
                              _INIT_REMEDIATION["TIMEOUT"], Action.REBOOT))
+    no_persistence = [g.index for g in nvml.gpus if g.persistence_mode is False]
+    slow = nvml.slow_answer_s
+    if slow is not None:
+        # It answered, only late: a wedged GPU never answers; a driver without persistence mode re-initialises
+        # every GPU on each nvmlInit (seconds per GPU). Not a hang: warn and say why.
+        why = (f"persistence mode is off on GPU {_indices(no_persistence)}: each NVML start re-initialises the "
+               "GPUs" if no_persistence else "persistence mode is on: look for a struggling GPU or driver")
+        findings.append(warn(cid, "NVML", f"NVML answered only after {slow:.1f}s (nvmlInit {nvml.init_duration_s or 0:.1f}s); "
+                             f"{why}", "enable persistence: `systemctl enable --now nvidia-persistenced` "
+                             "(or `nvidia-smi -pm 1`)", answer_s=round(slow, 2), init_s=nvml.init_duration_s,
+                             persistence_off=no_persistence))
     if not findings:
-        findings.append(ok(cid, f"NVML answers (driver {nvml.driver_version}, {nvml.device_count} GPUs)",
-                           driver=nvml.driver_version))
+        pm = f"; persistence mode off on GPU {_indices(no_persistence)}" if no_persistence else ""
+        findings.append(ok(cid, f"NVML answers (driver {nvml.driver_version}, {nvml.device_count} GPUs{pm})",
+                           driver=nvml.driver_version, init_s=nvml.init_duration_s, persistence_off=no_persistence))
     return findings
+
+
+def _indices(idx: list[int]) -> str:
+    return ",".join(map(str, idx[:8])) + (f" +{len(idx) - 8} more" if len(idx) > 8 else "")
+
+
+# NVML_GPU_FABRIC_STATE_* and the NVML_GPU_FABRIC_HEALTH_MASK_* fields (nvml.h, R550+)
+FABRIC_STATES = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}
+_HEALTH_FIELDS = (  # (name, shift, width mask, value that is bad, what it means)
+    ("degraded_bw", 0, 0x3, 1, "NVLink bandwidth degraded"),
+    ("route_recovery", 2, 0x3, 1, "route recovery in progress"),
+    ("route_unhealthy", 4, 0x3, 1, "route unhealthy"),
+    ("access_timeout_recovery", 6, 0x3, 1, "access-timeout recovery in progress"),
+)
+
+
+def decode_fabric_health(mask: int) -> dict[str, int]:
+    """healthMask -> {field: value}; 0 = not supported, 1 = TRUE (bad), 2 = FALSE; incorrect_configuration (4 bits
+    at shift 8): 0 not supported, 1 none, 2.. a reason."""
+    out = {name: (mask >> shift) & width for name, shift, width, _, _ in _HEALTH_FIELDS}
+    out["incorrect_configuration"] = (mask >> 8) & 0xF
+    return out
+
+
+_INCORRECT_CONFIG = {2: "incorrect SysGUID", 3: "incorrect chassis serial", 4: "no partition",
+                     5: "insufficient NVLinks", 6: "incompatible GPU firmware", 7: "invalid location",
+                     8: "GPU state invalid"}
+
+
+def check_fabric(obs: Observations, inp: CheckInput) -> list[Finding]:
+    """NVSwitch systems (HGX H100/H200/B200): Fabric Manager must have registered every GPU in the NVLink fabric,
+    or CUDA refuses to start ("system not yet initialized"). NVIDIA's Fabric Manager guide checks it with
+    `nvidia-smi -q` (Fabric: State Completed, Status Success), which is nvmlDeviceGetGpuFabricInfo."""
+    cid = "gpu.fabric"
+    if not inp.profile.nvswitch:
+        return [skip(cid, "profile is not an NVSwitch system")]
+    bad = nvml_unavailable(cid, "FABRIC", obs.nvml, bool(inp.profile.gpu_count))
+    if bad:
+        return [bad]
+    assert obs.nvml is not None
+    findings: list[Finding] = []
+    judged = False
+    remedy = ("check Fabric Manager: `systemctl status nvidia-fabricmanager` (same version as the driver), its log "
+              "(/var/log/fabricmanager.log) and `nvidia-smi -q | grep -A3 Fabric`")
+    for g in job_gpus(obs.nvml, inp.job_gpus):
+        state = g.fabric_state
+        if state is None or state == 0:
+            continue  # a GPU/driver that does not report fabric state (A100, older drivers)
+        judged = True
+        name = FABRIC_STATES.get(state, str(state))
+        if state == 1:
+            findings.append(fail(cid, "FABRIC", f"{gpu_label(g)}: NVLink fabric NOT_STARTED (Fabric Manager not "
+                                 "running?)", remedy, Action.DRAIN, gpu=g.index, state=name))
+        elif state == 2:
+            findings.append(incomplete(cid, "FABRIC", f"{gpu_label(g)}: NVLink fabric registration IN_PROGRESS",
+                                       gpu=g.index, state=name))
+        elif g.fabric_status not in (None, 0):
+            findings.append(fail(cid, "FABRIC", f"{gpu_label(g)}: NVLink fabric registration failed (status "
+                                 f"{g.fabric_status})", remedy + "; reset/reboot; replace if it recurs", Action.REBOOT,
+                                 gpu=g.index, state=name, status=g.fabric_status))
+        elif g.fabric_health_mask:
+            health = decode_fabric_health(g.fabric_health_mask)
+            bad_fields = [what for name_, _, _, badv, what in _HEALTH_FIELDS if health[name_] == badv]
+            conf = health["incorrect_configuration"]
+            if conf >= 2:
+                findings.append(fail(cid, "FABRIC", f"{gpu_label(g)}: NVLink fabric incorrect configuration: "
+                                     f"{_INCORRECT_CONFIG.get(conf, conf)}", remedy, Action.DRAIN, gpu=g.index,
+                                     health=health))
+            if bad_fields:
+                findings.append(fail(cid, "FABRIC", f"{gpu_label(g)}: {', '.join(bad_fields)}", remedy
+                                     + "; reset/reboot", Action.REBOOT, gpu=g.index, health=health))
+    if not judged:
+        return [skip(cid, "no GPU reports an NVLink fabric state (driver or GPU without fabric info)")]
+    return findings or [ok(cid, "every GPU registered in the NVLink fabric (state COMPLETED, status success)")]
 
 
 def check_count(obs: Observations, inp: CheckInput) -> list[Finding]:
@@ -254,31 +340,50 @@ def check_recovery_action(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 
 def check_temperature(obs: Observations, inp: CheckInput) -> list[Finding]:
+    """GPU and HBM temperature against the GPU's own limits as NVML reports them (slowdown threshold, max
+    operating temperature, HBM max), which differ per model and board; the profile's numbers are only a
+    fallback for a GPU that reports none, and a site's `fail_c`/`warn_c` can only make them stricter."""
     cid = "gpu.temperature"
-    warn_c = inp.params.get("warn_c") or inp.profile.gpu_temp_warn_c
-    fail_c = inp.params.get("fail_c") or inp.profile.gpu_temp_fail_c
+    site_warn, site_fail = inp.params.get("warn_c"), inp.params.get("fail_c")
     bad = nvml_unavailable(cid, "THERMAL", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
     findings: list[Finding] = []
+    judged = False
     for g in job_gpus(obs.nvml, inp.job_gpus):
         t = g.temperature_c
-        if t is None:
-            continue
-        limit = fail_c
-        if g.temperature_slowdown_c:  # the hardware's own slowdown point is a hard limit whatever we configured
-            limit = min(limit, g.temperature_slowdown_c) if limit else g.temperature_slowdown_c
-        if limit and t >= limit:
-            findings.append(fail(cid, "THERMAL", f"{gpu_label(g)} at {t}C (limit {limit}C)",
-                                 "check cooling: fans, airflow, blocked inlets, data-centre temperature",
-                                 Action.DRAIN, gpu=g.index, temperature_c=t, limit_c=limit))
-        elif warn_c and t >= warn_c:
-            findings.append(warn(cid, "THERMAL", f"{gpu_label(g)} at {t}C (warn {warn_c}C)",
-                                 "watch cooling for this node", gpu=g.index, temperature_c=t))
-    if not findings and not (warn_c or fail_c) and not any(g.temperature_slowdown_c for g in obs.nvml.gpus):
-        return [skip(cid, "no temperature limits in profile or config")]
-    return findings or [ok(cid, "GPU temperatures within limits")]
+        if t is not None:
+            own = g.temperature_slowdown_c
+            fail_c = own if own else inp.profile.gpu_temp_fail_c
+            if site_fail:
+                fail_c = min(fail_c, site_fail) if fail_c else site_fail
+            warn_c = min(x for x in (g.temperature_gpu_max_c, inp.profile.gpu_temp_warn_c, site_warn, fail_c) if x) \
+                if any((g.temperature_gpu_max_c, inp.profile.gpu_temp_warn_c, site_warn, fail_c)) else None
+            judged = judged or bool(fail_c or warn_c)
+            source = "the GPU's slowdown temperature" if own and fail_c == own else "configured"
+            if fail_c and t >= fail_c:
+                findings.append(fail(cid, "THERMAL", f"{gpu_label(g)} at {t}C (limit {fail_c}C, {source})",
+                                     "check cooling: fans, airflow, blocked inlets, data-centre temperature",
+                                     Action.DRAIN, gpu=g.index, temperature_c=t, limit_c=fail_c,
+                                     gpu_max_c=g.temperature_gpu_max_c))
+            elif warn_c and t >= warn_c:
+                findings.append(warn(cid, "THERMAL", f"{gpu_label(g)} at {t}C (warn {warn_c}C)",
+                                     "watch cooling for this node", gpu=g.index, temperature_c=t,
+                                     gpu_max_c=g.temperature_gpu_max_c))
+        m, mem_max = g.memory_temperature_c, g.temperature_mem_max_c
+        if m is not None and mem_max:
+            judged = True
+            if m >= mem_max:
+                findings.append(fail(cid, "THERMAL", f"{gpu_label(g)} HBM at {m}C (its max operating {mem_max}C)",
+                                     "memory overheating: check cooling; HBM above its limit corrupts data",
+                                     Action.DRAIN, gpu=g.index, memory_temperature_c=m, limit_c=mem_max))
+            elif m >= mem_max - inp.params.get("hbm_margin_c", 5):
+                findings.append(warn(cid, "THERMAL", f"{gpu_label(g)} HBM at {m}C (max {mem_max}C)",
+                                     "watch cooling for this node", gpu=g.index, memory_temperature_c=m))
+    if not findings and not judged:
+        return [skip(cid, "no temperature limit from NVML, the profile or the config")]
+    return findings or [ok(cid, "GPU and HBM temperatures within the GPUs' own limits")]
 
 
 # nvmlClocksEventReason* bits (nvml.h)
@@ -300,6 +405,9 @@ def decode_throttle(mask: int) -> list[str]:
 
 
 def check_throttle(obs: Observations, inp: CheckInput) -> list[Finding]:
+    """Hardware clock slowdown. One sample proves little (a power-brake pulse, a transient thermal event), so a
+    failure carries a persistence requirement (`persist_s`): the runner drains only when the same GPU showed the
+    same reasons in every run for that long (gpud likewise waits minutes), and warns until then."""
     cid = "gpu.throttle"
     bad = nvml_unavailable(cid, "CLOCKS", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
@@ -318,7 +426,9 @@ def check_throttle(obs: Observations, inp: CheckInput) -> list[Finding]:
             findings.append(fail(cid, "CLOCKS", f"{gpu_label(g)} clocks throttled: {','.join(hard)}",
                                  "hardware slowdown: check cooling, power supplies and the power brake signal; "
                                  "reboot, replace if it persists", Action.DRAIN, gpu=g.index, reasons=active,
-                                 mask=hex(g.clock_event_reasons)))
+                                 mask=hex(g.clock_event_reasons),
+                                 persist={"key": f"{g.uuid or g.index}:{','.join(sorted(hard))}",
+                                          "seconds": inp.params.get("persist_s", 240)}))
         elif soft:
             findings.append(warn(cid, "CLOCKS", f"{gpu_label(g)} clocks throttled: {','.join(soft)}",
                                  "check cooling", gpu=g.index, reasons=active))

@@ -20,6 +20,7 @@ from gpuguard.model import GpuInfo, GpuProcess, NvmlObservation
 MIB = 1024 * 1024
 NVLINK_PROBE_LINKS = 18  # links probed when the caller does not say how many to expect
 FIELD_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R565+)
+FIELD_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP: HBM temperature (read 36 C on an idle H100 SXM, driver 580)
 
 # nvmlReturn_t codes (nvml.h) the classification depends on.
 _INVALID_ARGUMENT = 2
@@ -215,13 +216,15 @@ def _read_memory_health(q: _Queries, h: Any) -> None:
         info.remapped_rows_correctable, info.remapped_rows_uncorrectable = corr, unc
         info.remapped_rows_pending, info.remapped_rows_failure = bool(pending_rows), bool(failure)
 
-    values = q("recovery_action", nv.nvmlDeviceGetFieldValues, h, [FIELD_RECOVERY_ACTION])
+    values = q("recovery_action", nv.nvmlDeviceGetFieldValues, h, [FIELD_RECOVERY_ACTION, FIELD_MEMORY_TEMP])
     if values is not None:
-        # The call succeeds as a whole; whether this field was readable is in its own nvmlReturn.
+        # The call succeeds as a whole; whether each field was readable is in its own nvmlReturn.
         if values[0].nvmlReturn == 0:
             info.recovery_action = int(field_value(values[0]))
         else:
             q.classify("recovery_action", values[0].nvmlReturn)
+        if len(values) > 1 and values[1].nvmlReturn == 0:
+            info.memory_temperature_c = int(field_value(values[1]))
 
 
 def _read_thermal_and_clocks(q: _Queries, h: Any) -> None:
@@ -234,6 +237,9 @@ def _read_thermal_and_clocks(q: _Queries, h: Any) -> None:
                                     nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
     info.temperature_shutdown_c = q("temperature_shutdown", nv.nvmlDeviceGetTemperatureThreshold, h,
                                     nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+    # the GPU's own limits (H100 SXM, driver 580: GPU max operating 87 C, slowdown 89, HBM max 95, shutdown 95)
+    info.temperature_gpu_max_c = q("temperature_gpu_max", nv.nvmlDeviceGetTemperatureThreshold, h, 3)
+    info.temperature_mem_max_c = q("temperature_mem_max", nv.nvmlDeviceGetTemperatureThreshold, h, 2)
     # "Throttle" was renamed "event" in R535; older drivers only have the throttle name.
     info.clock_event_reasons = q.first("clock_event_reasons", [
         ("nvmlDeviceGetCurrentClocksEventReasons", (h,)),
@@ -247,6 +253,52 @@ def _read_pcie(q: _Queries, h: Any) -> None:
     info.pcie_gen_max = q("pcie_gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
     info.pcie_width_current = q("pcie_width_current", nv.nvmlDeviceGetCurrPcieLinkWidth, h)
     info.pcie_width_max = q("pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth, h)
+    info.pcie_replay_counter = q("pcie_replay", nv.nvmlDeviceGetPcieReplayCounter, h)
+
+
+def _read_identity(q: _Queries, h: Any) -> None:
+    """What ties NVML's GPU to Slurm's: the minor number (/dev/nvidiaN in gres.conf), MIG devices (MIG UUIDs in
+    CUDA_VISIBLE_DEVICES), and the modes that explain slow or odd answers (persistence)."""
+    nv, info = q.nv, q.info
+    info.minor_number = q("minor", nv.nvmlDeviceGetMinorNumber, h)
+    mode = q("persistence", nv.nvmlDeviceGetPersistenceMode, h)
+    info.persistence_mode = None if mode is None else bool(mode)
+    mig = q.first("mig_mode", [("nvmlDeviceGetMigMode", (h,))])
+    if mig is not None:
+        info.mig_enabled = bool(mig[0])
+        if info.mig_enabled:
+            count = q("mig_count", nv.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+            for n in range(min(int(count), 8)):
+                try:
+                    mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, n)
+                except nv.NVMLError:
+                    continue  # an empty slot (NOT_FOUND)
+                uuid = q("mig_uuid", nv.nvmlDeviceGetUUID, mh)
+                if uuid:
+                    info.mig_devices.append(_text(uuid))
+
+
+def _read_fabric(q: _Queries, h: Any) -> None:
+    """GPU fabric registration on NVSwitch systems (nvidia-smi -q "Fabric: State Completed, Status Success" once
+    Fabric Manager has registered the GPU). Newest struct first; older drivers have only the unversioned call."""
+    nv, info = q.nv, q.info
+    for ctor, fn in (("c_nvmlGpuFabricInfo_v3_t", "nvmlDeviceGetGpuFabricInfoV"),
+                     ("c_nvmlGpuFabricInfo_v2_t", "nvmlDeviceGetGpuFabricInfoV"),
+                     ("c_nvmlGpuFabricInfo_t", "nvmlDeviceGetGpuFabricInfo")):
+        struct, call = getattr(nv, ctor, None), getattr(nv, fn, None)
+        if struct is None or call is None:
+            continue
+        st = struct()
+        try:
+            call(h, nv.byref(st))
+        except nv.NVMLError as exc:
+            if exc.value in _TRY_OLDER:
+                continue
+            q.classify("fabric", exc.value)
+            return
+        info.fabric_state, info.fabric_status = int(st.state), int(st.status)
+        info.fabric_health_mask = int(getattr(st, "healthMask", 0)) if hasattr(st, "healthMask") else None
+        return
 
 
 def _read_nvlinks(q: _Queries, h: Any, nvlinks: int | None) -> list[bool] | None:
@@ -302,6 +354,8 @@ def _read_gpu(nv: Any, index: int, nvlinks: int | None, with_processes: bool) ->
         _read_memory_health(q, h)
         _read_thermal_and_clocks(q, h)
         _read_pcie(q, h)
+        _read_identity(q, h)
+        _read_fabric(q, h)
         info.nvlink_active = _read_nvlinks(q, h, nvlinks)
         info.power_mw = q("power", nv.nvmlDeviceGetPowerUsage, h)
         utilization = q("utilization", nv.nvmlDeviceGetUtilizationRates, h)
@@ -366,11 +420,14 @@ def _read_into(
             return _fail(obs, f"cannot load {library_path}: {exc}", "LIBRARY_NOT_FOUND")
 
     with _environment(env):
+        t0 = time.monotonic()
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
             name = nvml_error_name(nv, exc.value)
             return _fail(obs, f"nvmlInit: {name}", name)
+        finally:
+            obs.init_duration_s = time.monotonic() - t0
     try:
         _read_devices(nv, obs, gpu_indices, nvlinks, with_processes)
     finally:

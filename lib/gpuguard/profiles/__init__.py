@@ -38,6 +38,7 @@ class Profile:
     cpus: Optional[int] = None  # online logical CPUs
     memory_gib: Optional[int] = None  # minimum MemTotal
     nccl_busbw_gbps: Optional[float] = None  # single-node all_reduce large-message busbw floor
+    nvswitch: bool = False  # NVSwitch system: Fabric Manager must have registered every GPU (gpu.fabric)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

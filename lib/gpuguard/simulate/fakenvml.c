@@ -61,6 +61,17 @@
  *   gpu.<i>.utilization.gpu=N           gpu.<i>.utilization.memory=N
  *   gpu.<i>.clock.sm|mem|graphics|video=MHz   gpu.<i>.max_clock.sm|mem|graphics|video=MHz
  *   gpu.<i>.persistence_mode=0|1
+ *   gpu.<i>.temp_memory=C               nvmlDeviceGetFieldValues field 82 (NVML_FI_DEV_MEMORY_TEMP, HBM)
+ *   gpu.<i>.pcie.replay=N               nvmlDeviceGetPcieReplayCounter and field 94 (NVML_FI_DEV_PCIE_REPLAY_COUNTER)
+ *   gpu.<i>.mig_current=0|1  gpu.<i>.mig_pending=0|1   nvmlDeviceGetMigMode (either one makes it work)
+ *   gpu.<i>.mig.<n>=MIG-<uuid>          MIG device n (0..6): nvmlDeviceGetMaxMigDeviceCount is 7 while MIG is on,
+ *                                       nvmlDeviceGetMigDeviceHandleByIndex gives a MIG handle (NOT_FOUND for an
+ *                                       empty slot) whose nvmlDeviceGetUUID is this, and
+ *                                       nvmlDeviceGetDeviceHandleFromMigDeviceHandle gives the GPU back
+ *   gpu.<i>.fabric.state=0..3           nvmlDeviceGetGpuFabricInfo / ...InfoV (v2, v3): NOT_SUPPORTED, NOT_STARTED,
+ *   gpu.<i>.fabric.status=<nvmlReturn>  IN_PROGRESS, COMPLETED; status, healthMask, healthSummary, cliqueId
+ *   gpu.<i>.fabric.health_mask=0x...    gpu.<i>.fabric.health_summary=N  gpu.<i>.fabric.clique=N
+ *                                       (no fabric.state: both calls return NOT_SUPPORTED, as older drivers do)
  *   gpu.<i>.process.<n>=<pid>:<used_bytes>[:live]  compute processes, n = 0..63 (gaps allowed); with
  *                                              ":live" listed only while that pid exists and is not a zombie
  *                                              (a process the test started; killing it frees "the GPU")
@@ -107,8 +118,9 @@ enum {
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
 };
 
-enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1 };
-enum { NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230 };
+enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3 };
+enum { NVML_FI_DEV_MEMORY_TEMP = 82, NVML_FI_DEV_PCIE_REPLAY_COUNTER = 94, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230 };
+#define MAX_MIG 7 /* at most 7 MIG devices per GPU (A100/H100) */
 #define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
 
 /* NVML_STRUCT_VERSION(name, ver) = sizeof(struct) | ver << 24 */
@@ -188,6 +200,25 @@ typedef struct {
     int temperature;
 } nvmlTemperature_v1_t;
 
+typedef struct { /* nvmlGpuFabricInfo_t (unversioned nvmlDeviceGetGpuFabricInfo) */
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} nvmlGpuFabricInfo_t;
+
+typedef struct { /* nvmlGpuFabricInfo_v3_t; v2 is the same without healthSummary (36 bytes, version 0x02000024) */
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+#define FABRIC_INFO_V2 0x02000024u
+#define FABRIC_INFO_V3 0x03000028u
+
 /* pynvml hard-codes these sizes through its ctypes structures; a mismatch would corrupt its memory. */
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 _Static_assert(sizeof(nvmlPciInfo_v2_t) == 52, "nvmlPciInfo_v2_t layout");
@@ -197,6 +228,8 @@ _Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t layout"
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
 _Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
 _Static_assert(sizeof(nvmlTemperature_v1_t) == 12, "nvmlTemperature_v1_t layout");
+_Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "nvmlGpuFabricInfo_t layout");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v3_t) == 40, "nvmlGpuFabricInfo_v3_t layout");
 
 /* ------------------------------------------------------------------------------------- scenario */
 
@@ -228,6 +261,9 @@ enum gpu_field {
     F_CLK_GRAPHICS, F_CLK_SM, F_CLK_MEM, F_CLK_VIDEO,
     F_MAXCLK_GRAPHICS, F_MAXCLK_SM, F_MAXCLK_MEM, F_MAXCLK_VIDEO,
     F_PERSISTENCE,
+    F_TEMP_MEM, F_PCIE_REPLAY,
+    F_MIG_CURRENT, F_MIG_PENDING,
+    F_FABRIC_STATE, F_FABRIC_STATUS, F_FABRIC_HEALTH_MASK, F_FABRIC_HEALTH_SUMMARY, F_FABRIC_CLIQUE,
     F_COUNT
 };
 
@@ -280,6 +316,15 @@ static const struct {
     {"max_clock.mem", F_MAXCLK_MEM},
     {"max_clock.video", F_MAXCLK_VIDEO},
     {"persistence_mode", F_PERSISTENCE},
+    {"temp_memory", F_TEMP_MEM},
+    {"pcie.replay", F_PCIE_REPLAY},
+    {"mig_current", F_MIG_CURRENT},
+    {"mig_pending", F_MIG_PENDING},
+    {"fabric.state", F_FABRIC_STATE},
+    {"fabric.status", F_FABRIC_STATUS},
+    {"fabric.health_mask", F_FABRIC_HEALTH_MASK},
+    {"fabric.health_summary", F_FABRIC_HEALTH_SUMMARY},
+    {"fabric.clique", F_FABRIC_CLIQUE},
 };
 
 struct text {
@@ -313,6 +358,7 @@ struct fake_gpu {
     unsigned int pci_domain, pci_bus, pci_device;
     unsigned long long nvlink_down; /* bit n set = link n disabled */
     struct process procs[MAX_PROCS];
+    struct text mig_uuid[MAX_MIG]; /* a MIG device handle points at one of these */
     struct override_list errors, hangs;
 };
 
@@ -586,6 +632,8 @@ static void parse_gpu_key(struct scenario *sc, const char *key, char *value) {
         parse_nvlink_list(g, value);
     else if (strncmp(rest, "process.", 8) == 0)
         parse_process(g, rest + 8, value);
+    else if (strncmp(rest, "mig.", 4) == 0 && rest[4] >= '0' && rest[4] < '0' + MAX_MIG && rest[5] == '\0')
+        set_text(&g->mig_uuid[rest[4] - '0'], value);
     else
         parse_override_key(&g->errors, &g->hangs, rest, value);
 }
@@ -991,7 +1039,32 @@ static nvmlReturn_t device_text(const char *function, nvmlDevice_t dev, size_t o
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *buf, unsigned int n) {
     return device_text(__func__, d, offsetof(struct fake_gpu, name), buf, n);
 }
+/* A MIG device handle points at gpus[i].mig_uuid[n]: never at a multiple of sizeof(struct fake_gpu), so
+ * gpu_from_handle() rejects it and only the MIG-aware calls accept it. */
+static struct fake_gpu *mig_parent(nvmlDevice_t dev, const struct text **uuid) {
+    uintptr_t p = (uintptr_t)dev;
+    for (unsigned i = 0; i < device_count(); i++) {
+        struct fake_gpu *g = &g_live.gpus[i];
+        uintptr_t lo = (uintptr_t)&g->mig_uuid[0], hi = (uintptr_t)&g->mig_uuid[MAX_MIG];
+        if (p >= lo && p < hi && (p - lo) % sizeof(struct text) == 0) {
+            const struct text *t = (const struct text *)p;
+            if (!t->set)
+                return NULL;
+            if (uuid)
+                *uuid = t;
+            return g;
+        }
+    }
+    return NULL;
+}
+
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned int n) {
+    const struct text *mig;
+    const struct fake_gpu *parent = initialized() ? mig_parent(d, &mig) : NULL;
+    if (parent) {
+        nvmlReturn_t rc = begin(__func__, parent);
+        return rc != NVML_SUCCESS ? rc : copy_text(mig, buf, n);
+    }
     return device_text(__func__, d, offsetof(struct fake_gpu, uuid), buf, n);
 }
 nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t d, char *buf, unsigned int n) {
@@ -1192,10 +1265,23 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvmlFie
         nvmlFieldValue_t *fv = &values[i];
         fv->timestamp = now;
         fv->latencyUsec = 0;
-        if (fv->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && g->has[F_RECOVERY_ACTION]) {
-            fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        enum gpu_field f = F_COUNT;
+        unsigned type = NVML_VALUE_TYPE_UNSIGNED_INT;
+        if (fv->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+            f = F_RECOVERY_ACTION;
+        else if (fv->fieldId == NVML_FI_DEV_MEMORY_TEMP)
+            f = F_TEMP_MEM;
+        else if (fv->fieldId == NVML_FI_DEV_PCIE_REPLAY_COUNTER) {
+            f = F_PCIE_REPLAY;
+            type = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        }
+        if (f != F_COUNT && g->has[f]) {
+            fv->valueType = type;
             fv->value.ullVal = 0;
-            fv->value.uiVal = (unsigned)g->val[F_RECOVERY_ACTION];
+            if (type == NVML_VALUE_TYPE_UNSIGNED_INT)
+                fv->value.uiVal = (unsigned)g->val[f];
+            else
+                fv->value.ullVal = g->val[f];
             fv->nvmlReturn = NVML_SUCCESS;
         } else {
             fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
@@ -1342,6 +1428,119 @@ nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *v) {
 }
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *v) {
     return device_uint(__func__, d, F_PCIE_WIDTH_MAX, v);
+}
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t d, unsigned int *v) {
+    return device_uint(__func__, d, F_PCIE_REPLAY, v);
+}
+
+/* ------------------------------------------------------------------------------------------- MIG */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigned int *pending) {
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = begin_device(__func__, dev, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!current || !pending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->has[F_MIG_CURRENT] && !g->has[F_MIG_PENDING])
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = (unsigned)g->val[F_MIG_CURRENT];
+    *pending = g->has[F_MIG_PENDING] ? (unsigned)g->val[F_MIG_PENDING] : *current;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *count) {
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = begin_device(__func__, dev, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->has[F_MIG_CURRENT] && !g->has[F_MIG_PENDING])
+        return NVML_ERROR_NOT_SUPPORTED;
+    *count = g->val[F_MIG_CURRENT] ? MAX_MIG : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index, nvmlDevice_t *mig) {
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = begin_device(__func__, dev, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!mig || index >= MAX_MIG)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->val[F_MIG_CURRENT])
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (!g->mig_uuid[index].set)
+        return NVML_ERROR_NOT_FOUND;
+    *mig = (nvmlDevice_t)(uintptr_t)&g->mig_uuid[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvmlDevice_t *dev) {
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    struct fake_gpu *g = mig_parent(mig, NULL);
+    if (!g || !dev)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = begin(__func__, g);
+    if (rc == NVML_SUCCESS)
+        *dev = g;
+    return rc;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *isMig) {
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!isMig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig_parent(dev, NULL)) {
+        *isMig = 1;
+        return NVML_SUCCESS;
+    }
+    if (!gpu_from_handle(dev))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isMig = 0;
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------- GPU fabric (NVSwitch) */
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info) {
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = begin_device(__func__, dev, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->has[F_FABRIC_STATE])
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)g->val[F_FABRIC_STATUS];
+    info->cliqueId = (unsigned)g->val[F_FABRIC_CLIQUE];
+    info->state = (unsigned)g->val[F_FABRIC_STATE];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo_v3_t *info) {
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = begin_device(__func__, dev, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != FABRIC_INFO_V2 && info->version != FABRIC_INFO_V3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!g->has[F_FABRIC_STATE])
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)g->val[F_FABRIC_STATUS];
+    info->cliqueId = (unsigned)g->val[F_FABRIC_CLIQUE];
+    info->state = (unsigned)g->val[F_FABRIC_STATE];
+    info->healthMask = (unsigned)g->val[F_FABRIC_HEALTH_MASK];
+    if (info->version == FABRIC_INFO_V3) /* v2 callers own only 36 bytes: never write the 37th */
+        info->healthSummary = (unsigned char)g->val[F_FABRIC_HEALTH_SUMMARY];
+    return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsigned int *isActive) {

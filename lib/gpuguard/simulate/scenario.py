@@ -47,7 +47,11 @@ GPU_KEYS = {
     "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "nvlinks", "nvlink_down", "power_w",
     "utilization_pct", "processes", "lost", "errors", "hang", "retired_pages_supported", "row_remap_supported",
     "clock_sm_mhz", "clock_sm_max_mhz", "clock_mem_mhz",
+    # issue 9: the GPU's own limits, HBM, PCIe replays, identity (minor number, MIG) and NVSwitch fabric state
+    "temp_gpu_max_c", "temp_mem_max_c", "memory_temperature_c", "pcie_replay", "persistence_mode", "minor",
+    "mig_enabled", "mig_devices", "fabric_state", "fabric_status", "fabric_health_mask",
 }
+FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
 TOP_KEYS = {"description", "profile", "instance_type", "boot_id", "driver_version", "gpus", "nvml", "kernel_log",
             "fabric", "system",
             "nccl",  # simulated nccl-tests / collective bandwidth of this node (gpuguard.nccl)
@@ -138,8 +142,21 @@ def _gpu_defaults(profile: Profile, i: int) -> dict[str, Any]:
         "remap_correctable": 0, "remap_uncorrectable": 0, "remap_pending": False, "remap_failure": False,
         "recovery_action": 0,
         "temperature_c": max(25, warn - 45),
-        "temp_slowdown_c": (profile.gpu_temp_fail_c or 87) + 3,
-        "temp_shutdown_c": (profile.gpu_temp_fail_c or 87) + 8,
+        # the limits NVML reports on a real H100 SXM (driver 580): slowdown 89, shutdown 95, max operating 87,
+        # HBM max 95 (tests/fixtures/nvml/); a profile's fail limit (A100: 85 C) shifts them
+        "temp_slowdown_c": (profile.gpu_temp_fail_c + 4) if profile.gpu_temp_fail_c else 89,
+        "temp_shutdown_c": (profile.gpu_temp_fail_c + 7) if profile.gpu_temp_fail_c else 95,
+        "temp_gpu_max_c": profile.gpu_temp_fail_c or 87,
+        "temp_mem_max_c": 95,
+        "memory_temperature_c": max(25, warn - 44),
+        "pcie_replay": 0,
+        "persistence_mode": True,
+        "minor": i,
+        "mig_enabled": False,
+        "mig_devices": [],
+        "fabric_state": "completed" if profile.nvswitch else None,
+        "fabric_status": 0,
+        "fabric_health_mask": 0,
         "throttle": ["gpu_idle"],
         "pcie_gen": profile.pcie_gen or 4,
         "pcie_gen_max": profile.pcie_gen or 4,
@@ -159,11 +176,17 @@ def _gpu_lines(i: int, g: dict[str, Any]) -> list[str]:
     mib = 1024 * 1024
     out = [
         f"{p}name={g['name']}", f"{p}uuid={g['uuid']}", f"{p}serial={g['serial']}",
-        f"{p}pci_bus_id={g['pci_bus_id']}", f"{p}pci_device_id=0x233010DE", f"{p}minor={i}",
+        f"{p}pci_bus_id={g['pci_bus_id']}", f"{p}pci_device_id=0x233010DE",
+        f"{p}minor={_as_int(g.get('minor', i), 'minor')}",
         f"{p}memory_total={_as_int(g['memory_mib'], 'memory_mib') * mib}",
         f"{p}memory_used={_as_int(g['memory_used_mib'], 'memory_used_mib') * mib}",
         f"{p}temperature={_as_int(g['temperature_c'], 'temperature_c')}",
         f"{p}temp_slowdown={g['temp_slowdown_c']}", f"{p}temp_shutdown={g['temp_shutdown_c']}",
+        f"{p}temp_gpu_max={g['temp_gpu_max_c']}", f"{p}temp_mem_max={g['temp_mem_max_c']}",
+        f"{p}temp_memory={_as_int(g['memory_temperature_c'], 'memory_temperature_c')}",
+        f"{p}pcie.replay={_as_int(g['pcie_replay'], 'pcie_replay')}",
+        f"{p}persistence_mode={int(bool(g['persistence_mode']))}",
+        f"{p}mig_current={int(bool(g['mig_enabled']))}", f"{p}mig_pending={int(bool(g['mig_enabled']))}",
         f"{p}pcie.gen_current={g['pcie_gen']}", f"{p}pcie.gen_max={g['pcie_gen_max']}",
         f"{p}pcie.gpu_gen_max={g['pcie_gen_max']}",
         f"{p}pcie.width_current={g['pcie_width']}", f"{p}pcie.width_max={g['pcie_width_max']}",
@@ -184,6 +207,14 @@ def _gpu_lines(i: int, g: dict[str, Any]) -> list[str]:
         out += [f"{p}remap.correctable={int(g['remap_correctable'])}",
                 f"{p}remap.uncorrectable={int(g['remap_uncorrectable'])}",
                 f"{p}remap.pending={int(bool(g['remap_pending']))}", f"{p}remap.failure={int(bool(g['remap_failure']))}"]
+    for n, uuid in enumerate((g.get("mig_devices") or [])[:7]):
+        out.append(f"{p}mig.{n}={uuid}")
+    if g.get("fabric_state") is not None:
+        state = g["fabric_state"]
+        state = FABRIC_STATES.get(str(state), state)
+        status = NVML_ERRORS.get(str(g.get("fabric_status", 0)), g.get("fabric_status", 0))
+        out += [f"{p}fabric.state={_as_int(state, 'fabric_state')}", f"{p}fabric.status={_as_int(status, 'fabric_status')}",
+                f"{p}fabric.health_mask={_as_int(g.get('fabric_health_mask', 0), 'fabric_health_mask')}"]
     if g.get("recovery_action") is not None:
         out.append(f"{p}recovery_action={_as_int(g['recovery_action'], 'recovery_action')}")
     throttle = g.get("throttle", [])
