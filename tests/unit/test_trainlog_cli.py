@@ -39,6 +39,9 @@ def test_summary_json_and_exit_codes(tmp_path):
     clean.write_text("\n".join(f"step={i} loss={5 - i * 0.01:.3f} lr=1e-4 step_time=0.5" for i in range(1, 50)))
     assert run_cli(str(clean)).returncode == 0
     assert run_cli("-", stdin=(FIX / "torchtitan_pr3393.log").read_text()).returncode == 0
+    raw = subprocess.run([sys.executable, "-m", "gpuguard", "trainlog", "-"], capture_output=True, timeout=60,
+                         input=b"\xff\xfe step=1 loss=2.0\r\nstep=2 loss=1.9 \x80\r\n")  # not UTF-8, CRLF
+    assert raw.returncode == 0 and b"2 logged iterations" in raw.stdout
 
 
 def test_missing_or_unreadable_input_is_one_line_and_exit_2(tmp_path):

@@ -3,6 +3,7 @@ lines / bad option. The file is read as a stream (a log of many GB costs memory 
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import Any, Iterator
@@ -22,7 +23,8 @@ def iter_lines(path: str) -> Iterator[str]:
     _ReadError with a one-line reason."""
     try:
         if path == "-":
-            yield from (line.rstrip("\n") for line in sys.stdin)
+            stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+            yield from (line.rstrip("\n") for line in stdin)
             return
         with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
             for line in f:
