@@ -168,6 +168,41 @@ def test_a_hung_database_costs_the_health_check_only_its_budget(tmp_path):
         hung.close()
 
 
+def test_the_watch_daemon_ships_a_drain_within_seconds(db, tmp_path):
+    """The watch daemon acts on a fatal Xid (here Slurm refuses the drain: recorded as failed, retried) and its
+    idle loop ships the records soon after, without the health check or the timer."""
+    import threading
+
+    from gpuguard.config import load_config
+    from gpuguard.log import HookLog
+    from gpuguard.watch import WatchDaemon
+
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    cfg = write_cfg(tmp_path, db, watch={"source": f"file:{log}", "retry_initial_s": 5.0},
+                    simulation={"scenario_dir": None})  # a real node's kernel log: this file
+    assert gg(cfg, "fleet", "init-db").returncode == 0
+    daemon = WatchDaemon(load_config(str(cfg)), node="n1",
+                         log=HookLog(use_syslog=False, path=str(tmp_path / "gpuguard.log"), stderr=False))
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(10)
+        with open(log, "a") as f:
+            f.write("Nov 20 10:11:12 gpu-node-1 kernel: [ 5234.567890] NVRM: Xid (PCI:0000:86:00): 79, "
+                    "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 15 and not q(db, "SELECT 1 FROM gpuguard.drains"):
+            time.sleep(0.1)
+        took = time.monotonic() - t0
+    finally:
+        daemon.request_stop()
+        thread.join(15)
+    assert q(db, "SELECT node, op, outcome, keyword FROM gpuguard.drains") == [("n1", "drain", "failed", "XID79")]
+    assert q(db, "SELECT kind, verdict FROM gpuguard.runs") == [("watch", "drain")]
+    assert took < 8, took
+
+
 # --------------------------------------------------------------------------- history and reports: PG == SQLite
 
 T0 = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
