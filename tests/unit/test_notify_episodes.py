@@ -215,45 +215,47 @@ def test_gpu_identities_come_from_the_nvml_observation():
     assert gpu_identities(None, [1]) == [{"index": 1}]
 
 
-def test_a_hardware_drain_names_the_gpu_by_uuid_and_serial_and_its_undrain_resolves_it(tmp_path, hook):
-    """A whole run on a simulated node (real nvidia-ml-py over the fake libnvidia-ml.so.1): the drain's message
-    carries GPU 5's UUID and serial as NVML reports them; the health check's undrain resolves the same key."""
+def test_a_hardware_drain_names_the_gpu_by_uuid_and_serial(tmp_path, hook):
+    """A whole prolog run on a simulated node (real nvidia-ml-py over the fake libnvidia-ml.so.1): the drain's
+    message carries GPU 5's UUID and serial as NVML reports them. When an admin resumes the node by hand, the
+    next health check sees gpuguard's drain is over and resolves its alert (same key)."""
     from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg as sim_cfg
 
     from gpuguard.runner import execute
 
-    cfg = sim_cfg(tmp_path, notify={"urls": [hook.url("/pages")]}, undrain={"passes": 1})
+    cfg = sim_cfg(tmp_path, notify={"urls": [hook.url("/pages")]})
     slurm = MemorySlurm()
     result = execute(ctx("prolog", "n1"), cfg, simulate=str(SCENARIOS / "ecc-dbe.yaml"), slurm_client=slurm)
     assert result.drain and result.drain["outcome"] == "done"
     gpu5 = next(g for g in result.observations.nvml.gpus if g.index == 5)
+    assert gpu5.uuid and gpu5.serial
     page = bodies(hook, 1)[0]
     assert page["status"] == "firing" and page["dedup_key"] == "gpuguard/n1/drain"
-    assert f"GPU 5 uuid={gpu5.uuid} serial={gpu5.serial}" in page["message"] and gpu5.serial
-    # the node is repaired (a GPU reset cleared the counters): the health check lifts the drain
-    for _ in range(3):
-        result = execute(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
-                         slurm_client=slurm)
-        if result.undrain and result.undrain.get("outcome") == "done":
-            break
-    assert result.undrain and result.undrain["outcome"] == "done", result.undrain
+    assert f"gpu:      GPU 5 uuid={gpu5.uuid} serial={gpu5.serial} pci={gpu5.pci_bus_id}" in page["message"]
+    slurm.reason = None  # an admin ran `scontrol update nodename=n1 state=resume`
+    result = execute(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
+    assert result.undrain and result.undrain["outcome"] == "gone"
     resolved = bodies(hook, 2)[1]
-    assert (resolved["status"], resolved["type"], resolved["dedup_key"]) == \
-        ("resolved", "success", "gpuguard/n1/drain")
-    assert "RESOLVED undrained n1" in resolved["title"] and "fired:    " in resolved["message"]
+    assert (resolved["status"], resolved["type"], resolved["dedup_key"]) == ("resolved", "success", page["dedup_key"])
+    assert "ended outside gpuguard" in resolved["message"]
 
 
-def test_a_drain_that_ended_outside_gpuguard_resolves_its_alert(tmp_path, hook):
+def test_the_health_checks_undrain_resolves_the_drain(tmp_path, hook):
     from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg as sim_cfg
 
     from gpuguard.runner import execute
 
-    cfg = sim_cfg(tmp_path, notify={"urls": [hook.url()]})
+    full = sim_cfg(tmp_path, notify={"urls": [hook.url()]},
+                   checks={"sys.disk": {"paths": [{"path": "/", "min_free_gib": 10**7}]}})
     slurm = MemorySlurm()
-    execute(ctx("prolog", "n1"), cfg, simulate=str(SCENARIOS / "ecc-dbe.yaml"), slurm_client=slurm)
-    slurm.reason = None  # an admin ran `scontrol update nodename=n1 state=resume`
-    result = execute(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
-    assert result.undrain and result.undrain["outcome"] == "gone"
-    got = bodies(hook, 2)
-    assert [b["status"] for b in got] == ["firing", "resolved"] and got[0]["dedup_key"] == got[1]["dedup_key"]
-    assert "ended outside gpuguard" in got[1]["message"]
+    result = execute(ctx("prolog", "n1"), full, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
+    assert result.drain and result.drain["outcome"] == "done", result.verdict
+    freed = sim_cfg(tmp_path, notify={"urls": [hook.url()]}, undrain={"passes": 2})
+    outcomes = [execute(ctx("healthcheck", "n1"), freed, simulate=str(SCENARIOS / "healthy-p5.yaml"),
+                        slurm_client=slurm).undrain["outcome"] for _ in range(2)]
+    assert outcomes == ["wait", "done"]
+    drain, undrain = bodies(hook, 2)
+    assert (drain["status"], undrain["status"], undrain["type"]) == ("firing", "resolved", "success")
+    assert drain["dedup_key"] == undrain["dedup_key"] == "gpuguard/n1/drain"
+    assert "RESOLVED undrained n1" in undrain["title"] and "fired:    " in undrain["message"]
+    assert "gpu:" not in drain["message"]  # not about a GPU

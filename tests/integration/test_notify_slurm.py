@@ -1,0 +1,98 @@
+"""Alerts on a real local Slurm cluster (issue 11), delivered to a real local webhook server:
+
+- a hung 3-node job (`gpuguard monitor` on every node, as the torchrun template starts it) pages once, and is
+  resolved once, with the same dedupe key, when the job ends (slurmd's SIGTERM to the monitors);
+- a prolog drain names the faulty GPU by UUID and serial; when an admin resumes the node by hand, the health
+  check resolves the drain's alert."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_notify_servers import WebhookServer  # noqa: E402 - the real local webhook server of the unit tests
+
+from gpuguard.devsite import DevSite  # noqa: E402
+
+pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
+
+
+@pytest.fixture(scope="module")
+def hook():
+    s = WebhookServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, hook):
+    from conftest import missing_requirements
+
+    if missing_requirements():
+        pytest.skip("cannot boot a local Slurm cluster")
+    s = DevSite(workdir=tmp_path_factory.mktemp("notify-site"), nodes=3)
+    s.start()
+    yield s
+    s.cluster.stop()
+
+
+def pages(hook, what: str, n: int, timeout: float = 20.0) -> list[dict]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = [r["body"] for r in hook.requests if what in r["body"]["title"]]
+        if len(got) >= n:
+            return got
+        time.sleep(0.1)
+    return [r["body"] for r in hook.requests if what in r["body"]["title"]]
+
+
+def test_a_hung_three_node_job_pages_once_and_resolves_once(site, hook, tmp_path):
+    site.write_config({"notify": {"urls": [hook.url("/pages")]},
+                       "monitor": {"startup_minutes": 0.03, "py_spy": None, "train_log": "auto",
+                                   "cpu_percent_max": None, "memory_percent_max": None, "disk_percent_max": None}})
+    job_dir = tmp_path / "jobdir"
+    job_dir.mkdir()
+    (job_dir / "train.log").write_text("loading the dataset\n")  # no iteration ever: the job is stuck
+    # The job ends with the sidecar still running: slurmd sends its tasks SIGTERM (then SIGKILL after KillWait).
+    # (`kill $!` on the background srun would not do: srun answers SIGTERM by killing the step with SIGKILL.)
+    script = (f"#!/bin/sh\nexport GPUGUARD_CONFIG={site.config_path}\n"
+              f"srun --overlap --ntasks-per-node=1 {site.python} -m gpuguard monitor --job-dir {job_dir} "
+              f"--interval 0.3 &\nsleep 6\nexit 0\n")
+    job = site.cluster.sbatch(script, "-N3")
+    info = site.cluster.wait_job(job, timeout=90)
+    assert info["JobState"] == "COMPLETED", site.cluster.job_output(job)
+    got = pages(hook, "job hang", 2)
+    assert [b["status"] for b in got] == ["firing", "resolved"], site.cluster.job_output(job)
+    assert {b["dedup_key"] for b in got} == {f"gpuguard/job{job}/hang"}
+    assert "no longer monitored: the job ended" in got[1]["message"]
+    events = [json.loads(line) for line in (job_dir / "gpuguard" / "events.jsonl").read_text().splitlines()]
+    seen = [e for e in events if e["kind"] == "hang" and e.get("state") != "resolved"]
+    assert sorted(e["node"] for e in seen) == ["node1", "node2", "node3"]  # every node saw it...
+    assert sum(e["reported"] for e in seen) == 1  # ...one paged
+    time.sleep(1.0)
+    assert len(pages(hook, "job hang", 3, timeout=0.5)) == 2  # and nothing more came
+
+
+def test_a_prolog_drain_names_the_gpu_and_an_admin_resume_resolves_it(site, hook):
+    site.write_config({"notify": {"urls": [hook.url("/pages")]}})
+    site.set_scenario("node2", "ecc-dbe")
+    job = site.cluster.sbatch("#!/bin/sh\ntrue\n", "-N1", "-w", "node2", "--gres=gpu:8")
+    try:
+        drained = pages(hook, "DRAINED node2", 1, timeout=60)
+    finally:
+        site.cluster.run(["scancel", job])
+    assert drained, site.log_lines()
+    page = drained[0]
+    assert page["dedup_key"] == "gpuguard/node2/drain" and page["status"] == "firing"
+    assert "gpu:      GPU 5 uuid=GPU-" in page["message"] and " serial=" in page["message"]
+    site.set_scenario("node2", "healthy-p5")
+    site.cluster.resume("node2", wait=False)  # the admin, by hand (no need to wait until it is schedulable)
+    hc = site.run_hook("healthcheck", "node2")
+    assert hc.returncode == 0, hc.stderr
+    resolved = pages(hook, "RESOLVED undrained node2", 1)
+    assert resolved and resolved[0]["dedup_key"] == "gpuguard/node2/drain" and resolved[0]["type"] == "success"
