@@ -27,7 +27,8 @@ def test_megatron_line_fields():
     r = parse_line(" [2026-09-11 12:07:17.375194] iteration        4/ 7629408 | consumed samples:          128 | "
                    "elapsed time per iteration (ms): 24386.9 | throughput per GPU (TFLOP/s/GPU): 26.8 | learning "
                    "rate: 1.875000E-04 | global batch size:    32 | lm loss: 1.044366E+01 | loss scale: 1.0 | grad "
-                   "norm: 4.157 | num zeros: 871.0 | number of skipped iterations:   0 | number of nan iterations:   0 |")
+                   "norm: 4.157 | num zeros: 871.0 | number of skipped iterations:   0 | "
+                   "number of nan iterations:   0 |")
     assert r is not None
     assert (r.iteration, r.total, r.fmt, r.batch_size, r.loss_scale) == (4, 7629408, "megatron", 32, 1.0)
     assert r.loss == pytest.approx(10.44366) and r.loss_key == "lm loss" and r.lr == pytest.approx(1.875e-4)
@@ -70,8 +71,8 @@ def test_prefixes_seconds_and_colonless_forms():
     torchrun = parse_line("[default7]: [2026-09-08 20:31:37] iteration      561/ 7629408 | lm loss: 4.858129E-02 |")
     srun = parse_line("7:  iteration        4/   30517 | consumed samples:           64 | lm loss: 1.1E+01 |")
     ds = parse_log(lines("bigscience_tr11_200b_deepspeed.log"))[0]
-    old = parse_line(" iteration      100/     500 | elapsed time per iteration (ms): 300.0 | learning rate 1.500E-04 | "
-                     "lm loss 6.512345E+00 | loss scale 4096.0 |")
+    old = parse_line(" iteration      100/     500 | elapsed time per iteration (ms): 300.0 | "
+                     "learning rate 1.500E-04 | lm loss 6.512345E+00 | loss scale 4096.0 |")
     assert torchrun.iteration == 561 and torchrun.loss == pytest.approx(0.04858129) and torchrun.source == "rank 7"
     assert srun.iteration == 4 and srun.source == "rank 7"
     assert ds.iter_time_s == pytest.approx(769.99)  # "(s)": seconds, not ms
@@ -201,7 +202,8 @@ def test_deepspeed_loss_scaler_and_resume_markers():
     ovf = parse_event("[2023-08-02 00:41:17,526] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank "
                       "0 Skipping step. Attempted loss scale: 4294967296, reducing to 2147483648")
     assert (ovf.kind, ovf.severity) == ("overflow", "info")
-    floor = parse_event("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.")
+    floor = parse_event("Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+                        "Exiting run.")
     assert (floor.kind, floor.severity) == ("loss_scale_min", "critical")
     for text, it in (("  successfully loaded checkpoint from /ckpt [ t 1/4, p 1/1 ] at iteration 2800", 2800),
                      ("[rank0]:[titan] 2026-05-18 16:04:30,000 - root - INFO - Training starts at step 11", 10),

@@ -27,7 +27,8 @@ def _e(x):
 # each follows one framework's line format (see gpuguard.trainlog.formats / events), filled with hostile values
 TEMPLATES = [
     lambda it, a, b, c: (f" [2026-03-02 10:00:00.000000] iteration {it:8d}/{10 ** 6:8d} | consumed samples: {c} | "
-                         f"elapsed time per iteration (ms): {_e(b)} | learning rate: {_e(a)} | global batch size: {c} | "
+                         f"elapsed time per iteration (ms): {_e(b)} | learning rate: {_e(a)} | "
+                         f"global batch size: {c} | "
                          f"lm loss: {_e(a)} | loss scale: {_e(b)} | grad norm: {_e(b)} | number of skipped iterations:"
                          f" {c} | number of nan iterations: {c} |"),
     lambda it, a, b, c: f" iteration {it:8d}/{it:8d} | loss scale: {b} | grad norm: {b} |",

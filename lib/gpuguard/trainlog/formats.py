@@ -192,8 +192,9 @@ def parse_hf(line: str, line_no: int = 0) -> Optional[IterRecord]:
 
 # --------------------------------------------------------------------------- PyTorch Lightning (TQDM bar)
 
-_LIGHTNING = re.compile(r"(?:^|\s)Epoch\s+(\d{1,9}):\s*(?:(\d{1,3})%\s*(?:\|[^|\[\]]{0,200}\|)?\s*(\d{1,15})/(\d{1,15}|\?)"
-                        r"|(\d{1,15})it)\s*\[([^\[\]]{0,20000})\]")
+_LIGHTNING = re.compile(r"(?:^|\s)Epoch\s+(\d{1,9}):\s*"
+                        r"(?:(\d{1,3})%\s*(?:\|[^|\[\]]{0,200}\|)?\s*(\d{1,15})/(\d{1,15}|\?)|(\d{1,15})it)"
+                        r"\s*\[([^\[\]]{0,20000})\]")
 _RATE = re.compile(r"^\s*([\d.]+)\s*(s/it|it/s)\s*$")
 _LIGHTNING_LOSS = ("loss", "train_loss", "train_loss_step", "train/loss", "train/loss_step", "loss_step")
 _LIGHTNING_GRAD = ("grad_norm", "train/grad_norm", "grad_2.0_norm_total", "grad_norm_total")

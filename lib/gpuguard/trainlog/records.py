@@ -88,12 +88,6 @@ def parse_int(text: str) -> Optional[int]:
     return value if value < _MAX_INT else None
 
 
-def finite_int(value: Optional[float]) -> Optional[int]:
-    if value is None or not math.isfinite(value) or abs(value) >= _MAX_INT:
-        return None
-    return int(value)
-
-
 def with_unit(text: str, default_ms: bool) -> Optional[float]:
     """'0.51s' / '510ms' / '0.51' -> seconds."""
     m = re.match(r"^([-+0-9.eE]+|nan|inf)(ms|s)?$", text.strip(), re.IGNORECASE)
