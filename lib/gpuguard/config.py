@@ -216,6 +216,9 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         # a job that died with one of these codes (128+signal: SIGABRT, SIGBUS, SIGKILL, SIGSEGV) gets the
         # health check's deeper set of checks in its epilog
         "deep_on_exit_codes": (_int_list, [134, 135, 137, 139]),
+        # node-local roots where jobs create their private gpuguard-<jobid> scratch (the torchrun template's
+        # local_dir); the epilog removes the job's directories there (gpuguard.jobscratch: owner-checked, no links)
+        "scratch_dirs": (_str_list, ["/tmp"]),
     },
     # Feature sections are inserted at their marker (one per feature owner), keep the markers.
     # @section:watch
@@ -235,15 +238,17 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
     "templates": {
         # a directory searched before the shipped sbatch_templates/ (site templates of the same name win)
         "dir": (_str(allow_none=True), None),
-        # site defaults for template variables, e.g. {max_requeues: 3, no_retry_exit_codes: [2],
+        # site defaults for template variables, e.g. {max_failures: 3, no_retry_exit_codes: [2],
         # checkpoint_glob: "step-*", preset: p5.48xlarge, gpuguard: /usr/local/bin/gpuguard}; a job's own
         # values win; checked against each template's declared variables when rendering
         "defaults": (_any_mapping, {}),
         # preset overrides/additions merged over the shipped presets: {instances: {...}, stacks: {...},
-        # common: {env: [{name, value, why}]}}; validated when used
+        # common: {env: [{name, value, why}]}, known_bad: [...]}; validated when used
         "presets": (_any_mapping, {}),
-        # where `gpuguard job-attempt` records attempts (default: store.path); "{node}" = the batch host. Jobs
-        # run as users: this must be writable by them (the ledger in the job directory is written regardless)
+        # the user side's own SQLite file for job attempts (`gpuguard job-attempt`, run by the job as its user;
+        # `gpuguard history` reads it): "{user}" = the job's user, "{node}" = the batch host, e.g.
+        # /shared/gpuguard/attempts-{user}.db. Never the hooks' store.path (refused at run time): the root hooks'
+        # database must not be writable by users. Unset: only the ledger in the job directory.
         "store_path": (_str(allow_none=True), None),
     },
     # @section:nccl

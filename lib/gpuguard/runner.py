@@ -566,6 +566,23 @@ def _epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list
         if again.get("nvml") is not None:
             obs.nvml = again["nvml"]
             _name_processes(obs, sources.procfs_root)
+    # The job's private node-local scratch (gpuguard-<jobid> under epilog.scratch_dirs): removed once its processes
+    # are gone. Owner-checked, never following a link (gpuguard.jobscratch); a problem is logged, never fatal.
+    if ctx.job_id and ctx.job_uid is not None and ecfg.get("scratch_dirs"):
+        try:
+            from gpuguard.jobscratch import remove_job_scratch
+
+            res = remove_job_scratch(ctx.job_id, ctx.job_uid, ecfg["scratch_dirs"],
+                                     deadline_s=min(5.0, max(0.5, deadline.remaining() / 4)))
+            if res.removed or res.skipped or res.errors or res.incomplete:
+                from gpuguard.log import HookLog
+
+                lg = cfg.sections["logging"]
+                HookLog(lg["syslog"], lg["file"], lg["level"], stderr=False).log(
+                    "warning" if res.skipped or res.errors or res.incomplete else "info",
+                    f"epilog on {ctx.node} job {ctx.job_id}: job scratch: {res.summary()}")
+        except Exception:  # noqa: BLE001 - cleaning a cache must never change the epilog's verdict
+            pass
     return cleanup
 
 

@@ -46,10 +46,75 @@ def test_socket_ifname_eth0_on_p5():
     script = "#!/bin/bash\n#SBATCH --constraint=p5.48xlarge\nexport NCCL_SOCKET_IFNAME=eth0\nsrun python t.py\n"
     f = [x for x in lint(script) if x.rule == "socket-ifname-eth0-p5"][0]
     assert f.severity == "error" and f.line == 3 and "p5.48xlarge" in f.message
-    assert ("socket-ifname-eth0-p5", "info") in rules("export NCCL_SOCKET_IFNAME=eth0\n")  # instance unknown
+    # instance unknown: a hint only on an EFA script; AWS advice never on a script with no sign of AWS
+    assert ("socket-ifname-eth0-p5", "info") in rules("export FI_EFA_USE_HUGE_PAGE=0\nexport NCCL_SOCKET_IFNAME=eth0\n")
+    assert not rules("export NCCL_SOCKET_IFNAME=eth0\n")
     assert not any(r == "socket-ifname-eth0-p5" for r, _ in rules("export NCCL_SOCKET_IFNAME=eth0\n",
                                                                    instance="dgx-h100-ib"))
     assert not any(r == "socket-ifname-eth0-p5" for r, _ in rules(script.replace("eth0", "en")))
+
+
+def test_rules_fire_from_the_instance_type_alone():
+    """Issue 10: `gpuguard lint --instance-type p5.48xlarge` on a script with FI_PROVIDER=efa said nothing."""
+    text = "export FI_PROVIDER=efa\nexport NCCL_PROTO=simple\nsrun python train.py\n"
+    found = rules(text, instance="p5.48xlarge")
+    # p5 only has the current stack: FI_PROVIDER is not needed and NCCL_PROTO disables the tuner
+    assert {("fi-provider-not-needed", "info"), ("nccl-proto-set", "warn")} <= found
+    # on p4d the same two lines are AWS's preset for aws-ofi-nccl <= 1.5: fine
+    assert not {r for r, s in rules(text, instance="p4d.24xlarge") if s != "info"}
+
+
+def test_nccl_debug_values_and_channel_variables():
+    text = (FIX / "ib_hca_prefix_debug_error.sh").read_text()
+    found = {f.rule: f for f in lint(text)}
+    assert found["nccl-debug-invalid"].value == "ERROR" and found["nccl-debug-invalid"].severity == "warn"
+    assert not any(f.rule == "nccl-debug-invalid" for f in lint("export NCCL_DEBUG=warn\nexport X=1\n"))
+    hca = found["nccl-ib-hca-prefix"]
+    assert hca.line == 16 and "mlx5_1 also matches mlx5_10-mlx5_19" in hca.message
+    assert "NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_4,mlx5_5" in hca.fix
+    # NCCL_IB_* and no FI_*: an InfiniBand script, so no AWS advice at all
+    assert not any(f.rule.startswith(("rdmav", "fi-", "missing-huge")) for f in lint(text))
+    assert not lint("export NCCL_IB_HCA==mlx5_0,mlx5_1\n") and not lint("export NCCL_IB_HCA=^=mlx5_1\n")
+    assert [f.rule for f in lint("export NCCL_IB_HCA=^mlx5_1\n")] == ["nccl-ib-hca-prefix"]
+    # NCCL reads NCCL_MIN_NCHANNELS; the cheatsheet's NCCL_MIN_CHANNELS does nothing
+    assert ("nccl-min-channels-name", "warn") in rules("export NCCL_MIN_CHANNELS=8\n")
+    assert ("nccl-min-nchannels", "info") in rules("export FI_EFA_USE_HUGE_PAGE=0\nexport NCCL_MIN_NCHANNELS=8\n")
+    assert not rules("export NCCL_IB_HCA==mlx5_0\nexport NCCL_MIN_NCHANNELS=8\n")  # IB: AWS's advice n/a
+
+
+def test_infiniband_inferred_from_nccl_ib_variables():
+    assert ("nccl-ib-disable-on-ib", "warn") in rules("export NCCL_IB_GID_INDEX=3\nexport NCCL_IB_DISABLE=1\n")
+    assert not rules("export NCCL_IB_DISABLE=1\n")  # no other sign of InfiniBand
+
+
+def test_no_debug_warning_on_a_validation_run_or_an_aws_hint_off_aws():
+    text = (FIX / "slingshot_nccl_tests.sh").read_text()  # NCCL_DEBUG=INFO + all_reduce_perf on Slingshot
+    assert [f for f in lint(text) if f.severity != "info"] == []
+    assert ("nccl-debug-info", "warn") in rules(text.replace("all_reduce_perf", "train.py"))
+    # logging narrowed to INIT,NET and sent to per-rank files (the template's fabric check) is not a warning
+    assert not lint("export NCCL_DEBUG=INFO\nexport NCCL_DEBUG_SUBSYS=INIT,NET\nexport NCCL_DEBUG_FILE=/j/%h.%p\n")
+    assert lint("export NCCL_DEBUG=INFO\nexport NCCL_DEBUG_SUBSYS=ALL\nexport NCCL_DEBUG_FILE=/j/%h.%p\n")
+
+
+def test_deprecated_flight_recorder_names():
+    assert ("legacy-trace-buffer-size", "info") in rules("export TORCH_NCCL_TRACE_BUFFER_SIZE=2000\n")
+    f = [x for x in lint("export TORCH_NCCL_TRACE_BUFFER_SIZE=2000\n")][0]
+    assert f.fix == "export TORCH_FR_BUFFER_SIZE=2000"
+
+
+@pytest.mark.parametrize("shape", ["token", "assignment", "quote", "python", "workers", "continuations",
+                                   "comment", "spaces"])
+def test_lint_is_linear_in_the_input(shape):
+    """A 1 MB token took 39 s (shlex builds each token one character at a time); now well under a second."""
+    import time
+
+    mb = 1_000_000
+    text = {"token": "x" * mb, "assignment": "export A=" + "y" * mb + "\n", "quote": "export A='" + "y" * mb,
+            "python": "os.environ['A'] = '" + "z" * mb, "workers": "num_workers" + " " * mb + "=",
+            "continuations": "a \\\n" * (mb // 4), "comment": "#" * mb, "spaces": "export A=1" + " " * mb}[shape]
+    t0 = time.perf_counter()
+    lint(text)
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_dataloader_workers_on_efa_need_huge_pages_off():
@@ -93,6 +158,8 @@ def test_rendered_scripts_are_clean(preset):
     text = render_template("torchrun.sbatch.j2", {"nodes": 4, "command": ["train.py", "--num_workers", "8"],
                                                   "preset": preset})
     assert [f for f in lint(text) if f.severity != "info"] == []
+    nccl = render_template("nccl-tests.sbatch.j2", {"nodes": 2, "preset": preset})
+    assert [f for f in lint(nccl) if f.severity != "info"] == []
 
 
 def test_cli_exit_codes_and_json(tmp_path):
@@ -108,3 +175,18 @@ def test_cli_exit_codes_and_json(tmp_path):
     assert p.returncode == 0 and "no known-bad" in p.stdout
     p = run("--json", str(bad))
     assert '"rule": "nccl-debug-info"' in p.stdout
+
+
+def test_render_refuses_a_script_its_lint_calls_an_error(tmp_path):
+    """Issue 10: `render` printed the lint error and exited 0, so `render -o x && sbatch x` submitted it."""
+    out = tmp_path / "job.sbatch"
+    p = subprocess.run([sys.executable, "-m", "gpuguard", "render", "torchrun.sbatch.j2", "--set", "nodes=2",
+                        "--set", "command=[t.py]", "--set", "preset=p5.48xlarge", "--set",
+                        "env.NCCL_SOCKET_IFNAME=eth0", "-o", str(out)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "[socket-ifname-eth0-p5]" in p.stderr and "not written" in p.stderr
+    assert not out.exists()
+    p = subprocess.run([sys.executable, "-m", "gpuguard", "render", "torchrun.sbatch.j2", "--set", "nodes=2",
+                        "--set", "command=[t.py]", "--set", "preset=p5.48xlarge", "--set",
+                        "env.NCCL_SOCKET_IFNAME=eth0", "--no-lint", "-o", str(out)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and out.exists()

@@ -1,17 +1,21 @@
 """How an attempt ended and what happens next (pure), on recorded job output, and `gpuguard job-attempt`
-begin/end at the I/O edge: a fake scontrol that logs its argv, the real ledger file and the real SQLite store."""
+begin/end at the I/O edge: a fake scontrol that logs its argv, the real ledger file and the real SQLite file."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from gpuguard.templates.attempts import (AttemptFacts, DEFAULT_NO_RETRY, NodeInfo, Policy, decide,
-                                         no_retry_match, node_failures_in_log)
-from gpuguard.templates.jobattempt import JobContext, Scontrol, begin, end, policy_from_args
+from gpuguard.templates.attempts import (AttemptFacts, Budget, DEFAULT_NO_RETRY, Excluded, NodeInfo, Policy,
+                                         WorkerExit, budget_from_ledger, decide, no_retry_match,
+                                         node_failures_in_log, parse_error_file, parse_torchrun_failures,
+                                         plan_exclusions, unschedulable)
+from gpuguard.templates.jobattempt import (CheckpointSpec, JobContext, Scontrol, begin, end, policy_from_args,
+                                           user_store_path, worker_exits)
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "output"
 OK = frozenset({"ALLOCATED"})
@@ -31,12 +35,13 @@ def facts(**kw):
 @pytest.mark.parametrize("f,policy,expect", [
     (facts(exit_code=0), Policy(), ("completed", "finished", False, ())),
     (facts(), Policy(), ("app_error", "requeued", True, ())),
-    (facts(attempt=4), Policy(max_requeues=3), ("app_error", "gave_up", False, ())),
-    (facts(attempt=3), Policy(max_requeues=3), ("app_error", "requeued", True, ())),
+    (facts(budget=Budget(failures=3)), Policy(max_failures=3), ("app_error", "gave_up", False, ())),
+    (facts(budget=Budget(failures=2)), Policy(max_failures=3), ("app_error", "requeued", True, ())),
     (facts(exit_code=2), Policy(no_retry_exit_codes=(2,)), ("no_retry", "gave_up", False, ())),
     (facts(nodes=nodes(node1="", node2="MIXED+DRAIN")), Policy(), ("node_failure", "requeued", True, ("node2",))),
     (facts(event="timelimit", exit_code=0), Policy(), ("time_limit", "requeued", True, ())),
-    (facts(event="timelimit", exit_code=0, attempt=2), Policy(max_requeues=1), ("time_limit", "gave_up", False, ())),
+    (facts(event="timelimit", exit_code=0, budget=Budget(continuations=1)), Policy(max_continuations=1),
+     ("time_limit", "gave_up", False, ())),
     # SIGTERM after Slurm itself requeued the job (slurmd lost): record, exclude, do not requeue again
     (facts(event="term", restarts_now=1, nodes=nodes(node1="", node2="DOWN+NOT_RESPONDING")), Policy(),
      ("node_failure", "requeued", False, ("node2",))),
@@ -56,9 +61,93 @@ def test_decide(f, policy, expect):
 
 def test_exit_codes_for_the_batch_script():
     assert decide(facts(exit_code=0), Policy()).exit_code == 0
-    assert decide(facts(exit_code=7, attempt=9), Policy()).exit_code == 7
-    assert decide(facts(event="timelimit", exit_code=0, attempt=9), Policy()).exit_code == 1  # gave up: not success
+    assert decide(facts(exit_code=7, budget=Budget(failures=9)), Policy()).exit_code == 7
+    gave_up = decide(facts(event="timelimit", exit_code=0, budget=Budget(continuations=50)), Policy())
+    assert gave_up.action == "gave_up" and gave_up.exit_code == 1  # gave up: not success
     assert decide(facts(event="timelimit", exit_code=0), Policy()).signal == 10
+
+
+# --------------------------------------------------------------------------- separate budgets
+
+
+def test_time_limits_never_use_up_the_failure_budget():
+    """Issue 10: a healthy job ended FAILED after 4 time limits because one budget counted everything."""
+    ledger = [{"attempt": a, "reason": "time_limit", "action": "requeued", "ckpt_step": 100 * a}
+              for a in range(1, 5)]
+    b = budget_from_ledger(ledger, 5)
+    assert (b.failures, b.continuations, b.best_step) == (0, 4, 400)
+    d = decide(facts(attempt=5, event="timelimit", exit_code=0, budget=b, checkpointing=True, ckpt_step=500),
+               Policy(max_failures=0))
+    assert (d.reason, d.action, d.budget) == ("time_limit", "requeued", "continuation"), d.detail
+    assert "continuation 5 of 50" in d.detail
+
+
+def test_failures_count_in_a_row_and_reset_when_the_checkpoint_advances():
+    ledger = [{"attempt": 1, "reason": "app_error", "action": "requeued", "ckpt_step": 100},
+              {"attempt": 2, "reason": "app_error", "action": "requeued", "ckpt_step": 100},
+              {"attempt": 3, "reason": "node_failure", "action": "requeued", "ckpt_step": 100}]
+    b = budget_from_ledger(ledger, 4)
+    assert b.failures == 3 and b.best_step == 100
+    # a 4th failure without progress: over the budget of 3
+    d = decide(facts(attempt=4, budget=b, checkpointing=True, ckpt_step=100), Policy(max_failures=3))
+    assert d.action == "gave_up" and "3 failed attempt(s) in a row" in d.detail
+    # the same failure after the checkpoint moved on: the count starts again
+    d = decide(facts(attempt=4, budget=b, checkpointing=True, ckpt_step=150), Policy(max_failures=3))
+    assert d.action == "requeued" and "failure 1 of 3" in d.detail
+    ledger.append({"attempt": 4, "reason": "app_error", "action": "requeued", "ckpt_step": 150})
+    assert budget_from_ledger(ledger, 5).failures == 1
+
+
+def test_a_time_limit_without_checkpoint_progress_counts_as_a_failure():
+    b = Budget(failures=0, continuations=2, best_step=300)
+    d = decide(facts(event="timelimit", exit_code=0, budget=b, checkpointing=True, ckpt_step=300), Policy())
+    assert (d.reason, d.action, d.budget) == ("time_limit", "requeued", "failure") and "no new checkpoint" in d.detail
+    d = decide(facts(event="timelimit", exit_code=0, budget=Budget(failures=3, best_step=300), checkpointing=True,
+                     ckpt_step=300), Policy(max_failures=3))
+    assert d.action == "gave_up"  # a job that never gets anywhere does not loop forever
+    # without a checkpoint directory there is no progress to judge: a plain continuation
+    d = decide(facts(event="timelimit", exit_code=0, budget=b), Policy())
+    assert d.budget == "continuation"
+
+
+def test_a_superseded_record_and_prolog_requeues_do_not_count():
+    ledger = [{"attempt": 1, "reason": "app_error", "action": "requeued"},
+              {"attempt": 1, "reason": "app_error", "action": "gave_up"},  # requeue failed: superseded
+              {"attempt": 3, "reason": "preempted", "action": "requeued", "budget": "continuation"}]
+    # attempt 2 never reached the batch script (its prolog failed): no record, no budget used
+    assert budget_from_ledger(ledger, 4) == Budget(failures=0, continuations=1, best_step=None)
+
+
+# --------------------------------------------------------------------------- the worker's real exit code
+
+
+def test_worker_exit_code_from_torchrun_report():
+    text = (OUT / "torchrun_worker_exit_3.out").read_text()
+    assert parse_torchrun_failures(text) == [WorkerExit(exit_code=3, rank=1, host="localhost")]
+    labelled = "\n".join(f"1: {line}" for line in text.splitlines())  # srun --label
+    assert parse_torchrun_failures(labelled)[0].exit_code == 3
+    app = parse_torchrun_failures((OUT / "torchrun_app_error.out").read_text())
+    assert [(w.rank, w.exit_code) for w in app] == [(0, 1)]
+
+
+def test_worker_exit_code_in_the_no_retry_list_is_not_retried():
+    """torchrun exits 1 whatever its worker's code: the recovered code is what no_retry_exit_codes match."""
+    log = (OUT / "torchrun_worker_exit_3.out").read_text()
+    f = facts(exit_code=1, log_tail=log, workers=tuple(parse_torchrun_failures(log)))
+    d = decide(f, Policy(no_retry_exit_codes=(3,)))
+    assert (d.reason, d.action, d.exit_code) == ("no_retry", "gave_up", 3)
+    assert "rank 1 on localhost exited with code 3" in d.detail and d.worker.exit_code == 3
+    # without the recovered code the same attempt is an ordinary, retried error (the bug in issue 10)
+    assert decide(facts(exit_code=1, log_tail=log), Policy(no_retry_exit_codes=(3,))).action == "requeued"
+
+
+def test_error_file_from_record():
+    data = json.loads((OUT / "torchrun_error_file_record.json").read_text())
+    w = parse_error_file(data, host="node2")
+    assert (w.exit_code, w.host, w.source) == (1, "node2", "error_file")
+    assert w.message == "ValueError: checkpoint /ck/step-000300 is corrupt"
+    assert parse_error_file({"message": {"message": "x", "errorCode": 7}}).exit_code == 7
+    assert parse_error_file("garbage") is None and parse_error_file({}) is None
 
 
 def test_recorded_outputs_are_classified():
@@ -81,9 +170,42 @@ def test_warnings_that_mention_import_errors_are_not_fatal():
             "unavailable, falling back\n[rank0]: RuntimeError: NCCL error: remote process exited\n")
     assert no_retry_match(text, DEFAULT_NO_RETRY) is None
     assert no_retry_match("[rank3]: ModuleNotFoundError: No module named 'flash_attn'\n", DEFAULT_NO_RETRY)
+    assert no_retry_match("1: [rank3]: ModuleNotFoundError: No module named 'x'\n", DEFAULT_NO_RETRY)
     assert no_retry_match("1: train.py: error: unrecognized arguments: --lr\n", DEFAULT_NO_RETRY)
     custom = policy_from_args(3, [], ["CUDA out of memory"])
     assert no_retry_match("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried", custom.no_retry_patterns)
+
+
+# --------------------------------------------------------------------------- exclusions
+
+
+def _info(name, flags="IDLE", boot="2026-11-20T10:00:00", reason=None):
+    return NodeInfo(name, frozenset(flags.split("+")), reason, boot_time=boot)
+
+
+def test_exclusions_are_reevaluated_at_each_requeue():
+    current = ["node2", "node5", "node7", "node9"]
+    ours = {"node2": Excluded(boot_time="2026-11-20T10:00:00", flagged=True),
+            "node5": Excluded(boot_time="2026-11-20T10:00:00", flagged=True),
+            "node7": Excluded(boot_time="2026-11-20T10:00:00", flagged=False)}
+    infos = {"node2": _info("node2"),                                  # resumed by an admin: healthy again
+             "node5": _info("node5", "IDLE+DRAIN", reason="gpuguard: XID79 gpu.xid: ..."),  # still drained
+             "node7": _info("node7")}        # only srun's log said it failed, and it has not rebooted since
+    plan = plan_exclusions(current, static=["node9"], ours=ours, nodes=infos, new_bad=["node3"])
+    assert plan.exclude == ("node3", "node5", "node7", "node9") and plan.dropped == ("node2",)
+    # node7 rebooted: trusted again
+    infos["node7"] = _info("node7", boot="2026-11-21T08:00:00")
+    assert "node7" in plan_exclusions(current, ["node9"], ours, infos, []).dropped
+    # a node an admin excluded (not in the ledger) is never dropped
+    assert plan_exclusions(["node4"], [], {}, {"node4": _info("node4")}, []).exclude == ("node4",)
+
+
+def test_unschedulable_warning():
+    parts = ["node1", "node2", "node3"]
+    assert unschedulable(2, parts, ["node2"]) is None
+    w = unschedulable(3, parts, ["node2"])
+    assert "needs 3 node(s) but only 2" in w and "BadConstraints" in w
+    assert unschedulable(3, [], ["node2"]) is None  # partition unknown: no guess
 
 
 # --------------------------------------------------------------------------- job-attempt at the I/O edge
@@ -97,6 +219,7 @@ case "$1 $2" in
       case "$h" in "node[1-2]") printf 'node1\nnode2\n';; "node[1-3]") printf 'node1\nnode2\nnode3\n';; *) echo "$h";; esac
     done ;;
   "show node") cat "$FAKE_DIR/nodes.txt" ;;
+  "show partition") [ -e "$FAKE_DIR/partition.txt" ] && cat "$FAKE_DIR/partition.txt" ;;
   "requeue "*) [ -e "$FAKE_DIR/requeue_fails" ] && { echo "slurm_requeue error: Access denied" >&2; exit 1; }; true ;;
 esac
 """
@@ -111,11 +234,12 @@ def fake(tmp_path, monkeypatch):
     log = tmp_path / "job.out"
     log.write_text("old output of an earlier attempt: SyntaxError: not this attempt's\n")
     (d / "job.txt").write_text(f"JobId=77 JobName=train JobState=RUNNING Reason=None Requeue=1 Restarts=0 "
-                               f"ExcNodeList=node9 NodeList=node[1-2] StdOut={log}\n")
+                               f"ExcNodeList=node9 NodeList=node[1-2] NumNodes=2 Partition=gpu StdOut={log}\n")
     (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED Reason=\nNodeName=node2 State=ALLOCATED\n")
     monkeypatch.setenv("FAKE_DIR", str(d))
     ctx = JobContext(job_id="77", node="node1", nodelist="node[1-2]", restarts_at_start=0,
-                     store_path=str(tmp_path / "state" / "node1.db"), scontrol=Scontrol(str(d / "scontrol"), 10))
+                     store_path=str(tmp_path / "user" / "attempts-alice.db"),
+                     scontrol=Scontrol(str(d / "scontrol"), 10))
     return ctx, d, log, tmp_path / "job"
 
 
@@ -129,6 +253,10 @@ def _store(ctx):
         return [dict(r) for r in c.execute("SELECT * FROM attempts ORDER BY id")]
 
 
+def _ledger(job_dir):
+    return [json.loads(x) for x in (job_dir / "attempts.jsonl").read_text().splitlines()]
+
+
 def test_app_error_is_recorded_and_requeued(fake):
     ctx, d, log, job_dir = fake
     ckpt = job_dir.parent / "ckpt"
@@ -137,21 +265,41 @@ def test_app_error_is_recorded_and_requeued(fake):
     assert begin(ctx, job_dir, 1, str(ckpt), "glob", "step-*") == str(ckpt / "step-3")
     with log.open("a") as fh:
         fh.write("[rank0]: RuntimeError: NCCL communicator was aborted\n")
-    dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
+    dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []), CheckpointSpec(str(ckpt), "glob", "step-*"))
     assert (dec.reason, dec.action) == ("app_error", "requeued")  # the old SyntaxError line is not this attempt's
     assert "requeue 77" in _calls(d)
-    ledger = [json.loads(x) for x in (job_dir / "attempts.jsonl").read_text().splitlines()]
+    ledger = _ledger(job_dir)
     assert ledger[0]["attempt"] == 1 and ledger[0]["nodes"] == "node[1-2]" and ledger[0]["exit_code"] == 1
     assert ledger[0]["resumed_from"] == str(ckpt / "step-3")
+    assert (ledger[0]["ckpt_step"], ledger[0]["budget"]) == (3, "failure")
     row = _store(ctx)[0]
     assert (row["job_id"], row["attempt"], row["reason"], row["action"], row["exit_code"]) == \
         ("77", 1, "app_error", "requeued", 1)
+
+
+def test_worker_exit_code_is_recovered_and_recorded(fake):
+    """torchrun exits 1; the worker's own code 3 comes from torchrun's report, its message from the error file."""
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (job_dir / "attempt-1").mkdir()
+    (job_dir / "attempt-1" / "torchrun-node1.json").write_text(
+        json.dumps({"message": {"message": "SystemExit: bad configuration", "errorCode": 3}}))
+    with log.open("a") as fh:
+        fh.write((OUT / "torchrun_worker_exit_3.out").read_text())
+    dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [3], []))
+    assert (dec.reason, dec.action, dec.exit_code) == ("no_retry", "gave_up", 3)
+    rec = _ledger(job_dir)[0]
+    assert (rec["worker_exit_code"], rec["worker_rank"], rec["worker_host"], rec["worker_exit_source"]) == \
+        (3, 1, "localhost", "error_file")
+    assert rec["worker_error"] == "SystemExit: bad configuration" and rec["exit_code"] == 1
+    assert not any(c.startswith("requeue") for c in _calls(d))
 
 
 def test_node_failure_requeues_and_excludes_the_node(fake):
     ctx, d, log, job_dir = fake
     begin(ctx, job_dir, 1)
     (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED\nNodeName=node2 State=MIXED+DRAIN "
+                                 "BootTime=2026-11-20T10:00:00 "
                                  "Reason=gpuguard: XID79 gpu.xid: GPU fell off the bus [healthcheck reboot] "
                                  "[root@2026-11-22T04:00:00]\n")
     dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
@@ -160,7 +308,39 @@ def test_node_failure_requeues_and_excludes_the_node(fake):
     # requeue first (ExcNodeList cannot change while the job runs), then add node2 to the existing exclusions
     assert calls.index("requeue 77") < calls.index("update JobId=77 ExcNodeList=node2,node9")
     assert "gpuguard: XID79 gpu.xid" in dec.detail
+    rec = _ledger(job_dir)[0]
+    assert rec["excluded_boot"] == {"node2": "2026-11-20T10:00:00"} and rec["exclusions"] == ["node2", "node9"]
     assert _store(ctx)[0]["excluded"] == "node2"
+
+
+def test_a_repaired_node_is_dropped_from_the_exclusions_at_the_next_requeue(fake):
+    ctx, d, log, job_dir = fake
+    (job_dir).mkdir()
+    (job_dir / "attempts.jsonl").write_text(json.dumps(
+        {"attempt": 1, "reason": "node_failure", "action": "requeued", "excluded": ["node2"],
+         "excluded_boot": {"node2": "2026-11-20T10:00:00"}, "excluded_flagged": {"node2": True}}) + "\n")
+    ctx.nodelist = "node[1,3]"
+    begin(ctx, job_dir, 2)
+    (d / "job.txt").write_text(f"JobId=77 JobState=RUNNING Restarts=1 ExcNodeList=node2 NodeList=node[1,3] "
+                               f"NumNodes=2 Partition=gpu StdOut={log}\n")
+    (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED\nNodeName=node3 State=ALLOCATED\n"
+                                 "NodeName=node2 State=IDLE BootTime=2026-11-21T09:00:00\n")
+    dec = end(ctx, job_dir, 2, 1, "none", policy_from_args(3, [], []))
+    assert dec.action == "requeued"
+    assert "update JobId=77 ExcNodeList=" in _calls(d)  # node2 is healthy again: the job may use it
+    rec = _ledger(job_dir)[-1]
+    assert rec["unexcluded"] == ["node2"] and rec["exclusions"] == []
+
+
+def test_unschedulable_exclusions_warn(fake, capsys):
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (d / "partition.txt").write_text("PartitionName=gpu AllowGroups=ALL Nodes=node[1-2] TotalNodes=2\n")
+    (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED\nNodeName=node2 State=IDLE+DRAIN Reason=bad\n")
+    end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
+    rec = _ledger(job_dir)[0]
+    assert "needs 2 node(s) but only 1" in rec["warning"]
+    assert "WARNING the job needs 2 node(s)" in capsys.readouterr().err
 
 
 def test_slurm_requeued_after_node_loss_only_excludes(fake):
@@ -184,9 +364,8 @@ def test_lost_attempt_is_recorded_by_the_next_one(fake):
                       store_path=ctx.store_path, scontrol=ctx.scontrol)
     (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED\nNodeName=node2 State=DOWN\n")
     begin(ctx2, job_dir, 2)
-    ledger = [json.loads(x) for x in (job_dir / "attempts.jsonl").read_text().splitlines()]
-    assert [(r["attempt"], r["reason"], r["action"], r["excluded"]) for r in ledger] == \
-        [(1, "node_failure", "requeued", ["node2"])]
+    assert [(r["attempt"], r["reason"], r["action"], r["excluded"], r["budget"]) for r in _ledger(job_dir)] == \
+        [(1, "node_failure", "requeued", ["node2"], "failure")]
 
 
 def test_failed_requeue_gives_up_loudly(fake):
@@ -195,7 +374,7 @@ def test_failed_requeue_gives_up_loudly(fake):
     (d / "requeue_fails").touch()
     dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
     assert dec.action == "gave_up" and dec.exit_code == 1
-    ledger = [json.loads(x) for x in (job_dir / "attempts.jsonl").read_text().splitlines()]
+    ledger = _ledger(job_dir)
     assert [r["action"] for r in ledger] == ["requeued", "gave_up"]
     assert "scontrol requeue failed" in ledger[1]["detail"]
 
@@ -209,7 +388,20 @@ def test_unwritable_store_still_writes_the_ledger(fake, capsys):
     dec = end(ctx, job_dir, 1, 0, "none", policy_from_args(3, [], []))
     assert dec.action == "finished"
     assert len((job_dir / "attempts.jsonl").read_text().splitlines()) == 1
-    assert "not recorded in the history store" in capsys.readouterr().err
+    assert "not recorded in the job store" in capsys.readouterr().err
+
+
+def test_the_user_side_never_writes_the_hooks_store(tmp_path, capsys):
+    """Issue 9: job-attempt runs as the user; the root hooks' database must never need to be user-writable."""
+    def cfg(store_path):
+        return SimpleNamespace(sections={"store": {"path": str(tmp_path / "state" / "{node}.db")},
+                                         "templates": {"store_path": store_path}})
+    assert user_store_path(cfg(None), "node1", "alice") is None  # no default to the hooks' store any more
+    assert user_store_path(cfg(str(tmp_path / "state" / "{node}.db")), "node1", "alice") is None
+    assert "hooks' own store" in capsys.readouterr().err
+    assert user_store_path(cfg(str(tmp_path / "state" / "x" / ".." / "node1.db")), "node1", "alice") is None
+    mine = user_store_path(cfg("/shared/gg/attempts-{user}-{node}.db"), "node1", "alice")
+    assert mine == "/shared/gg/attempts-alice-node1.db"
 
 
 def test_a_monitor_requeue_is_recorded_as_a_hang(fake):
@@ -225,5 +417,19 @@ def test_a_monitor_requeue_is_recorded_as_a_hang(fake):
         f.write(json.dumps({"ts": _t.time(), "node": "node2", "kind": "requeue", "check": "monitor.progress",
                             "ok": True, "detail": "scancel --batch --signal=USR1 77"}) + "\n")
     dec = end(ctx, job_dir, 1, 0, "timelimit", policy_from_args(3, [], []))
-    assert (dec.reason, dec.action) == ("hang", "requeued") and "monitor.progress on node2" in dec.detail
+    assert (dec.reason, dec.action, dec.budget) == ("hang", "requeued", "failure")
+    assert "monitor.progress on node2" in dec.detail
     assert _store(ctx)[0]["reason"] == "hang"
+
+
+def test_worker_exits_merges_report_and_error_files(tmp_path):
+    job = tmp_path / "job"
+    (job / "attempt-2").mkdir(parents=True)
+    data = (OUT / "torchrun_error_file_record.json").read_text()
+    (job / "attempt-2" / "torchrun-node1.json").write_text(data)
+    (job / "attempt-2" / "torchrun-node0.json").write_text("{not json")
+    log = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-24_20:38:36\n  host      : node2\n"
+           "  rank      : 9 (local_rank: 1)\n  exitcode  : 1 (pid: 11602) \n  error_file: /tmp/x/error.json\n")
+    ws = worker_exits(job, 2, log)
+    assert [(w.rank, w.host, w.exit_code, w.source, w.message) for w in ws] == \
+        [(9, "node2", 1, "error_file", "ValueError: checkpoint /ck/step-000300 is corrupt")]

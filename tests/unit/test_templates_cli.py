@@ -36,7 +36,7 @@ def test_render_from_job_yaml_with_site_defaults(tmp_path):
     p = gg("render", "torchrun.sbatch.j2", "-c", str(job), "--set", "nodes=4", "-o", str(out), config=cfg)
     assert p.returncode == 0, p.stderr
     text = out.read_text()
-    assert "#SBATCH --nodes=4" in text and "MAX_REQUEUES=5" in text and "GPUGUARD=/opt/gg/bin/gpuguard" in text
+    assert "#SBATCH --nodes=4" in text and "MAX_FAILURES=5" in text and "GPUGUARD=/opt/gg/bin/gpuguard" in text
     assert "export WANDB_PROJECT=demo" in text and "train.py --lr 3e-4" in text
     assert out.stat().st_mode & 0o111
     p = gg("render", "nccl-tests.sbatch.j2", "--set", "nodes=2", config=cfg)

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from gpuguard.templates.checkpoint import find_checkpoint
-from gpuguard.templates.presets import PresetError, load_presets, resolve_preset, stack_for_versions
+from gpuguard.templates.presets import (PresetError, load_presets, resolve_preset, stack_for_versions,
+                                        version_findings)
 
 
 @pytest.mark.parametrize("versions,stack", [
@@ -55,6 +56,45 @@ def test_site_overrides_add_instances_and_replace_common_values():
         resolve_preset("generic", None, {"common": {"env": [{"name": "X", "value": "1"}]}})
     with pytest.raises(PresetError, match="unknown stack 'efa2'"):
         resolve_preset("generic", None, {"instances": {"x": {"fabric": "efa", "stacks": ["efa2"]}}})
+
+
+@pytest.mark.parametrize("instance,versions,error", [
+    ("p5en.48xlarge", {"aws_ofi_nccl": "1.12.1"}, "p5en.48xlarge needs aws-ofi-nccl >= 1.13.0"),  # v1.13.0-aws
+    ("p6-b200.48xlarge", {"aws_ofi_nccl": "1.14.2"}, "p6-b200.48xlarge needs aws-ofi-nccl >= 1.15.0"),  # v1.15.0
+    ("p5.48xlarge", {"aws_ofi_nccl": "1.7.1"}, "p5.48xlarge needs aws-ofi-nccl >= 1.7.2"),  # AWS cheatsheet
+])
+def test_minimum_plugin_versions_per_instance(instance, versions, error):
+    with pytest.raises(PresetError, match=error):
+        resolve_preset(instance, versions)
+
+
+def test_recommended_versions_and_known_bad_combinations():
+    data = load_presets()
+    errors, warnings, extra = version_findings(data, "p6-b200.48xlarge", {"aws_ofi_nccl": "1.15.0"})
+    assert not errors and len(warnings) == 1 and "tuner" in warnings[0] and not extra
+    assert version_findings(data, "p6-b200.48xlarge", {"aws_ofi_nccl": "1.16.0"}) == ([], [], [])
+    _, warnings, _ = version_findings(data, "p5.48xlarge", {"aws_ofi_nccl": "v1.14.0-aws"})
+    assert any("1.14.0" in w and "1.14.2 or later" in w for w in warnings)
+    assert not version_findings(data, "p5.48xlarge", {"aws_ofi_nccl": "1.14.2"})[1]
+    # EFA installer < 1.29.1 with NCCL >= 2.19: AWS's workaround variable is set, with its why
+    _, warnings, extra = version_findings(data, "p4d.24xlarge", {"aws_ofi_nccl": "1.9.1", "efa_installer": "1.29.0",
+                                                                 "nccl": "2.19.3"})
+    assert [(e.name, e.value) for e in extra] == [("FI_EFA_SET_CUDA_SYNC_MEMOPS", "0")] and "1.29.1" in warnings[0]
+    for ok in ({"efa_installer": "1.29.1", "nccl": "2.19.3"}, {"efa_installer": "1.28.0", "nccl": "2.18.5"},
+               {"nccl": "2.21.5"}):  # unknown installer version: no guess
+        assert not version_findings(data, "p4d.24xlarge", {"aws_ofi_nccl": "1.9.1", **ok})[2]
+    p = resolve_preset("p4d.24xlarge", {"aws_ofi_nccl": "1.9.1", "efa_installer": "1.28.0", "nccl": "2.21.5"})
+    assert {e.name: e.value for e in p.env}["FI_EFA_SET_CUDA_SYNC_MEMOPS"] == "0" and p.warnings
+
+
+def test_preset_values_cannot_carry_control_characters():
+    with pytest.raises(PresetError, match="control characters"):
+        resolve_preset("generic", None, {"common": {"env": [{"name": "X", "value": "a\nrm -rf /", "why": "w"}]}})
+
+
+def test_huge_page_reason_follows_aws():
+    why = {e.name: e.why for e in resolve_preset("p5.48xlarge").env}["FI_EFA_USE_HUGE_PAGE"]
+    assert "os.fork()" in why and "runs out of huge pages" in why and "minor performance cost" in why
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -91,11 +91,15 @@ def test_rendered_script_passes_shellcheck(golden, template, values, tmp_path):
 
 
 def test_preset_environment_is_in_the_script():
-    p5 = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p5.48xlarge"})
+    p5 = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p5.48xlarge", "fabric_check": False})
     assert "export FI_EFA_USE_HUGE_PAGE=0" in p5 and "export NCCL_DEBUG=WARN" in p5
     assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3" in p5
-    assert 'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="${JOB_DIR}"/flight-recorder/nccl_trace_rank_' in p5
-    assert 'export TRITON_CACHE_DIR="${LOCAL_DIR}"/triton-cache' in p5
+    # the flight recorder under PyTorch's current names (pytorch/pytorch#152563), not the deprecated ones
+    assert "export TORCH_FR_BUFFER_SIZE=2000" in p5 and "export TORCH_NCCL_TRACE_BUFFER_SIZE" not in p5
+    assert 'export TORCH_FR_DUMP_TEMP_FILE="${JOB_DIR}"/flight-recorder/nccl_trace_rank_' in p5
+    # node-local caches live in the private directory each node creates (inside gpuguard_node)
+    node_fn = p5[p5.index("gpuguard_node() {"):p5.index("gpuguard_filter() {")]
+    assert 'export TRITON_CACHE_DIR="${LOCAL_DIR}"/triton-cache' in node_fn and 'mkdir -m 700' in node_fn
     # modern stack: no protocol/algorithm pinning (it disables the aws-ofi-nccl tuner), not even inherited
     assert "export NCCL_PROTO" not in p5 and "unset NCCL_PROTO" in p5 and "unset NCCL_ALGO" in p5
     assert "NCCL_SOCKET_IFNAME" not in p5.split("# Preset:")[1].split("\n", 1)[1]
@@ -108,12 +112,39 @@ def test_preset_environment_is_in_the_script():
     assert "export NCCL_NET_GDR_LEVEL=PXB" in ib
 
 
+def test_fabric_check_logs_init_and_net_into_per_rank_files():
+    p5 = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p5.48xlarge"})
+    for line in ("export NCCL_DEBUG=INFO", "export NCCL_DEBUG_SUBSYS=INIT,NET",
+                 'export NCCL_DEBUG_FILE="${ATTEMPT_DIR}"/nccl/%h.%p.log',
+                 '"$GPUGUARD" job-attempt fabric --job-dir "$JOB_DIR" --attempt "$ATTEMPT" --expect efa'):
+        assert line in p5, line
+    assert "--expect ib" in _render("torchrun.sbatch.j2", {**TRAIN, "preset": "dgx-h100-ib"})
+    generic = _render("torchrun.sbatch.j2", TRAIN)  # no fabric to check: NCCL stays at WARN on the console
+    assert "job-attempt fabric" not in generic and "NCCL_DEBUG_FILE" not in generic
+    assert "export NCCL_DEBUG=WARN" in generic
+
+
+def test_version_warnings_and_workarounds_from_the_stack():
+    text = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p4d.24xlarge", "stack": {
+        "aws_ofi_nccl": "1.14.0", "efa_installer": "1.28.0", "nccl": "2.21.5"}})
+    assert "# WARNING: aws-ofi-nccl 1.14.0 is reported to deadlock" in text
+    assert "export FI_EFA_SET_CUDA_SYNC_MEMOPS=0" in text
+    p6 = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p6-b200.48xlarge", "stack": {"aws_ofi_nccl": "1.15.0"}})
+    assert "# WARNING: aws-ofi-nccl 1.15.0 on p6-b200.48xlarge" in p6 and "use 1.16.0 or later" in p6
+    ok = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p5en.48xlarge", "stack": {"aws_ofi_nccl": "1.16.3",
+                                                                                      "nccl": "2.27.7"}})
+    assert "# WARNING" not in ok and "FI_EFA_SET_CUDA_SYNC_MEMOPS" not in ok
+
+
 def test_every_exported_variable_has_a_why_comment():
-    text = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "dgx-h100-ib"})
+    text = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "dgx-h100-ib", "nvls_enable": False})
     lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("export ") and "GPUGUARD" not in line:
-            assert lines[i - 1].startswith("# "), f"no why-comment above {line!r}"
+    start = lines.index(next(x for x in lines if x.startswith("# ---- environment")))
+    block = lines[start:lines.index("", start)]
+    exports = [i for i, line in enumerate(block) if line.startswith("export ")]
+    assert len(exports) >= 8 and any("NCCL_NVLS_ENABLE=0" in block[i] for i in exports)
+    for i in exports:
+        assert block[i - 1].startswith("# "), f"no why-comment above {block[i]!r}"
 
 
 def test_job_env_overrides_the_preset():
@@ -127,17 +158,56 @@ def test_requeue_machinery_is_rendered():
     text = _render("torchrun.sbatch.j2", {**TRAIN, "requeue_grace_s": 600, "max_requeues": 4,
                                           "no_retry_exit_codes": [3]})
     for needle in ("#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=B:USR1@600",
-                   "trap gpuguard_on_usr1 USR1", "MAX_REQUEUES=4", "--no-retry-exit-code 3",
-                   'scancel --signal=TERM "$SLURM_JOB_ID"', '--rdzv-id="$SLURM_JOB_ID"', "--rdzv-backend=c10d",
-                   "--nnodes=2", "--nproc-per-node=8", "--max-restarts=0", "TRAIN+=(--resume \"$GPUGUARD_RESUME_FROM\")"):
+                   "trap gpuguard_on_usr1 USR1", "MAX_FAILURES=4", "MAX_CONTINUATIONS=50",
+                   "--no-retry-exit-code 3", 'scancel --signal=TERM "$SLURM_JOB_ID"', '--rdzv-id="$SLURM_JOB_ID"',
+                   "--rdzv-backend=c10d", '--nnodes="$NNODES"', "NPROC=8", "--max-restarts=0",
+                   "TRAIN+=(--resume \"$GPUGUARD_RESUME_FROM\")", "NNODES=${SLURM_JOB_NUM_NODES:-2}",
+                   'srun --nodes="$NNODES"', "--max-failures", "--max-continuations"):
         assert needle in text, needle
+    # max_failures wins over the deprecated max_requeues
+    assert "MAX_FAILURES=1" in _render("torchrun.sbatch.j2", {**TRAIN, "max_requeues": 4, "max_failures": 1})
+
+
+@pytest.mark.parametrize("grace,explicit,expect", [(300, None, 270), (200, None, 180), (100, None, 90),
+                                                   (59, None, 54), (3, None, 1), (300, 120, 120)])
+def test_torchrun_shutdown_window_comes_from_the_grace(grace, explicit, expect):
+    """torchrun SIGKILLs its workers 30 s after forwarding SIGTERM unless told otherwise (issue 10)."""
+    from gpuguard.templates.render import shutdown_timeout
+
+    assert shutdown_timeout(grace, explicit) == expect
+    values = {**TRAIN, "requeue_grace_s": grace}
+    if explicit:
+        values["shutdown_timeout_s"] = explicit
+    assert f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={expect}\n" in _render("torchrun.sbatch.j2", values)
+
+
+def test_containers_and_srun_extra():
+    text = _render("torchrun.sbatch.j2", {**TRAIN, "container_image": "nvcr.io#nvidia/pytorch:25.01-py3",
+                                          "container_mounts": ["/fsx:/fsx", "/data:/data:ro"],
+                                          "container_workdir": "/workspace", "srun_extra": ["--cpu-bind=none"]})
+    assert ("SRUN=(srun --nodes=\"$NNODES\" --ntasks-per-node=1 --kill-on-bad-exit=1 --label "
+            "--container-image='nvcr.io#nvidia/pytorch:25.01-py3' --container-mounts=\"$CONTAINER_MOUNTS\" "
+            "--container-workdir=/workspace --cpu-bind=none)") in text
+    assert 'CONTAINER_MOUNTS="${JOB_DIR}:${JOB_DIR},${GPUGUARD_LOCAL_ROOT}:${GPUGUARD_LOCAL_ROOT}"' in text
+    assert "CONTAINER_MOUNTS+=,/fsx:/fsx,/data:/data:ro" in text
+    assert "--shutdown-timeout" not in text.split("gpuguard_begin\n", 1)[1]  # torchrun is inside the image
+    with pytest.raises(TemplateError, match="cannot contain one"):
+        _render("torchrun.sbatch.j2", {**TRAIN, "container_image": "x", "container_mounts": ["/a:/a,/b:/b"]})
+
+
+def test_labelled_output_and_the_planned_stop_line():
+    text = _render("torchrun.sbatch.j2", TRAIN)
+    assert "export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '" in text and " --tee=3" in text
+    assert "torchrun stopped its workers for a planned checkpoint-and-requeue" in text
+    plain = _render("torchrun.sbatch.j2", {**TRAIN, "label_output": False})
+    assert "--tee=3" not in plain and "--label" not in plain
 
 
 def test_monitor_sidecar_only_when_asked():
     off = _render("torchrun.sbatch.j2", TRAIN)
-    assert "monitor" not in off.split("set -uo pipefail")[1].replace("monitor_", "")
+    assert "monitor --job-dir" not in off
     on = _render("torchrun.sbatch.j2", {**TRAIN, "monitor": True, "gpuguard_config": "/etc/gpuguard/c.yaml"})
-    assert ('srun --overlap --nodes=2 --ntasks-per-node=1 "$GPUGUARD" monitor --job-dir "$JOB_DIR" '
+    assert ('srun --overlap --nodes="$NNODES" --ntasks-per-node=1 "$GPUGUARD" monitor --job-dir "$JOB_DIR" '
             "--config /etc/gpuguard/c.yaml &") in on
     assert on.index("MONITOR_PID=$!") < on.index('"${TRAIN[@]}" &') < on.index('kill "$MONITOR_PID"')
 

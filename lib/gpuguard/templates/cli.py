@@ -39,7 +39,8 @@ def add_parser(sub: Any) -> None:
     s = ts.add_parser("presets", help="environment presets (instance types and stacks), or one preset's variables")
     _common(s)
     s.add_argument("name", nargs="?", help="instance type / profile")
-    s.add_argument("--stack", help="stack name (default: the instance's first)")
+    s.add_argument("--stack", help="stack name (default: the instance's first), or versions such as "
+                                   "aws_ofi_nccl=1.14.0,efa_installer=1.28.0,nccl=2.21.5")
 
     p = sub.add_parser("lint", help="flag known-bad NCCL/EFA settings in an sbatch script or environment dump")
     _common(p)
@@ -48,25 +49,37 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stack", help="software stack (efa, efa-ofi-1.6, efa-ofi-1.5, ib, none)")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("job-attempt", help="(called by rendered batch scripts) record an attempt, requeue, resume")
+    p = sub.add_parser("job-attempt", help="(called by rendered batch scripts) record an attempt, requeue, resume, "
+                                          "check the fabric")
     _common(p)
     js = p.add_subparsers(dest="attempt_cmd", metavar="SUBCOMMAND")
-    for name in ("begin", "end"):
+    for name in ("begin", "end", "fabric"):
         s = js.add_parser(name)
         _common(s)
         s.add_argument("--job-dir", required=True)
         s.add_argument("--attempt", type=int, required=True)
-        if name == "begin":
+        if name in ("begin", "end"):
             s.add_argument("--checkpoint-dir")
             s.add_argument("--checkpoint-kind", default="glob", choices=("glob", "megatron", "latest"))
             s.add_argument("--checkpoint-glob", default="*")
             s.add_argument("--checkpoint-marker")
-        else:
+        if name == "end":
             s.add_argument("--exit-code", type=int, required=True)
             s.add_argument("--event", default="none", choices=("none", "timelimit", "term"))
-            s.add_argument("--max-requeues", type=int, default=3)
+            s.add_argument("--max-failures", type=int, default=None,
+                           help="failed attempts requeued in a row (reset when the checkpoint advances)")
+            s.add_argument("--max-requeues", type=int, default=None,
+                           help="old name of --max-failures (scripts rendered before the budgets were split)")
+            s.add_argument("--max-continuations", type=int, default=50, help="time-limit/preemption requeues")
+            s.add_argument("--keep-excluded", action="append", default=[],
+                           help="nodes the job itself excludes (kept on every requeue)")
             s.add_argument("--no-retry-exit-code", type=int, action="append", default=[])
             s.add_argument("--no-retry-pattern", action="append", default=[])
+        if name == "fabric":
+            s.add_argument("--expect", required=True, choices=("efa", "ib"))
+            s.add_argument("--ranks", type=int, required=True)
+            s.add_argument("--wait", type=float, default=900.0)
+            s.add_argument("--poll", type=float, default=5.0)
 
 
 # --------------------------------------------------------------------------- value parsing (pure)
@@ -173,10 +186,17 @@ def cmd_render(args: argparse.Namespace) -> int:
     values = merge_values(site_defaults(defaults, args.template, declared, renderer.names()),
                           _load_values_file(args.values_file) if args.values_file else {}, parse_set(args.sets))
     text = renderer.render(args.template, values)
+    for line in text.splitlines():
+        if line.startswith("# WARNING: "):
+            print(f"gpuguard render: {line[2:]}", file=sys.stderr)
     if not args.no_lint:
         findings = [f for f in lint(text) if f.severity != "info"]
         if findings:
             print(format_findings(findings, f"{args.template} (rendered)"), file=sys.stderr)
+        if any(f.severity == "error" for f in findings):
+            print("gpuguard render: not written: the rendered script has a known-bad setting (error above); fix the "
+                  "values, or render with --no-lint to write it anyway", file=sys.stderr)
+            return 1
     if args.output:
         from gpuguard.fsutil import atomic_write
 
@@ -215,10 +235,16 @@ def cmd_templates(args: argparse.Namespace) -> int:
             for name, inst in list_presets(site).items():
                 print(f"{name:<20} stacks: {', '.join(inst['stacks']):<28} {inst.get('description', '')}")
             return 0
-        p = resolve_preset(args.name, args.stack, site)
+        stack: Any = args.stack
+        if stack and "=" in stack:  # versions: aws_ofi_nccl=1.14.0,efa_installer=1.28.0,nccl=2.21.5
+            stack = dict(part.split("=", 1) for part in stack.split(",") if "=" in part)
+        p = resolve_preset(args.name, stack, site)
         print(f"# {p.label}: {p.description}\n# stack {p.stack}: {p.stack_description}")
+        for w in p.warnings:
+            print(f"# WARNING: {w}")
         for e in p.env:
-            where = {"job_dir": "$JOB_DIR/", "local_dir": "$LOCAL_DIR/"}.get(e.under or "", "")
+            where = {"job_dir": "$JOB_DIR/", "attempt_dir": "$ATTEMPT_DIR/",
+                     "local_dir": "$LOCAL_DIR/"}.get(e.under or "", "")
             print(f"{e.name}={where}{e.value}\n    # {e.why}")
         for u in p.unset:
             print(f"unset {u.name}\n    # {u.why}")
@@ -262,8 +288,13 @@ def cmd_job_attempt(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - a broken config must not stop the bookkeeping
         print(f"gpuguard job-attempt: config not usable ({e}); using defaults", file=sys.stderr)
         cfg = None
-    ctx = ja.JobContext.from_env(os.environ, cfg)
     job_dir = Path(args.job_dir)
+    if args.attempt_cmd == "fabric":
+        from gpuguard.templates.fabric import run_check
+
+        run_check(ja.attempt_dir(job_dir, args.attempt) / "nccl", args.expect, args.ranks, args.wait, args.poll)
+        return 0
+    ctx = ja.JobContext.from_env(os.environ, cfg)
     if args.attempt_cmd == "begin":
         print(ja.begin(ctx, job_dir, args.attempt, args.checkpoint_dir, args.checkpoint_kind, args.checkpoint_glob,
                        args.checkpoint_marker))
@@ -271,13 +302,19 @@ def cmd_job_attempt(args: argparse.Namespace) -> int:
     if args.attempt_cmd == "end":
         for p in args.no_retry_pattern:
             re.compile(p)
+        max_failures = args.max_failures if args.max_failures is not None else \
+            (args.max_requeues if args.max_requeues is not None else 3)
         d = ja.end(ctx, job_dir, args.attempt, args.exit_code, args.event,
-                   ja.policy_from_args(args.max_requeues, args.no_retry_exit_code, args.no_retry_pattern))
+                   ja.policy_from_args(max_failures, args.no_retry_exit_code, args.no_retry_pattern,
+                                       args.max_continuations),
+                   ja.CheckpointSpec(args.checkpoint_dir, args.checkpoint_kind, args.checkpoint_glob,
+                                     args.checkpoint_marker),
+                   keep_excluded=args.keep_excluded)
         print(f"gpuguard: attempt {args.attempt}: {d.reason}: {d.detail} -> {d.action}"
               + (f" (excluding {','.join(d.exclude)})" if d.exclude else ""), file=sys.stderr)
         print(f"{d.action} {d.exit_code}")
         return 0
-    print("usage: gpuguard job-attempt {begin,end} ...", file=sys.stderr)
+    print("usage: gpuguard job-attempt {begin,end,fabric} ...", file=sys.stderr)
     return 2
 
 

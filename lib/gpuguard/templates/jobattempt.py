@@ -1,10 +1,14 @@
-"""`gpuguard job-attempt begin|end`: the batch script's bookkeeping, at the I/O edge.
+"""`gpuguard job-attempt begin|end|fabric`: the batch script's bookkeeping, at the I/O edge. Runs as the job's user.
 
 begin: reconciles the ledger (an attempt that vanished without a record, e.g. its batch host died, gets one
-now), remembers where this attempt's output starts, and prints the checkpoint to resume from (or nothing).
-end: gathers the facts (scontrol show job / node, this attempt's output), lets `attempts.decide` judge them,
-records the attempt in the job directory's ledger (`attempts.jsonl`) and in the history store (`attempts`
-table), then requeues (excluding failed nodes) when decided, and prints "<action> <exit code>" for the script.
+now), remembers where this attempt's output starts and which checkpoint it resumes from, and prints that
+checkpoint (or nothing).
+end: gathers the facts (scontrol show job / node, this attempt's output, torchrun's error files and root-cause
+report, the checkpoint now, the budgets earlier attempts used), lets `attempts.decide` judge them, records the
+attempt in the job directory's ledger (`attempts.jsonl`) and, if the site configured one, in the user-side store
+(`templates.store_path`, an SQLite file with an `attempts` table; never the hooks' store), requeues when
+decided, re-evaluates the job's excluded nodes, and prints "<action> <exit code>" for the script.
+fabric: waits for every rank's NCCL debug file and reports which network NCCL loaded (gpuguard.templates.fabric).
 
 Every scontrol call is an argv list with a timeout. Nothing here may hang or crash a job: a failing store or
 scontrol is reported on stderr and the decision still stands.
@@ -23,12 +27,16 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from gpuguard.slurm import node_state_flags, parse_job_line, parse_node_lines
-from gpuguard.templates.attempts import AttemptFacts, Decision, NodeInfo, Policy, decide, DEFAULT_NO_RETRY
+from gpuguard.templates.attempts import (AttemptFacts, Budget, Decision, Excluded, NodeInfo, Policy, WorkerExit,
+                                         budget_from_ledger, decide, DEFAULT_NO_RETRY, parse_error_file,
+                                         parse_torchrun_failures, plan_exclusions, unschedulable)
 from gpuguard.templates.checkpoint import find_checkpoint
 
 LEDGER = "attempts.jsonl"
 STATE = "attempt.json"
 LOG_TAIL_BYTES = 256 * 1024
+ERROR_FILE_MAX_BYTES = 1024 * 1024
+ERROR_FILES_MAX = 4096
 
 ATTEMPTS_SCHEMA = ("CREATE TABLE IF NOT EXISTS attempts (id INTEGER PRIMARY KEY, ts REAL NOT NULL, "
                    "job_id TEXT NOT NULL, attempt INTEGER NOT NULL, nodes TEXT, exit_code INTEGER, signal INTEGER, "
@@ -37,6 +45,11 @@ ATTEMPTS_SCHEMA = ("CREATE TABLE IF NOT EXISTS attempts (id INTEGER PRIMARY KEY,
 
 def _warn(msg: str) -> None:
     print(f"gpuguard job-attempt: {msg}", file=sys.stderr)
+
+
+def attempt_dir(job_dir: Path, attempt: int) -> Path:
+    """Where the batch script keeps one attempt's files (torchrun's error files, NCCL's debug files)."""
+    return job_dir / f"attempt-{attempt}"
 
 
 @dataclass
@@ -76,8 +89,16 @@ class Scontrol:
         for name, f in parse_node_lines(out or "").items():
             reason = f.get("Reason")
             infos[name] = NodeInfo(name, frozenset(node_state_flags(f.get("State", ""))),
-                                   None if reason in (None, "", "(null)", "None") else reason)
+                                   None if reason in (None, "", "(null)", "None") else reason,
+                                   boot_time=f.get("BootTime") or None, slurmd_start=f.get("SlurmdStartTime") or None)
         return infos
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        if not partition or partition in ("(null)", "None"):
+            return []
+        out = self.run(["show", "partition", "-o", partition.split(",")[0]])
+        fields = parse_job_line(out) if out else {}
+        return self.hostnames(fields.get("Nodes", ""))
 
     def requeue(self, job_id: str) -> bool:
         return self.run(["requeue", job_id]) is not None
@@ -133,26 +154,82 @@ def read_log_since(path: Optional[str], offset: int, limit: int = LOG_TAIL_BYTES
 
 
 def record_store(store_path: Optional[str], rec: Mapping[str, Any]) -> Optional[str]:
-    """Append the attempt to the history store's `attempts` table; returns an error text instead of raising."""
+    """Append the attempt to the user-side store's `attempts` table (a plain SQLite file the job's user owns;
+    `gpuguard history` reads it); returns an error text instead of raising. No store configured: None."""
     if not store_path:
-        return "no store configured"
+        return None
     try:
-        from gpuguard.store import Store
+        import sqlite3
 
-        with Store(store_path, timeout_s=5.0) as st:
-            st.conn.execute(ATTEMPTS_SCHEMA)
-            st.conn.execute("CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, attempt)")
-            st.conn.execute(
-                "INSERT INTO attempts(ts,job_id,attempt,nodes,exit_code,signal,reason,action,excluded) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
-                (rec["ts"], rec["job_id"], rec["attempt"], rec.get("nodes"), rec.get("exit_code"), rec.get("signal"),
-                 rec.get("reason"), rec.get("action"), ",".join(rec.get("excluded") or []) or None))
+        Path(store_path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(store_path, timeout=5.0)
+        try:
+            with conn:
+                conn.execute(ATTEMPTS_SCHEMA)
+                conn.execute("CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, attempt)")
+                conn.execute(
+                    "INSERT INTO attempts(ts,job_id,attempt,nodes,exit_code,signal,reason,action,excluded) "
+                    "VALUES (?,?,?,?,?,?,?,?,?)",
+                    (rec["ts"], rec["job_id"], rec["attempt"], rec.get("nodes"), rec.get("exit_code"),
+                     rec.get("signal"), rec.get("reason"), rec.get("action"),
+                     ",".join(rec.get("excluded") or []) or None))
+        finally:
+            conn.close()
         return None
     except Exception as e:  # noqa: BLE001 - the ledger file is the primary record; never fail the job for this
         return f"{type(e).__name__}: {e}"
 
 
+def worker_exits(job_dir: Path, attempt: int, log_tail: str) -> list[WorkerExit]:
+    """The failed workers of this attempt: torchrun's error files (TORCHELASTIC_ERROR_FILE of each node's torchrun,
+    written when the worker used @record: its message and exit code), then the root causes of torchrun's
+    failure reports in the attempt's output (every worker's own exit code, always there)."""
+    from dataclasses import replace
+
+    from_files: list[WorkerExit] = []
+    adir = attempt_dir(job_dir, attempt)
+    try:
+        files = sorted(adir.glob("torchrun-node*.json"))[:ERROR_FILES_MAX]
+    except OSError:
+        files = []
+    for path in files:
+        try:
+            with open(path, "rb") as fh:
+                data = json.loads(fh.read(ERROR_FILE_MAX_BYTES).decode("utf-8", errors="replace"))
+        except (OSError, ValueError):
+            continue
+        w = parse_error_file(data, host=path.stem.replace("torchrun-", ""))
+        if w:
+            from_files.append(w)
+    # the report has every root cause's rank, host and real exit code; an error file adds the exception's message
+    found: list[WorkerExit] = []
+    for r in parse_torchrun_failures(log_tail):
+        match = next((w for w in from_files if w.exit_code == r.exit_code), None)
+        if match:
+            from_files.remove(match)
+            r = replace(r, message=match.message, source="error_file")
+        found.append(r)
+    return found + from_files
+
+
 # --------------------------------------------------------------------------- context
+
+
+def user_store_path(cfg: Any, node: str, user: str) -> Optional[str]:
+    """`templates.store_path` with {node} and {user} filled in; None when unset or when it names the hooks' own
+    store (the root hooks' database must never be writable by users). Pure apart from path normalisation."""
+    if cfg is None:
+        return None
+    raw = (cfg.sections.get("templates") or {}).get("store_path")
+    if not raw:
+        return None
+    path = raw.replace("{node}", node).replace("{user}", user)
+    hooks = str(cfg.sections.get("store", {}).get("path") or "").replace("{node}", node)
+    if hooks and os.path.normpath(os.path.abspath(path)) == os.path.normpath(os.path.abspath(hooks)):
+        _warn(f"templates.store_path ({raw}) is the hooks' own store (store.path): not writing job attempts there "
+              "(users must not write the root hooks' database); only the ledger in the job directory is written")
+        return None
+    return path
 
 
 @dataclass
@@ -170,19 +247,17 @@ class JobContext:
         if not job_id:
             raise ValueError("job-attempt runs inside a Slurm batch job: SLURM_JOB_ID is not set")
         node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        user = env.get("SLURM_JOB_USER") or env.get("USER") or str(os.getuid())
         try:
             restarts = int(env.get("SLURM_RESTART_COUNT") or 0)
         except ValueError:
             restarts = 0
-        store_path = None
         scontrol = Scontrol()
         if cfg is not None:
-            tpl = cfg.sections.get("templates", {})
-            store_path = (tpl.get("store_path") or cfg.sections["store"]["path"]).replace("{node}", node)
             # generous: nothing else waits on this but the job itself, and a busy slurmctld answers slowly
             scontrol = Scontrol(cfg.sections["slurm"]["scontrol"], max(10.0, cfg.sections["deadlines"]["scontrol_s"]))
         return cls(job_id=job_id, node=node, nodelist=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "",
-                   restarts_at_start=restarts, store_path=store_path, scontrol=scontrol)
+                   restarts_at_start=restarts, store_path=user_store_path(cfg, node, user), scontrol=scontrol)
 
 
 def _record(ctx: JobContext, attempt: int, nodes: str, exit_code: Optional[int], sig: Optional[int], event: str,
@@ -193,13 +268,31 @@ def _record(ctx: JobContext, attempt: int, nodes: str, exit_code: Optional[int],
 
 
 def _persist(ctx: JobContext, job_dir: Path, rec: Mapping[str, Any]) -> None:
+    rec = {k: v for k, v in rec.items() if not k.startswith("_")}
     try:
         append_ledger(job_dir, rec)
     except OSError as e:
         _warn(f"cannot append to {job_dir / LEDGER}: {e}")
     err = record_store(ctx.store_path, rec)
     if err:
-        _warn(f"attempt not recorded in the history store ({ctx.store_path}): {err}")
+        _warn(f"attempt not recorded in the job store ({ctx.store_path}): {err}")
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    directory: Optional[str] = None
+    kind: str = "glob"
+    pattern: str = "*"
+    marker: Optional[str] = None
+
+    def step(self) -> Optional[int]:
+        if not self.directory:
+            return None
+        try:
+            found = find_checkpoint(self.directory, self.kind, self.pattern, self.marker)
+        except (OSError, ValueError):
+            return None
+        return found.step if found else None
 
 
 # --------------------------------------------------------------------------- begin / end
@@ -219,12 +312,14 @@ def begin(ctx: JobContext, job_dir: Path, attempt: int, checkpoint_dir: Optional
             and prev["attempt"] not in recorded:
         # The previous attempt never recorded its end: its batch host died or it was SIGKILLed. Slurm requeued it.
         prev_nodes = ctx.scontrol.hostnames(prev.get("nodes", ""))
-        bad = sorted(n for n, info in ctx.scontrol.nodes(prev_nodes).items() if info.bad)
+        infos = ctx.scontrol.nodes(prev_nodes)
+        bad = sorted(n for n, info in infos.items() if info.bad)
         reason = "node_failure" if bad else "lost"
         detail = ("the attempt ended without recording itself (batch host failure or SIGKILL); Slurm requeued "
                   "the job" + (f"; now bad: {', '.join(bad)}" if bad else ""))
         _persist(ctx, job_dir, _record(ctx, prev["attempt"], prev.get("nodes", ""), None, None, "lost", reason,
-                                       "requeued", bad, detail))
+                                       "requeued", bad, detail, budget="failure",
+                                       excluded_boot={n: infos[n].boot_time for n in bad}))
     job = ctx.scontrol.job(ctx.job_id)
     log_path = job.get("StdOut")
     try:
@@ -236,11 +331,27 @@ def begin(ctx: JobContext, job_dir: Path, attempt: int, checkpoint_dir: Optional
     _write_json_atomic(state_path, {"attempt": attempt, "started": time.time(), "nodes": ctx.nodelist,
                                     "restarts_at_start": ctx.restarts_at_start, "log": log_path,
                                     "log_offset": offset, "resume": str(resume.path) if resume else None,
+                                    "resume_step": resume.step if resume else None,
                                     "resume_why": resume.why if resume else None})
     return str(resume.path) if resume else ""
 
 
-def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str, policy: Policy) -> Decision:
+def _ours(ledger: Sequence[Mapping[str, Any]]) -> dict[str, Excluded]:
+    """Nodes gpuguard added to ExcNodeList in earlier attempts (the latest record of each wins)."""
+    ours: dict[str, Excluded] = {}
+    for r in ledger:
+        boots = r.get("excluded_boot") if isinstance(r.get("excluded_boot"), dict) else {}
+        flagged = r.get("excluded_flagged") if isinstance(r.get("excluded_flagged"), dict) else {}
+        for n in r.get("excluded") or []:
+            if isinstance(n, str):
+                ours[n] = Excluded(boot_time=boots.get(n), flagged=bool(flagged.get(n, True)))
+        for n in r.get("unexcluded") or []:
+            ours.pop(n, None)
+    return ours
+
+
+def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str, policy: Policy,
+        checkpoint: CheckpointSpec = CheckpointSpec(), keep_excluded: Sequence[str] = ()) -> Decision:
     """End of an attempt: judge, record, act. Returns the decision (already carried out)."""
     # `scontrol requeue` makes slurmstepd SIGTERM everything in the batch step, this process included: finish
     # recording first (SIGKILL follows only after KillWait).
@@ -252,6 +363,7 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
             state = {}
     except (OSError, ValueError):
         state = {}
+    ledger = read_ledger(job_dir)
     job = ctx.scontrol.job(ctx.job_id)
     names = ctx.scontrol.hostnames(ctx.nodelist)
     nodes = ctx.scontrol.nodes(names)
@@ -262,35 +374,92 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
     except ValueError:
         restarts_now = None
     preempt = job.get("PreemptTime")
+    log_tail = read_log_since(state.get("log") or job.get("StdOut"), int(state.get("log_offset") or 0))
+    workers = worker_exits(job_dir, attempt, log_tail)
+    ckpt_step = checkpoint.step()
     facts = AttemptFacts(
         attempt=attempt, exit_code=exit_code, event=event, restarts_at_start=ctx.restarts_at_start,
         restarts_now=restarts_now, job_state=job.get("JobState"),
         preempted=bool(preempt and preempt not in ("None", "Unknown")) or "preempt" in job.get("Reason", "").lower(),
-        nodes=nodes, log_tail=read_log_since(state.get("log") or job.get("StdOut"), int(state.get("log_offset") or 0)),
-        monitor_requeue=monitor_requeue_since(job_dir, state.get("started")))
+        nodes=nodes, log_tail=log_tail, monitor_requeue=monitor_requeue_since(job_dir, state.get("started")),
+        budget=budget_from_ledger(ledger, attempt), checkpointing=bool(checkpoint.directory), ckpt_step=ckpt_step,
+        workers=tuple(workers))
     decision = decide(facts, policy)
-    excluded: list[str] = []
+    w = decision.worker
+    extra: dict[str, Any] = dict(
+        duration_s=round(time.time() - state["started"], 1) if state.get("started") else None,
+        resumed_from=state.get("resume"), ckpt_step=ckpt_step, budget=decision.budget,
+        worker_exit_code=w.exit_code if w else None, worker_rank=w.rank if w else None,
+        worker_host=w.host if w else None, worker_exit_source=w.source if w else None,
+        worker_error=w.message if w else None)
     if decision.exclude:
-        existing = ctx.scontrol.hostnames(job.get("ExcNodeList", ""))
-        excluded = sorted(set(existing) | set(decision.exclude))
+        extra["excluded_boot"] = {n: nodes[n].boot_time for n in decision.exclude if n in nodes}
+        extra["excluded_flagged"] = {n: nodes[n].bad for n in decision.exclude if n in nodes}
+    fabric = _fabric_summary(job_dir, attempt)
+    if fabric:
+        extra["fabric"] = fabric
     rec = _record(ctx, attempt, ctx.nodelist, exit_code, decision.signal, event, decision.reason, decision.action,
-                  decision.exclude, decision.detail,
-                  duration_s=round(time.time() - state["started"], 1) if state.get("started") else None,
-                  resumed_from=state.get("resume"))
+                  decision.exclude, decision.detail, **extra)
+    plan = None
+    if decision.action == "requeued":
+        plan = _plan_exclusions(ctx, job, ledger, decision, nodes, keep_excluded, rec)
+    # record first: after `scontrol requeue` only KillWait seconds are left before SIGKILL
     _persist(ctx, job_dir, rec)
-    if decision.requeue:
-        if not ctx.scontrol.requeue(ctx.job_id):
-            fix = _record(ctx, attempt, ctx.nodelist, exit_code, decision.signal, event, decision.reason, "gave_up",
-                          decision.exclude, "scontrol requeue failed (see the job output); the job ends here")
-            _persist(ctx, job_dir, fix)
-            return Decision(decision.reason, "gave_up", False, decision.exclude, fix["detail"],
-                            exit_code or 1, decision.signal)
-    if excluded and decision.action == "requeued":
-        # Only possible once the job is no longer running, i.e. after the requeue; it is not eligible to start
-        # again before this (Slurm waits out EligibleTime), so the next attempt avoids these nodes.
-        if not ctx.scontrol.exclude(ctx.job_id, excluded):
-            _warn(f"could not exclude {','.join(excluded)} from the requeued job")
+    if decision.requeue and not ctx.scontrol.requeue(ctx.job_id):
+        fix = dict(rec, ts=round(time.time(), 3), action="gave_up",
+                   detail=decision.detail + "; scontrol requeue failed (see the job output): the job ends here")
+        for k in ("exclusions", "unexcluded", "warning"):
+            fix.pop(k, None)
+        _persist(ctx, job_dir, fix)
+        return Decision(decision.reason, "gave_up", False, decision.exclude, fix["detail"],
+                        decision.exit_code or 1, decision.signal, decision.budget, decision.worker)
+    if plan is not None and sorted(plan.exclude) != sorted(rec.get("_current_exclusions", [])):
+        # ExcNodeList can only change once the job is no longer running, i.e. after the requeue; it is not
+        # eligible to start again before this (Slurm waits out EligibleTime), so the next attempt sees it.
+        if not ctx.scontrol.exclude(ctx.job_id, plan.exclude):
+            _warn(f"could not set ExcNodeList={','.join(plan.exclude)} on the requeued job")
+        elif plan.dropped:
+            _warn(f"no longer excluding {','.join(plan.dropped)}: healthy again")
     return decision
+
+
+def _plan_exclusions(ctx: JobContext, job: Mapping[str, str], ledger: Sequence[Mapping[str, Any]],
+                     decision: Decision, nodes: Mapping[str, NodeInfo], keep_excluded: Sequence[str],
+                     rec: dict[str, Any]) -> Any:
+    """Re-evaluate ExcNodeList for the next attempt (nodes gpuguard excluded earlier and healthy again are
+    dropped) and warn when the job can no longer be scheduled. Adds what it decided to `rec`."""
+    current = ctx.scontrol.hostnames(job.get("ExcNodeList", ""))
+    ours = _ours(ledger)
+    static = ctx.scontrol.hostnames(",".join(keep_excluded)) if keep_excluded else []
+    earlier = [n for n in current if n in ours and n not in nodes]
+    infos = dict(nodes)
+    infos.update(ctx.scontrol.nodes(earlier))
+    plan = plan_exclusions(current, static, ours, infos, decision.exclude)
+    rec["_current_exclusions"] = current
+    if plan.dropped:
+        rec["unexcluded"] = list(plan.dropped)
+    rec["exclusions"] = list(plan.exclude)
+    try:
+        needed = int(job.get("NumNodes", "0").split("-")[0])
+    except ValueError:
+        needed = 0
+    warning = unschedulable(needed, ctx.scontrol.partition_nodes(job.get("Partition", "")), plan.exclude) \
+        if plan.exclude else None
+    if warning:
+        rec["warning"] = warning
+        print(f"gpuguard: WARNING {warning}", file=sys.stderr)
+    return plan
+
+
+def _fabric_summary(job_dir: Path, attempt: int) -> Optional[dict[str, Any]]:
+    try:
+        from gpuguard.templates.fabric import read_attempt, summary
+
+        inits = read_attempt(attempt_dir(job_dir, attempt) / "nccl")
+    except Exception as e:  # noqa: BLE001 - a summary is a nicety; never fail the bookkeeping for it
+        _warn(f"NCCL debug files not read: {e}")
+        return None
+    return summary(inits) if inits else None
 
 
 def monitor_requeue_since(job_dir: Path, since: Optional[float]) -> Optional[str]:
@@ -312,11 +481,16 @@ def monitor_requeue_since(job_dir: Path, since: Optional[float]) -> Optional[str
     return found
 
 
-def policy_from_args(max_requeues: int, codes: Sequence[int], patterns: Sequence[str]) -> Policy:
+def policy_from_args(max_failures: int, codes: Sequence[int], patterns: Sequence[str],
+                     max_continuations: int = 50) -> Policy:
     extra = tuple((p, f"matches the job's no-retry pattern {p!r}") for p in patterns)
-    return Policy(max_requeues=max_requeues, no_retry_exit_codes=tuple(codes),
-                  no_retry_patterns=DEFAULT_NO_RETRY + extra)
+    return Policy(max_failures=max_failures, max_continuations=max_continuations,
+                  no_retry_exit_codes=tuple(codes), no_retry_patterns=DEFAULT_NO_RETRY + extra)
 
 
 def state_dict(decision: Decision) -> dict[str, Any]:
     return asdict(decision)
+
+
+__all__ = ["Budget", "CheckpointSpec", "JobContext", "Scontrol", "begin", "end", "policy_from_args",
+           "read_ledger", "user_store_path", "worker_exits"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,12 +21,16 @@ RULES_PATH = Path(__file__).resolve().parent / "data" / "lint_rules.yaml"
 SEVERITIES = ("error", "warn", "info")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ASSIGN = re.compile(rf"^({_NAME})=(.*)$", re.S)
-_PY_ENV = re.compile(rf"""os\.environ\[\s*['"]({_NAME})['"]\s*\]\s*=\s*(['"])(.*?)\2""")
-_PY_SETDEFAULT = re.compile(rf"""os\.environ\.setdefault\(\s*['"]({_NAME})['"]\s*,\s*(['"])(.*?)\2""")
+_PY_ENV = re.compile(rf"""os\.environ\[\s*['"]({_NAME})['"]\s*\]\s*=\s*(?:'([^'\n]*)'|"([^"\n]*)")""")
+_PY_SETDEFAULT = re.compile(rf"""os\.environ\.setdefault\(\s*['"]({_NAME})['"]\s*,\s*(?:'([^'\n]*)'|"([^"\n]*)")""")
 _PRESET_LINE = re.compile(r"^#\s*Preset:\s*(\S+)\s*/\s*(\S+?):?(\s|$)", re.M)
 _CONSTRAINT = re.compile(r"^#SBATCH\s+(?:--constraint[= ]|-C\s*)(\S+)", re.M)
-_WORKERS = re.compile(r"(num_workers|num-workers|dataloader_num_workers|dataloader-num-workers)['\"]?\s*[=: ]\s*['\"]?"
-                      r"([1-9]\d*)")
+_WORKERS = re.compile(r"(num_workers|num-workers|dataloader_num_workers|dataloader-num-workers)['\"]?"
+                      r"(?:[ \t]*[=:][ \t]*|[ \t]+)['\"]?([1-9]\d*)")
+# an nccl-tests run (a validation job, where NCCL_DEBUG=INFO is what you want)
+_NCCL_TESTS = re.compile(r"\b(?:all_reduce|all_gather|alltoall|broadcast|reduce_scatter|reduce|sendrecv|scatter|gather|"
+                         r"hypercube)_perf(?:_mpi)?\b")
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE", "ABORT")
 
 
 @dataclass(frozen=True)
@@ -54,30 +57,96 @@ class LintFinding:
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash continuations; keep the number of the first physical line."""
+    """Join backslash continuations; keep the number of the first physical line. Linear in the input."""
     out: list[tuple[int, str]] = []
-    buf, start = "", 0
+    parts: list[str] = []
+    start = 0
     for i, raw in enumerate(text.replace("\x00", "\n").splitlines(), 1):
-        if not buf:
+        if not parts:
             start = i
         if raw.endswith("\\") and not raw.endswith("\\\\"):
-            buf += raw[:-1] + " "
+            parts.append(raw[:-1])
+            parts.append(" ")
             continue
-        out.append((start, buf + raw))
-        buf = ""
-    if buf:
-        out.append((start, buf))
+        parts.append(raw)
+        out.append((start, "".join(parts)))
+        parts = []
+    if parts:
+        out.append((start, "".join(parts)))
     return out
 
 
+_PLAIN = re.compile(r"[^\s'\"\\;&|()]+")
+_DQ_RUN = re.compile(r'[^"\\]+')
+_OPERATORS = frozenset(";&|()")
+_SPECIAL = re.compile(r"['\"\\#;&|()]")
+_WS = re.compile(r"[ \t\r\n\f\v]+")
+
+
 def _split(line: str) -> list[str]:
-    try:
-        lex = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
-        lex.whitespace_split = True
-        lex.commenters = "#"
-        return list(lex)
-    except ValueError:  # unbalanced quotes: fall back to whitespace words
-        return line.split()
+    """The shell words of one line, like a shell splits them but without expanding anything: quotes removed,
+    backslash escapes honoured, an unquoted `#` at the start of a word starts a comment, and ; & | ( ) && || are
+    words of their own. Linear in the line's length (shlex appends to its token one character at a time: a 1 MB
+    token took 39 s), and an unbalanced quote runs to the end of the line instead of failing."""
+    if not _SPECIAL.search(line):
+        return line.split()  # the common case: plain words
+    words: list[str] = []
+    buf: list[str] = []
+    in_word = False
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if c in " \t\r\n\f\v":
+            if in_word:
+                words.append("".join(buf))
+                buf, in_word = [], False
+            m = _WS.match(line, i)
+            i = m.end() if m else i + 1
+        elif c == "#" and not in_word:
+            break
+        elif c in _OPERATORS:
+            if in_word:
+                words.append("".join(buf))
+                buf, in_word = [], False
+            if c in "&|" and i + 1 < n and line[i + 1] == c:
+                words.append(c + c)
+                i += 2
+            else:
+                words.append(c)
+                i += 1
+        elif c == "'":
+            in_word = True
+            j = line.find("'", i + 1)
+            buf.append(line[i + 1:] if j < 0 else line[i + 1:j])
+            i = n if j < 0 else j + 1
+        elif c == '"':
+            in_word = True
+            i += 1
+            while i < n and line[i] != '"':
+                m = _DQ_RUN.match(line, i)
+                if m:
+                    buf.append(m.group(0))
+                    i = m.end()
+                elif i + 1 < n and line[i + 1] in '\\"$`':  # a backslash escapes these inside double quotes
+                    buf.append(line[i + 1])
+                    i += 2
+                else:
+                    buf.append(line[i])
+                    i += 1
+            i += 1  # the closing quote (or past the end)
+        elif c == "\\":
+            in_word = True
+            buf.append(line[i + 1:i + 2])
+            i += 2
+        else:
+            in_word = True
+            m = _PLAIN.match(line, i)
+            assert m is not None
+            buf.append(m.group(0))
+            i = m.end()
+    if in_word:
+        words.append("".join(buf))
+    return words
 
 
 def _from_export_list(spec: str, line: int, text: str) -> list[Assignment]:
@@ -98,7 +167,8 @@ def parse_assignments(text: str) -> list[Assignment]:
         if not stripped.startswith("#"):
             for rx in (_PY_ENV, _PY_SETDEFAULT):
                 for m in rx.finditer(line):
-                    found.append(Assignment(m.group(1), m.group(3), lineno, stripped))
+                    value = m.group(2) if m.group(2) is not None else m.group(3)
+                    found.append(Assignment(m.group(1), value, lineno, stripped))
         if stripped.startswith("#"):
             m = re.match(r"^#SBATCH\s+--export=(\S+)", stripped)
             if m:
@@ -174,24 +244,37 @@ def load_rules() -> list[dict[str, Any]]:
     return rules
 
 
-def _instance_fabric(instance: Optional[str]) -> Optional[str]:
+def _instance_info(instance: Optional[str]) -> tuple[Optional[str], list[str]]:
+    """(fabric, supported stacks) of a known instance type or profile; (None, []) when unknown."""
     if not instance:
-        return None
+        return None, []
     try:
         from gpuguard.templates.presets import load_presets
 
         inst = load_presets()["instances"].get(instance)
         if inst:
-            return str(inst.get("fabric"))
+            return str(inst.get("fabric")), list(inst.get("stacks") or [])
     except Exception:  # noqa: BLE001 - lint must work even with broken presets
         pass
-    if re.match(r"^(p4d|p4de|p5|p5e|p5en|p6|trn1|trn2)", instance):
-        return "efa"
-    return None
+    if re.match(r"^(p4d|p4de|p5|p5e|p5en|p6|p6e|trn1|trn2)[.-]", instance):
+        return "efa", []
+    return None, []
+
+
+def _instance_fabric(instance: Optional[str]) -> Optional[str]:
+    return _instance_info(instance)[0]
+
+
+def _value(env: dict[str, Assignment], name: str) -> str:
+    a = env.get(name)
+    return (a.value or "").strip() if a else ""
 
 
 def _context(text: str, env: dict[str, Assignment], instance: Optional[str], stack: Optional[str],
              fabric: Optional[str]) -> tuple[Optional[str], Optional[str], Optional[str]]:
+    """The instance, stack and fabric a script runs on: from the arguments, else the rendered script's `# Preset:`
+    line, `#SBATCH --constraint`, the instance's only supported stack, and the variables it sets (FI_EFA_* or
+    FI_PROVIDER=efa: EFA; NCCL_IB_*: InfiniBand)."""
     m = _PRESET_LINE.search(text)
     if m:
         instance = instance or m.group(1)
@@ -202,18 +285,47 @@ def _context(text: str, env: dict[str, Assignment], instance: Optional[str], sta
                 if _instance_fabric(feat):
                     instance = feat
                     break
-    fabric = fabric or _instance_fabric(instance)
-    if not fabric and any(n.startswith("FI_") for n in env):
-        fabric = "efa"
+    inst_fabric, inst_stacks = _instance_info(instance)
+    fabric = fabric or inst_fabric
+    if not fabric:
+        if any(n.startswith("FI_EFA_") for n in env) or _value(env, "FI_PROVIDER").lower() == "efa":
+            fabric = "efa"
+        elif any(n.startswith("NCCL_IB_") for n in env if not (n == "NCCL_IB_DISABLE" and _value(env, n) == "1")):
+            fabric = "ib"
+    if not stack and len(inst_stacks) == 1:
+        stack = inst_stacks[0]  # e.g. p5: only the current EFA stack exists there
     if not stack and fabric == "efa":
-        if env.get("FI_PROVIDER") and env.get("NCCL_PROTO", Assignment("", "", 0, "")).value.lower() == "simple":
+        if env.get("FI_PROVIDER") and _value(env, "NCCL_PROTO").lower() == "simple":
             stack = "efa-ofi-1.5"  # the script follows AWS's preset for aws-ofi-nccl <= 1.5
     return instance, stack, fabric
 
 
+def _exempt(rule: dict[str, Any], text: str, env: dict[str, Assignment]) -> bool:
+    for cond in rule.get("unless", ()):
+        if cond == "nccl_tests" and _NCCL_TESTS.search(text):
+            return True
+        if cond == "debug_to_file" and env.get("NCCL_DEBUG_FILE") and _value(env, "NCCL_DEBUG_SUBSYS") \
+                and "ALL" not in _value(env, "NCCL_DEBUG_SUBSYS").upper():
+            return True  # narrow logging into per-rank files (gpuguard's fabric check), not the job's output
+    return False
+
+
+def _ib_hca_prefix_trap(value: str) -> Optional[str]:
+    """NCCL_IB_HCA entries are prefixes unless the list starts with `=` (`^=` when excluding): `mlx5_1` also
+    selects mlx5_10..mlx5_19. Returns the entries that can match more than meant, or None."""
+    v = value.strip()
+    if v.startswith("^"):
+        v = v[1:]
+    if v.startswith("="):
+        return None
+    risky = [e.split(":")[0] for e in v.split(",") if e.split(":")[0][-1:].isdigit()]
+    return ", ".join(f"{r} also matches {r}0-{r}9" for r in risky[:4]) if risky else None
+
+
 def lint(text: str, instance: Optional[str] = None, stack: Optional[str] = None,
          fabric: Optional[str] = None) -> list[LintFinding]:
-    """Findings for `text` (an sbatch script, a shell file, or an environment dump), most severe first."""
+    """Findings for `text` (an sbatch script, a shell file, or an environment dump), most severe first. Linear in
+    the size of `text`."""
     assignments = parse_assignments(text)
     env = final_environment(assignments)
     instance, stack, fabric = _context(text, env, instance, stack, fabric)
@@ -225,15 +337,19 @@ def lint(text: str, instance: Optional[str] = None, stack: Optional[str] = None,
             continue
         if rule.get("unless_stack") and stack in rule["unless_stack"]:
             continue
+        if _exempt(rule, text, env):
+            continue
         severity = rule["severity"]
         if rule.get("when_instance"):
             if instance is None:
-                if not rule.get("when_instance_unknown"):
+                unknown = rule.get("when_instance_unknown")
+                if not unknown or (rule.get("unknown_needs_fabric") and rule["unknown_needs_fabric"] != fabric):
                     continue
-                severity = rule["when_instance_unknown"]
+                severity = unknown
             elif not any(fnmatch.fnmatch(instance, g) for g in rule["when_instance"]):
                 continue
-        if rule.get("check") == "missing_huge_page":
+        check = rule.get("check")
+        if check == "missing_huge_page":
             workers = _WORKERS.search(text)
             hp = env.get("FI_EFA_USE_HUGE_PAGE")
             if workers and (hp is None or hp.value != "0"):
@@ -244,16 +360,26 @@ def lint(text: str, instance: Optional[str] = None, stack: Optional[str] = None,
         for name, a in env.items():
             if not fnmatch.fnmatchcase(name, rule["var"]) or name in rule.get("not_vars", ()):
                 continue
-            if rule.get("equals") and (a.value or "").strip().lower() not in [str(v).lower() for v in rule["equals"]]:
+            value = (a.value or "").strip()
+            evidence = None
+            if check == "ib_hca_prefix":
+                evidence = _ib_hca_prefix_trap(value)
+                if not evidence:
+                    continue
+            if rule.get("equals") and value.lower() not in [str(v).lower() for v in rule["equals"]]:
                 continue
-            findings.append(_finding(rule, severity, a.line, name, a.value, instance, None))
+            if rule.get("not_in") and value.upper() in [str(v).upper() for v in rule["not_in"]]:
+                continue
+            findings.append(_finding(rule, severity, a.line, name, a.value, instance, evidence))
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: (order[f.severity], f.line or 0))
 
 
 def _finding(rule: dict[str, Any], severity: str, line: Optional[int], var: Optional[str], value: Optional[str],
              instance: Optional[str], evidence: Optional[str]) -> LintFinding:
-    fmt = {"value": value if value is not None else "", "var": var or "", "instance": instance or "this instance"}
+    v = (value or "").strip()
+    fmt = {"value": value if value is not None else "", "var": var or "", "instance": instance or "this instance",
+           "ib_hca_exact": ("^=" + v[1:].lstrip("=")) if v.startswith("^") else "=" + v.lstrip("=")}
     msg = rule["message"].format(**fmt)
     if evidence:
         msg += f" ({evidence})"

@@ -233,8 +233,32 @@ def resolve_values(specs: Mapping[str, VariableSpec], values: Mapping[str, Any],
     return out
 
 
+def shutdown_timeout(grace_s: int, explicit: Optional[int] = None) -> int:
+    """How long torchrun waits for its workers after forwarding SIGTERM: the checkpoint window. Slurm's USR1 comes
+    `grace_s` (or up to a minute more) before the time limit; leave a margin for torchrun to exit and for the
+    attempt to be recorded and requeued before the limit. Pure."""
+    if explicit is not None:
+        return explicit
+    margin = min(30, max(5, grace_s // 10))
+    return max(1, grace_s - margin)
+
+
+FABRIC_CHECK_ENV = (
+    ("NCCL_DEBUG", "INFO", None,
+     "Fabric check: NCCL's INFO lines, narrowed to INIT and NET below and written to per-rank files, say which "
+     "network it loaded (aws-ofi-nccl / IB, or a TCP socket fallback); nothing extra reaches the job's output."),
+    ("NCCL_DEBUG_SUBSYS", "INIT,NET", None,
+     "Only initialisation and network selection (NCCL docs: NCCL_DEBUG_SUBSYS), not every collective."),
+    ("NCCL_DEBUG_FILE", "nccl/%h.%p.log", "attempt_dir",
+     "One file per rank (%h host, %p pid; NCCL docs) in this attempt's directory: gpuguard job-attempt fabric reads "
+     "them, and NCCL warnings are kept there for the post-mortem."),
+)
+
+
 def _computed(values: dict[str, Any], template: str, site_presets: Optional[Mapping[str, Any]]) -> dict[str, Any]:
-    """What templates derive from the variables: the preset's environment (plus the job's own `env`)."""
+    """What templates derive from the variables: the preset's environment (plus the fabric check's and the job's
+    own `env`), split into what the batch script exports and what each node exports under its private scratch
+    directory, the preset's version warnings and torchrun's shutdown timeout."""
     gg: dict[str, Any] = {"template": template}
     for pattern in values.get("no_retry_patterns") or []:
         try:
@@ -249,10 +273,29 @@ def _computed(values: dict[str, Any], template: str, site_presets: Optional[Mapp
         except PresetError as e:
             raise TemplateError(f"{template}: {e}") from None
         env: dict[str, EnvVar] = {e.name: e for e in preset.env}
+        fabric_check = bool(values.get("fabric_check")) and preset.fabric in ("efa", "ib")
+        if fabric_check:
+            for name, value, under, why in FABRIC_CHECK_ENV:
+                env[name] = EnvVar(name=name, value=value, why=why, under=under, source="template")
+        if values.get("nvls_enable") is not None:
+            on = bool(values["nvls_enable"])
+            env["NCCL_NVLS_ENABLE"] = EnvVar(
+                name="NCCL_NVLS_ENABLE", value="1" if on else "0", source="template",
+                why=("NVLink SHARP (NVLS) " + ("on" if on else "off") + " as the job asked (nvls_enable): NCCL turns "
+                     "it on by default where the NVSwitches support it, and aws-ofi-nccl's release notes report it "
+                     "both helping and hurting performance"))
         for e in extra:
             env[e.name] = e
-        gg.update(preset=preset, env=list(env.values()),
-                  unset=[u for u in preset.unset if u.name not in env])
+        gg.update(preset=preset, env=[e for e in env.values() if e.under != "local_dir"],
+                  local_env=[e for e in env.values() if e.under == "local_dir"],
+                  unset=[u for u in preset.unset if u.name not in env], warnings=list(preset.warnings),
+                  fabric_check=fabric_check)
+    if "requeue_grace_s" in values:
+        gg["shutdown_timeout_s"] = shutdown_timeout(values["requeue_grace_s"], values.get("shutdown_timeout_s"))
+        if gg["shutdown_timeout_s"] >= values["requeue_grace_s"]:
+            gg.setdefault("warnings", []).append(
+                f"shutdown_timeout_s {gg['shutdown_timeout_s']} >= requeue_grace_s {values['requeue_grace_s']}: a "
+                "checkpoint that uses the whole window runs into the time limit and the attempt may not be recorded")
     return gg
 
 

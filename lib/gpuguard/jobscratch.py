@@ -1,0 +1,212 @@
+"""Remove a job's private node-local scratch directories (the torchrun template's `gpuguard-<jobid>`, where
+TRITON_CACHE_DIR and torchrun's logs live) from the epilog, as root, without trusting anything the user wrote.
+
+The job creates `<root>/gpuguard-<jobid>` with mode 0700 (or `<root>/gpuguard-<jobid>.XXXXXXXX` from mktemp when
+the predictable name was taken). Everything below a root such as /tmp is user-controlled, so:
+- only entries named exactly like that, that are real directories (never a symlink) owned by the job's uid;
+- every path is opened relative to a directory file descriptor with O_NOFOLLOW and re-checked with fstat (same
+  inode, same owner) before anything below it is touched, so a link planted or swapped in never redirects the
+  removal (a symlink inside is unlinked, never followed);
+- never crosses into another file system (a FUSE mount the user made inside) and leaves subdirectories owned by
+  someone else in place;
+- bounded in time (`deadline_s`) and depth; what is left is reported, never raised.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+MAX_DEPTH = 128
+_JOB_ID = re.compile(r"^\d{1,20}$")
+
+
+@dataclass
+class ScratchResult:
+    removed: list[str] = field(default_factory=list)   # directories removed (full paths)
+    skipped: list[str] = field(default_factory=list)   # "path: why" for matching names left alone
+    errors: list[str] = field(default_factory=list)
+    incomplete: bool = False                           # the deadline or a limit stopped the removal
+
+    def summary(self) -> str:
+        parts = []
+        if self.removed:
+            parts.append(f"removed {', '.join(self.removed)}")
+        if self.skipped:
+            parts.append(f"left alone {'; '.join(self.skipped)}")
+        if self.errors:
+            parts.append(f"errors {'; '.join(self.errors[:5])}")
+        if self.incomplete:
+            parts.append("incomplete (time or depth limit)")
+        return "; ".join(parts) or "nothing to remove"
+
+
+def scratch_name_pattern(job_id: str) -> re.Pattern[str]:
+    return re.compile(rf"^gpuguard-{re.escape(job_id)}(?:\.[A-Za-z0-9]{{6,32}})?$")
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def remove_job_scratch(job_id: Optional[str], uid: Optional[int], roots: Iterable[str], deadline_s: float = 5.0,
+                       clock: Callable[[], float] = time.monotonic) -> ScratchResult:
+    """Remove `<root>/gpuguard-<job_id>[.XXXXXXXX]` directories owned by `uid` under each root. Never raises."""
+    out = ScratchResult()
+    if job_id is None or uid is None or not _JOB_ID.match(str(job_id)):
+        out.errors.append(f"job id {job_id!r} / uid {uid!r} unusable: nothing removed")
+        return out
+    deadline = clock() + max(0.0, deadline_s)
+    pattern = scratch_name_pattern(str(job_id))
+    for root in roots:
+        try:
+            root_fd = os.open(root, _DIR_FLAGS)
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError):
+                out.errors.append(f"{root}: {e.strerror or e} (a scratch root must be a real directory, not a link)")
+            continue
+        try:
+            _remove_in_root(root, root_fd, pattern, uid, deadline, clock, out)
+        finally:
+            os.close(root_fd)
+    return out
+
+
+def _remove_in_root(root: str, root_fd: int, pattern: re.Pattern[str], uid: int, deadline: float,
+                    clock: Callable[[], float], out: ScratchResult) -> None:
+    try:
+        names = [e.name for e in os.scandir(root_fd) if pattern.match(e.name)]
+    except OSError as e:
+        out.errors.append(f"{root}: cannot list: {e.strerror or e}")
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+        except OSError:
+            continue  # gone already
+        if not stat.S_ISDIR(st.st_mode):
+            out.skipped.append(f"{path}: not a directory (a link or file someone planted)")
+            continue
+        if st.st_uid != uid:
+            out.skipped.append(f"{path}: owned by uid {st.st_uid}, not the job's uid {uid}")
+            continue
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+        except OSError as e:
+            out.skipped.append(f"{path}: {e.strerror or e}")
+            continue
+        try:
+            fst = os.fstat(fd)
+            if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) or fst.st_uid != uid:
+                out.skipped.append(f"{path}: changed while being checked")
+                continue
+            complete = _empty_dir(fd, path, fst.st_dev, uid, deadline, clock, out)
+        finally:
+            os.close(fd)
+        if not complete:
+            out.incomplete = out.incomplete or clock() > deadline
+            continue
+        try:
+            os.rmdir(name, dir_fd=root_fd)
+            out.removed.append(path)
+        except OSError as e:
+            out.errors.append(f"{path}: {e.strerror or e}")
+
+
+def _empty_dir(top_fd: int, top_path: str, dev: int, uid: int, deadline: float, clock: Callable[[], float],
+               out: ScratchResult) -> bool:
+    """Remove everything below the directory open at `top_fd`. Iterative (no recursion limit), every step relative
+    to an open directory descriptor. Returns whether the directory is now empty."""
+    # stack of (fd of a directory, its path, names still to look at, whether it is fully emptied so far)
+    stack: list[tuple[int, str, list[str], list[bool]]] = []
+    try:
+        stack.append((top_fd, top_path, [e.name for e in os.scandir(top_fd)], [True]))
+    except OSError as e:
+        out.errors.append(f"{top_path}: cannot list: {e.strerror or e}")
+        return False
+    owned_fds: list[int] = []  # fds this function opened (the top one belongs to the caller)
+    try:
+        while stack:
+            fd, path, names, ok = stack[-1]
+            if clock() > deadline:
+                out.incomplete = True
+                return False
+            if not names:
+                stack.pop()
+                if stack:  # a subdirectory is done: close it and remove it from its parent
+                    os.close(fd)
+                    owned_fds.remove(fd)
+                    parent_fd, _, _, parent_ok = stack[-1]
+                    if ok[0]:
+                        try:
+                            os.rmdir(os.path.basename(path), dir_fd=parent_fd)
+                        except OSError as e:
+                            out.errors.append(f"{path}: {e.strerror or e}")
+                            parent_ok[0] = False
+                    else:
+                        parent_ok[0] = False
+                    continue
+                return ok[0]
+            name = names.pop()
+            child = os.path.join(path, name)
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                out.errors.append(f"{child}: {e.strerror or e}")
+                ok[0] = False
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                try:
+                    os.unlink(name, dir_fd=fd)  # files, and links: the link goes, its target is never touched
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    out.errors.append(f"{child}: {e.strerror or e}")
+                    ok[0] = False
+                continue
+            if st.st_dev != dev:
+                out.skipped.append(f"{child}: another file system mounted inside: not crossed")
+                ok[0] = False
+                continue
+            if st.st_uid != uid:
+                out.skipped.append(f"{child}: owned by uid {st.st_uid}, not the job's uid {uid}")
+                ok[0] = False
+                continue
+            if len(stack) >= MAX_DEPTH:
+                out.incomplete = True
+                ok[0] = False
+                continue
+            try:
+                cfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                out.errors.append(f"{child}: {e.strerror or e}")
+                ok[0] = False
+                continue
+            owned_fds.append(cfd)
+            cst = os.fstat(cfd)
+            if (cst.st_dev, cst.st_ino) != (st.st_dev, st.st_ino):
+                out.skipped.append(f"{child}: changed while being checked")
+                ok[0] = False
+                os.close(cfd)
+                owned_fds.remove(cfd)
+                continue
+            try:
+                stack.append((cfd, child, [e.name for e in os.scandir(cfd)], [True]))
+            except OSError as e:
+                out.errors.append(f"{child}: cannot list: {e.strerror or e}")
+                ok[0] = False
+                os.close(cfd)
+                owned_fds.remove(cfd)
+        return True
+    finally:
+        for extra in owned_fds:
+            try:
+                os.close(extra)
+            except OSError:
+                pass
