@@ -36,20 +36,19 @@ With no URL configured, `emit` returns "disabled" without importing apprise or o
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import math
 import os
 import re
 import socket
-import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from gpuguard.hostlist import compress_hostlist
+from gpuguard.notify_shared import (RESOLVING_KINDS, STATES, Untrusted, gate_group, log_warning, open_trusted_dir,
+                                    parse_member, state_trust_problem, trusted_uids)
 
 if TYPE_CHECKING:
     from gpuguard.config import Config
@@ -57,10 +56,8 @@ if TYPE_CHECKING:
 KINDS = ("drain", "undrain", "prolog_failure", "straggler", "hang", "requeue", "internal_error", "flapping",
          "resource")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-STATES = ("firing", "resolved")
 # The episode an event belongs to: an undrain resolves the node's drain; FLAPPING is the same drain, escalated.
 FAMILY = {"undrain": "drain", "flapping": "drain"}
-RESOLVING_KINDS = {"undrain"}  # kinds that are, by themselves, the resolution of an episode
 # Transitions Slurm confirmed (a node that was not drained by gpuguard is drained now; its reason became
 # FLAPPING): never folded into an open episode, whatever the state says (a missed resolve must not silence them).
 ALWAYS_SEND = {"drain", "flapping"}
@@ -380,278 +377,18 @@ def _connect_user(path: str, timeout_s: float) -> Any:
     raise AssertionError("unreachable")
 
 
-def _log(msg: str) -> None:
-    """Notification trouble must be visible somewhere even when it cannot be notified."""
-    try:
-        import syslog
-
-        syslog.syslog(syslog.LOG_WARNING, f"gpuguard notify: {msg}")
-    except Exception:  # noqa: BLE001
-        pass
-
-
-# --------------------------------------------------------------------------- trust (root hooks)
-
-
-class Untrusted(OSError):
-    """A path or file root hooks must not use: a symlink, or writable / owned by someone else."""
-
-
-def trusted_uids(ncfg: dict[str, Any]) -> set[int]:
-    """root, this process's own uid and `notify.trusted_user` (a name or a number)."""
-    uids = {0, os.geteuid()}
-    user = ncfg.get("trusted_user")
-    if user:
-        if str(user).isdigit():
-            uids.add(int(user))
-        else:
-            try:
-                import pwd
-
-                uids.add(pwd.getpwnam(str(user)).pw_uid)
-            except KeyError:
-                _log(f"notify.trusted_user {user!r} is not a user on this node; only root is trusted")
-    return uids
-
-
-def _check_dir(st: os.stat_result, what: str, uids: set[int], allow_sticky: bool) -> None:
-    if not stat.S_ISDIR(st.st_mode):
-        raise Untrusted(f"{what}: not a directory")
-    if st.st_uid not in uids:
-        raise Untrusted(f"{what}: owned by uid {st.st_uid}, not by root or notify.trusted_user")
-    if st.st_mode & 0o022 and not (allow_sticky and st.st_mode & stat.S_ISVTX):
-        raise Untrusted(f"{what}: writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def open_trusted_dir(path: str, uids: set[int], create: bool = False) -> int:
-    """An fd on `path`, walked from / one component at a time with O_NOFOLLOW (a symlink anywhere is refused).
-    Every directory on the way must be owned by a trusted uid and not writable by others (a sticky directory
-    such as /tmp may be on the way, not at the end). `create`: make the last component (0755) if it is missing.
-    Raises Untrusted / OSError."""
-    if not os.path.isabs(path):
-        raise Untrusted(f"{path}: not an absolute path")
-    parts = [p for p in os.path.normpath(path).split("/") if p]
-    fd = os.open("/", _DIR_FLAGS)
-    try:
-        _check_dir(os.fstat(fd), "/", uids, allow_sticky=bool(parts))
-        for i, name in enumerate(parts):
-            if create and i == len(parts) - 1:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Untrusted(f"{'/' + '/'.join(parts[:i + 1])}: a symlink (not followed)") from e
-                raise
-            os.close(fd)
-            fd = nfd
-            _check_dir(os.fstat(fd), "/" + "/".join(parts[:i + 1]), uids, allow_sticky=i < len(parts) - 1)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _open_child_dir(parent_fd: int, name: str, uids: set[int], what: str, create: bool) -> int:
-    if create:
-        try:
-            os.mkdir(name, 0o755, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise Untrusted(f"{what}: not a directory (a symlink?)") from e
-        raise
-    try:
-        _check_dir(os.fstat(fd), what, uids, allow_sticky=False)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-MAX_MEMBER_BYTES = 16384
-MAX_GROUP_ENTRIES = 20000
-_MEMBER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}\.json$")
-
-
-def _lstat_member(dir_fd: int, name: str, uids: set[int]) -> Optional[os.stat_result]:
-    """The member file's stat when it may count: a regular file, trusted owner, not writable by others, bounded."""
-    if not _MEMBER_NAME.match(name):
-        return None
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode) or st.st_uid not in uids or st.st_mode & 0o022 or \
-            st.st_size > MAX_MEMBER_BYTES:
-        return None
-    return st
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _group_kind(kind: str, resolved: bool) -> str:
-    """Alerts and their resolutions are grouped apart: `straggler` vs `straggler.resolved` (`undrain` is one)."""
-    return f"{kind}.resolved" if resolved and kind not in RESOLVING_KINDS else kind
-
-
-def parse_member(raw: bytes, name: str, kind: str, check: str) -> Optional[dict[str, Any]]:
-    """A group member file, parsed strictly: one JSON object (no NaN, no duplicate keys), for this group's kind
-    (`_group_kind`) and check, naming the node its file is named after, with sane field types. None when anything is off. Pure."""
-    if len(raw) > MAX_MEMBER_BYTES:
-        return None
-
-    def no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        d = dict(pairs)
-        if len(d) != len(pairs):
-            raise ValueError("duplicate key")
-        return d
-
-    def no_constants(c: str) -> Any:
-        raise ValueError(f"{c} is not JSON")
-
-    try:
-        data = json.loads(raw.decode("utf-8"), object_pairs_hook=no_dupes, parse_constant=no_constants)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    node = data.get("node")
-    if not isinstance(node, str) or not node or _safe(node) + ".json" != name:
-        return None
-    state = data.get("state", "firing")
-    if state not in STATES or not isinstance(data.get("kind"), str) or \
-            _group_kind(data["kind"], state == "resolved") != kind:
-        return None
-    if _safe(str(data.get("check_id") or "-")) != check:
-        return None
-    if not isinstance(data.get("message"), str) or data.get("severity") not in SEVERITY_RANK or \
-            not _finite(data.get("ts")):
-        return None
-    for opt in ("reason", "action", "job_id"):
-        if data.get(opt) is not None and not isinstance(data[opt], str):
-            return None
-    return data
-
-
-def _read_member(dir_fd: int, name: str, uids: set[int], kind: str, check: str) -> Optional[dict[str, Any]]:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)  # the file we opened, not the name (no swap between a check and the read)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in uids or st.st_mode & 0o022 or \
-                st.st_size > MAX_MEMBER_BYTES:
-            return None
-        raw = os.read(fd, MAX_MEMBER_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return parse_member(raw, name, kind, check)
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", text) or "_"
-
-
-def _group_name(event: Event, bucket: int) -> str:
-    """`<kind>+<check>+<window number>` (kind and check with [A-Za-z0-9_.-] only, so "+" separates)."""
-    return f"{_safe(_group_kind(event.kind, event.resolved))}+{_safe(event.check_id or '-')}+{bucket}"
-
-
-def _split_group(name: str) -> Optional[tuple[str, str, int]]:
-    parts = name.split("+")
-    if len(parts) != 3 or not parts[2].isdigit():
-        return None
-    return parts[0], parts[1], int(parts[2])
+_log = log_warning
+__all__ = ["Event", "Untrusted", "compress_hostlist", "dedupe_key", "emit", "flush", "gpu_identities", "iso_utc",
+           "open_trusted_dir", "parse_member", "render", "render_digest", "spool_status", "target_url",
+           "trusted_uids", "user_state_path"]
 
 
 def _member_record(event: Event) -> dict[str, Any]:
-    """What a node writes into its marker: enough for the digest, bounded (evidence is not needed there)."""
-    rec = {"node": event.node, "kind": event.kind, "check_id": event.check_id, "severity": event.severity,
-           "message": event.message[:1000], "reason": (event.reason or None) and event.reason[:300],
-           "action": (event.action or None) and event.action[:500], "job_id": event.job_id, "ts": event.ts,
-           "state": "resolved" if event.resolved else "firing"}
-    return rec
-
-
-def _gate_group(shared_dir: str, uids: set[int], event: Event, now: float, window_s: float, threshold: int) -> bool:
-    """True when this event joins a fleet-wide group that is already past its threshold (stay quiet).
-    Raises Untrusted / OSError when the directory cannot be used safely (the caller then pages individually)."""
-    bucket = int(now // window_s)
-    name = _group_name(event, bucket)
-    kind, check = _safe(_group_kind(event.kind, event.resolved)), _safe(event.check_id or "-")
-    root_fd = open_trusted_dir(shared_dir, uids, create=True)
-    try:
-        groups_fd = _open_child_dir(root_fd, "groups", uids, f"{shared_dir}/groups", create=True)
-    finally:
-        os.close(root_fd)
-    try:
-        gfd = _open_child_dir(groups_fd, name, uids, f"{shared_dir}/groups/{name}", create=True)
-    finally:
-        os.close(groups_fd)
-    try:
-        marker = _safe(event.node) + ".json"
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                         dir_fd=gfd)
-            try:
-                os.write(fd, json.dumps(_member_record(event), default=str).encode()[:MAX_MEMBER_BYTES])
-            finally:
-                os.close(fd)
-        except FileExistsError:
-            pass  # this node is already counted in this window (or an untrusted file squats the name: see below)
-        mine = _lstat_member(gfd, marker, uids)
-        if mine is None:
-            _log(f"{shared_dir}/groups/{name}/{marker} is not this node's marker (owner/type); paging individually")
-            return False
-        # the first `threshold` valid members (by arrival: mtime, then name) page individually
-        earlier: list[tuple[int, str]] = []
-        for n in os.listdir(gfd)[:MAX_GROUP_ENTRIES]:
-            if n == marker:
-                continue
-            st = _lstat_member(gfd, n, uids)
-            if st is not None and (st.st_mtime_ns, n) < (mine.st_mtime_ns, marker):
-                earlier.append((st.st_mtime_ns, n))
-        valid = 0
-        for _, n in sorted(earlier):
-            if _read_member(gfd, n, uids, kind, check) is not None:
-                valid += 1
-                if valid >= threshold:
-                    return True
-        return False
-    finally:
-        os.close(gfd)
-
-
-def _state_trusted(path: str, uids: set[int]) -> Optional[str]:
-    """Why root must not keep its notification state in `path` (None: fine). Someone who can write it could
-    fake an open episode, fill the rate limiter or delete the spool."""
-    for p, what in ((os.path.dirname(path) or ".", "directory"), (path, "file")):
-        try:
-            st = os.stat(p)  # where a link leads is what counts
-        except FileNotFoundError:
-            continue  # created by the store (as root, 0755)
-        except OSError as e:
-            return f"state {what} {p} unusable: {e.strerror or e}"
-        if st.st_uid not in uids:
-            return f"state {what} {p} is owned by uid {st.st_uid}"
-        if st.st_mode & 0o022 and not (what == "directory" and st.st_mode & stat.S_ISVTX):
-            return f"state {what} {p} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    """What a node writes into its group marker: enough for the digest, bounded (no evidence)."""
+    return {"node": event.node, "kind": event.kind, "check_id": event.check_id, "severity": event.severity,
+            "message": event.message[:1000], "reason": (event.reason or None) and event.reason[:300],
+            "action": (event.action or None) and event.action[:500], "job_id": event.job_id, "ts": event.ts,
+            "state": "resolved" if event.resolved else "firing"}
 
 
 # --------------------------------------------------------------------------- gates
@@ -695,8 +432,8 @@ def _gate(conn: Any, ncfg: dict[str, Any], event: Event, key: str, now: float,
             if group_uids is None:
                 return False
             try:
-                return _gate_group(ncfg["shared_dir"], group_uids, event, now, ncfg["group_window_s"],
-                                   ncfg["group_threshold"])
+                return gate_group(ncfg["shared_dir"], group_uids, _member_record(event), now,
+                                  ncfg["group_window_s"], ncfg["group_threshold"])
             except OSError as e:  # untrusted or down: never let it stop local paging
                 _log(f"shared_dir {ncfg['shared_dir']} not used ({e}); paging individually")
                 return False
@@ -720,8 +457,8 @@ def _gate(conn: Any, ncfg: dict[str, Any], event: Event, key: str, now: float,
             return decision
 
         if open_now and event.kind not in ALWAYS_SEND:
-            conn.execute("UPDATE notify_keys SET suppressed=suppressed+1, first_suppressed=COALESCE(first_suppressed,?),"
-                         " last_seen=? WHERE key=?", (now, now, key))
+            conn.execute("UPDATE notify_keys SET suppressed=suppressed+1, "
+                         "first_suppressed=COALESCE(first_suppressed,?), last_seen=? WHERE key=?", (now, now, key))
             conn.execute("COMMIT")
             return _Decision("suppressed")
         # a new episode (or a transition Slurm confirmed); an episode that expired hands on its count
@@ -896,7 +633,7 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
         group_uids: Optional[set[int]] = None
         if not own_state:
             uids = trusted_uids(ncfg)
-            why = _state_trusted(path, uids)
+            why = state_trust_problem(path, uids)
             if why:
                 _log(f"not using notification state ({why}); delivering {event.kind} {event.node} directly")
                 return _deliver_direct(ncfg, event, budget_s)
@@ -936,101 +673,26 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
             return "failed"
 
 
-def _claim_digest(gfd: int, uids: set[int], group: str) -> bool:
-    """O_EXCL claim of a group's digest. A claim file only counts when a trusted uid owns it: anything else
-    squatting the name (planted while the directory was writable) is removed, or the next name is used."""
-    for name in ("digest.claim", "digest.claim.1", "digest.claim.2"):
-        for _ in (1, 2):
-            try:
-                fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                             dir_fd=gfd)
-            except FileExistsError:
-                try:
-                    st = os.stat(name, dir_fd=gfd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # gone meanwhile: try again
-                if stat.S_ISREG(st.st_mode) and st.st_uid in uids and not st.st_mode & 0o022:
-                    return False  # another node sends (or sent) it
-                _log(f"groups/{group}/{name}: not a trusted claim (uid {st.st_uid}, mode {st.st_mode:o}); ignored")
-                try:
-                    os.unlink(name, dir_fd=gfd)  # unlinkat: removes the entry itself, never follows it
-                except OSError:
-                    break  # a directory, or cannot: use the next name
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{socket.gethostname()} {time.time():.3f}\n")
-            return True
-    return False
-
-
 def _group_digests(conn: Any, ncfg: dict[str, Any], uids: set[int], urls: list[str], now: float) -> None:
-    """For every closed fleet-wide group past its threshold, claim it (O_EXCL) and spool one digest; remove
-    groups older than the spool's age limit."""
+    """For every closed fleet-wide group past its threshold that this node claims (O_EXCL), spool one digest."""
+    from gpuguard.notify_shared import closed_groups
+
     try:
-        root_fd = open_trusted_dir(ncfg["shared_dir"], uids)
+        groups = closed_groups(ncfg["shared_dir"], uids, now, ncfg["group_window_s"], ncfg["group_threshold"],
+                               keep_s=max(86400.0, ncfg["spool_max_age_h"] * 3600))
     except OSError as e:
         _log(f"shared_dir {ncfg['shared_dir']} not used ({e}); no fleet-wide digests")
         return
-    try:
-        try:
-            groups_fd = _open_child_dir(root_fd, "groups", uids, f"{ncfg['shared_dir']}/groups", create=False)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            _log(f"{ncfg['shared_dir']}/groups not used ({e})")
-            return
-    finally:
-        os.close(root_fd)
-    try:
-        keep_s = max(86400.0, ncfg["spool_max_age_h"] * 3600)
-        for name in sorted(os.listdir(groups_fd))[:MAX_GROUP_ENTRIES]:
-            parsed = _split_group(name)
-            if parsed is None:
-                continue
-            kind, check, bucket = parsed
-            end = (bucket + 1) * ncfg["group_window_s"]
-            if end > now:
-                continue  # still open
-            try:
-                gfd = _open_child_dir(groups_fd, name, uids, f"groups/{name}", create=False)
-            except OSError as e:
-                _log(f"groups/{name} ignored ({e})")
-                continue
-            try:
-                if now - end > keep_s:
-                    _remove_group(groups_fd, gfd, name)
-                    continue
-                entries = os.listdir(gfd)[:MAX_GROUP_ENTRIES]
-                events = [m for m in (_read_member(gfd, n, uids, kind, check) for n in entries
-                                      if _MEMBER_NAME.match(n)) if m is not None]
-                if len(events) <= ncfg["group_threshold"] or not _claim_digest(gfd, uids, name):
-                    continue
-            finally:
-                os.close(gfd)
-            title, body = render_digest(events, ncfg["title_prefix"],
-                                        f"{len(events)} nodes reported the same problem within "
-                                        f"{ncfg['group_window_s']:g} s (window ending {iso_utc(end)}); the first "
-                                        f"{ncfg['group_threshold']} were sent individually, this digest lists all "
-                                        "of them.")
-            severity = max((e.get("severity", "warning") for e in events), key=lambda s: SEVERITY_RANK.get(s, 1))
-            all_resolved = all(e.get("state") == "resolved" for e in events)
-            _spool(conn, None, title, body, urls, "pending", now, severity,
-                   key=f"{_part(ncfg['title_prefix'])}/digest/{name}", state="resolved" if all_resolved else "firing")
-    finally:
-        os.close(groups_fd)
-
-
-def _remove_group(groups_fd: int, gfd: int, name: str) -> None:
-    """unlinkat every entry of an old (trusted) group directory, then the directory; never follows a link."""
-    for n in os.listdir(gfd)[:MAX_GROUP_ENTRIES]:
-        try:
-            os.unlink(n, dir_fd=gfd)
-        except OSError:
-            pass
-    try:
-        os.rmdir(name, dir_fd=groups_fd)
-    except OSError:
-        pass
+    for name, end, events in groups:
+        title, body = render_digest(events, ncfg["title_prefix"],
+                                    f"{len(events)} nodes reported the same problem within "
+                                    f"{ncfg['group_window_s']:g} s (window ending {iso_utc(end)}); the first "
+                                    f"{ncfg['group_threshold']} were sent individually, this digest lists all of "
+                                    "them.")
+        severity = max((e.get("severity", "warning") for e in events), key=lambda s: SEVERITY_RANK.get(s, 1))
+        all_resolved = all(e.get("state") == "resolved" for e in events)
+        _spool(conn, None, title, body, urls, "pending", now, severity,
+               key=f"{_part(ncfg['title_prefix'])}/digest/{name}", state="resolved" if all_resolved else "firing")
 
 
 def _held_digest(conn: Any, ncfg: dict[str, Any], urls: list[str], now: float) -> None:
@@ -1072,7 +734,7 @@ def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None
         path = state_path or _state_path(cfg, local_node(cfg))
         uids = trusted_uids(ncfg)
         if not own_state:
-            why = _state_trusted(path, uids)
+            why = state_trust_problem(path, uids)
             if why:
                 _log(f"not using notification state ({why}); nothing flushed")
                 return 0

@@ -103,7 +103,7 @@ def test_one_message_per_episode_then_resolved_with_the_same_key(tmp_path, hook)
     assert "status:   resolved" in text and "dedup:    gpuguard/node7/straggler/monitor.gpu_clock/gpu3/job5150" in text
     assert "also happened 5 more time(s) since" in text  # the repeats of the episode it closes
     fired = re.search(r"fired:    (\S+) \(lasted (\S+)\)", text)
-    assert fired and ISO.fullmatch(fired.group(1)) and fired.group(2) in ("0m01s", "0m02s")
+    assert fired and ISO.fullmatch(fired.group(1)) and re.fullmatch(r"0m0[1-9]s", fired.group(2))
     assert ISO.search(text.split("when:", 1)[1])
     # after the resolution the same condition is a new episode: sent again
     assert emit(cfg, straggler()) == "sent"

@@ -132,7 +132,7 @@ def test_attacker_owned_markers_and_claim_in_a_trusted_group_dir_count_for_nothi
     shared = world / "shared"
     shared.mkdir()
     shared.chmod(0o1777)
-    window = 4.0
+    window = 8.0
     time.sleep(window - time.time() % window + 0.05)  # the top of a window: all of this happens inside it
     as_attacker(plant_markers(str(shared / "groups"), window=window))
     for d in [shared, *[p for p in shared.rglob("*") if p.is_dir()]]:
@@ -223,7 +223,10 @@ def test_the_monitor_as_a_user_pages_through_its_own_state(tmp_path, world, hook
                        capture_output=True, text=True, timeout=120, cwd=str(world))
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
-    assert report["fired"] == ["monitor.progress:sent"], p.stderr
+    assert report["fired"] in (["monitor.progress:sent"], ["monitor.progress:spooled"]), p.stderr
+    if report["fired"] == ["monitor.progress:spooled"]:  # a slow machine: delivery outlived the 2 s budget
+        again = subprocess.run(p.args, capture_output=True, text=True, timeout=120, cwd=str(world))
+        assert again.returncode == 0 and json.loads(again.stdout)["fired"] == [], again.stderr  # same episode
     page = pages(hook, 1)[0]
     assert "job hang nodeU monitor.progress" in page["title"] and page["dedup_key"] == "gpuguard/job99/hang"
     state = job_dir / "gpuguard" / "notify" / "nodeU.db"
