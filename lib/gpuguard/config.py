@@ -180,6 +180,9 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "backend": (_choice("auto", "cli", "pyslurm"), "auto"),
         "scontrol": (_str(), "scontrol"),
         "conf": (_str(allow_none=True), None),  # slurm.conf for scontrol when the caller's env has no SLURM_CONF
+        # what the integers in SLURM_JOB_GPUS are: "minor" = GRES index = /dev/nvidiaN minor number (gres.conf
+        # File=/dev/nvidia[0-7] and AutoDetect=nvml), "nvml_index" = NVML's index (a gres.conf written that way)
+        "gpu_ids": (_choice("minor", "nvml_index"), "minor"),
     },
     "xid": {
         "overrides": (_any_mapping, {}),

@@ -26,6 +26,9 @@ class RunContext:
     job_user: Optional[str] = None
     job_uid: Optional[int] = None
     gpu_indices: Optional[tuple[int, ...]] = None  # the job's GPUs (NVML indices); None = all GPUs
+    # Slurm's own identifiers for the job's GPUs (GRES indices = /dev/nvidiaN minor numbers, or GPU-/MIG- UUIDs);
+    # the runner maps them to NVML indices (gpuguard.gpumap) once NVML has been read. None = not from Slurm.
+    gpu_ids: Optional[tuple[str, ...]] = None
     restart_count: int = 0
     exclusive: Optional[bool] = None
     job_exit_code: Optional[int] = None  # epilog: SLURM_JOB_EXIT_CODE2 style "exit:signal" -> raw
@@ -53,6 +56,25 @@ def parse_gpu_list(value: Optional[str]) -> Optional[tuple[int, ...]]:
     return tuple(sorted(set(out)))
 
 
+_UUID_TOKEN = re.compile(r"^(?:GPU|MIG)-[0-9A-Fa-f-]{8,64}(?:/\d{1,3}/\d{1,3})?$|^MIG-GPU-[0-9A-Fa-f-]{8,64}/\d{1,3}/\d{1,3}$")
+
+
+def parse_gpu_ids(value: Optional[str]) -> Optional[tuple[str, ...]]:
+    """Slurm's GPU list as identifiers: '0,1,5' / '0-3' (GRES indices) or GPU-/MIG- UUIDs. Raises ValueError on
+    anything else (the job environment is user-controlled)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value == "":
+        return ()
+    if any(c.isalpha() for c in value):
+        tokens = [t.strip() for t in value.split(",")]
+        if len(tokens) > 256 or not all(_UUID_TOKEN.match(t) for t in tokens):
+            raise ValueError(f"not a GPU id list: {value[:40]!r}")
+        return tuple(dict.fromkeys(tokens))
+    return tuple(str(i) for i in parse_gpu_list(value) or ())
+
+
 def _short_hostname() -> str:
     return socket.gethostname().split(".")[0]
 
@@ -78,18 +100,27 @@ def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = No
     uid_s = pick("SLURM_JOB_UID", re.compile(r"^\d{1,10}$"))
 
     gpus: Optional[tuple[int, ...]] = None
+    gpu_ids: Optional[tuple[str, ...]] = None
     if kind in ("prolog", "epilog"):
-        # Slurm sets SLURM_JOB_GPUS (and CUDA_VISIBLE_DEVICES) to the physical indices in the prolog.
+        # Slurm sets SLURM_JOB_GPUS (GRES indices) and CUDA_VISIBLE_DEVICES in the prolog; UUIDs (a MIG slice's
+        # MIG-... in CUDA_VISIBLE_DEVICES) name a GPU more precisely than an index, so they win.
+        parsed: dict[str, tuple[str, ...]] = {}
         for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
             if var in env:
                 try:
-                    gpus = parse_gpu_list(env[var])
-                    break
+                    ids = parse_gpu_ids(env[var])
                 except ValueError:
                     ignored.append(var)
+                    continue
+                if ids is not None:
+                    parsed[var] = ids
+        with_uuid = next((ids for ids in parsed.values() if any(not i.isdigit() for i in ids)), None)
+        gpu_ids = with_uuid if with_uuid is not None else next(iter(parsed.values()), None)
+        if gpu_ids is not None and all(i.isdigit() for i in gpu_ids):
+            gpus = tuple(int(i) for i in gpu_ids)  # provisional: Slurm's indices until the runner maps them
         # A job without GPUs: node-level checks still run, per-GPU checks have nothing to look at.
-        if gpus is None and job_id is not None:
-            gpus = ()
+        if gpu_ids is None and job_id is not None:
+            gpus, gpu_ids = (), ()
 
     restart = 0
     for var in ("SLURM_JOB_RESTART_COUNT", "SLURM_RESTART_COUNT"):
@@ -121,6 +152,7 @@ def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = No
         job_user=user,
         job_uid=int(uid_s) if uid_s is not None else None,
         gpu_indices=gpus,
+        gpu_ids=gpu_ids,
         restart_count=restart,
         exclusive=exclusive,
         job_exit_code=exit_code,

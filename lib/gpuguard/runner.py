@@ -210,8 +210,10 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
         from gpuguard.probes.nvml import read_nvml
 
         want_procs = any(s.id in ("gpu.processes", "gpu.leftovers", "gpu.memory_released") for s in specs)
+        # every GPU of the node: node-level faults are judged on all of them whatever the job asked for, and
+        # Slurm's GPU ids are mapped to NVML's afterwards (gpuguard.gpumap)
         probes.append(_Probe("nvml", lambda: read_nvml(
-            gpu_indices=list(ctx.gpu_indices) if ctx.gpu_indices is not None else None,
+            gpu_indices=list(ctx.gpu_indices) if ctx.gpu_indices is not None and ctx.gpu_ids is None else None,
             nvlinks=profile.nvlinks_per_gpu, library_path=sources.nvml_library, env=sources.nvml_env or None,
             with_processes=want_procs), dl["nvml_s"], _timed_out(NvmlObservation, init_error="TIMEOUT"),
             grace_s=dl["nvml_s"]))
@@ -245,7 +247,10 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
 # --------------------------------------------------------------------------- evaluate
 
 
-def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunContext, profile: Profile) -> list[Finding]:
+def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunContext, profile: Profile,
+             mapping: Any = None) -> list[Finding]:
+    from gpuguard.checks import NODE_SCOPE
+
     catalog = None
     if any(s.needs == "kernel_log" for s in specs):
         from gpuguard.xid import load_catalog
@@ -254,9 +259,23 @@ def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunCon
     findings: list[Finding] = []
     for spec in specs:
         inp = CheckInput(profile=profile, params=cfg.check_params(spec.id, param_defaults(spec)),
-                         job_gpus=ctx.gpu_indices, kind=ctx.kind, xid_catalog=catalog)
+                         job_gpus=None if spec.id in NODE_SCOPE else ctx.gpu_indices, kind=ctx.kind,
+                         xid_catalog=catalog, unmapped_gpus=mapping.unmapped if mapping else (),
+                         gpu_map_notes=mapping.notes if mapping else ())
         findings.extend(run_check(spec, obs, inp))
     return findings
+
+
+def map_job_gpus(ctx: RunContext, obs: Observations, mode: str) -> tuple[RunContext, Any]:
+    """The job's GPUs as NVML indices, from Slurm's ids (GRES index = minor number, or GPU-/MIG- UUIDs)."""
+    if ctx.gpu_ids is None or obs.nvml is None or not obs.nvml.gpus:
+        return ctx, None
+    from dataclasses import replace
+
+    from gpuguard.gpumap import resolve_job_gpus
+
+    mapping = resolve_job_gpus(ctx.gpu_ids, obs.nvml.gpus, mode)
+    return replace(ctx, gpu_indices=mapping.indices), mapping
 
 
 def read_boot_id(sources: Sources) -> Optional[str]:
@@ -364,6 +383,7 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
                        system=raw.get("system"), nccl=raw.get("nccl"), dcgm=raw.get("dcgm"),
                        efa_counters=raw.get("efa_counters"))
     _name_processes(obs, sources.procfs_root)
+    ctx, mapping = map_job_gpus(ctx, obs, cfg.sections["slurm"].get("gpu_ids", "minor"))
     notes: list[str] = [] if locked else ["another gpuguard run held the node lock: read-only run"]
     recovered = _restart_cursor_after_recreation(store, obs)
     if recovered:
@@ -372,7 +392,7 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
     if ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not dry_run:
         obs.cleanup = _epilog_cleanup(ctx, cfg, obs, specs, sources, profile, deadline)
 
-    findings = evaluate(specs, obs, cfg, ctx, profile)
+    findings = evaluate(specs, obs, cfg, ctx, profile, mapping)
     if recovered:
         findings.append(Finding("gpu.xid", Severity.WARN, recovered, keyword="XID",
                                 remediation="look at the kernel log of this boot for Xids before this point "

@@ -87,10 +87,12 @@ def test_missing_gpu():
     assert f[0].severity is Severity.FAIL and f[0].keyword == "GPUCOUNT" and "8 GPUs expected, NVML sees 7" in f[0].message
 
 
-def test_job_gpu_not_in_nvml():
-    obs = node(*[h100(i) for i in range(7)], GpuInfo(index=9, fatal_error="NOT_FOUND"), count=8)
-    f = run("gpu.count", obs, job_gpus=(9,))
-    assert any("job GPU index 9" in x.message for x in f)
+def test_slurm_gpu_id_that_matches_no_gpu_warns():
+    spec = get_check("gpu.count")
+    f = spec.func(node(), CheckInput(profile=P5, params={}, kind="prolog", unmapped_gpus=("12",),
+                                     gpu_map_notes=("GPU id 12 is a MIG GRES index (MIG is on): not mapped to a GPU",)))
+    assert [x.severity for x in f] == [Severity.WARN] and "Slurm GPU id 12 matches no GPU" in f[0].message
+    assert "MIG GRES index" in f[0].message
 
 
 def test_wrong_model_and_memory_warn_by_default():

@@ -27,6 +27,14 @@ IDLE_ONLY = frozenset({"prolog", "healthcheck", "manual"})
 TIER = frozenset({"tier"})
 
 
+# Checks about the node's hardware, judged over every GPU in every run kind: a row-remap failure or a GPU that
+# needs a reset drains the node whether or not the job asked for that GPU, so the verdict does not depend on
+# which job happens to run the prolog. The others are about the job's GPUs (leftover processes, temperature and
+# clocks, which another job's busy GPUs would distort).
+NODE_SCOPE = frozenset({"gpu.nvml", "gpu.count", "gpu.model", "gpu.memory", "gpu.ecc", "gpu.retired_pages",
+                        "gpu.row_remap", "gpu.recovery_action", "gpu.xid", "gpu.nvlink", "gpu.fabric"})
+
+
 @dataclass(frozen=True)
 class CheckInput:
     profile: "Profile"
@@ -34,6 +42,8 @@ class CheckInput:
     job_gpus: Optional[tuple[int, ...]] = None  # None = all GPUs on the node
     kind: str = "manual"
     xid_catalog: Optional["XidCatalog"] = None
+    unmapped_gpus: tuple[str, ...] = ()  # Slurm GPU ids that match no GPU NVML reports (gpuguard.gpumap)
+    gpu_map_notes: tuple[str, ...] = ()
 
 
 CheckFn = Callable[[Observations, CheckInput], list[Finding]]
