@@ -116,3 +116,14 @@ def test_other_jobs_busy_gpus_are_not_judged_for_clocks_or_processes(tmp_path):
     result, slurm = _prolog(tmp_path, body, "0,1")
     assert result.verdict.outcome == "pass" and not slurm.calls, [f.message for f in result.findings
                                                                   if f.severity is not Severity.OK]
+
+
+def test_mig_gpu_still_gets_row_remap_judged(tmp_path):
+    """Row remapping lives on the physical GPU: a MIG-partitioned GPU with a pending remap needs a reset like any
+    other (read through the parent handle, which is what the probe always reads)."""
+    mig = "MIG-11111111-2222-3333-4444-555555555555"
+    body = {"gpus": {"defaults": {"mig_enabled": True},
+                     "overrides": {2: {"mig_devices": [mig], "remap_pending": True, "remap_uncorrectable": 1}}}}
+    result, slurm = _prolog(tmp_path, body, mig)
+    assert result.verdict.outcome == "drain" and "ROWREMAP" in slurm.calls[0][1]
+    assert result.verdict.action.value == "reset"
