@@ -317,7 +317,8 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "user_state_path": (_str(allow_none=True), None),
         # besides root, the only owner root hooks accept for shared_dir and the files in it (e.g. the uid root is
         # squashed to on an NFS export with all_squash,anonuid=...); a name or a numeric uid
-        "trusted_user": (_str(allow_none=True), None),
+        "trusted_user": (lambda x: str(_int(0)(x)) if isinstance(x, int) and not isinstance(x, bool)
+                         else _str(allow_none=True)(x), None),
         "timeout_s": (_num(), 5.0),  # one delivery attempt to one URL
         "spool_max_age_h": (_num(), 72.0),  # undeliverable messages are retried by flush() this long
         "title_prefix": (_str(), "gpuguard"),

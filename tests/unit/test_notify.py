@@ -218,9 +218,11 @@ def test_bad_url_and_unwritable_state_never_raise(tmp_path, hook):
 def test_config_rejects_bad_values(tmp_path):
     from gpuguard.config import ConfigError
 
-    for bad in ({"urls": "json://x"}, {"rate_limit": 0}, {"min_severity": "loud"}, {"sharde_dir": "/x"}):
+    for bad in ({"urls": "json://x"}, {"rate_limit": 0}, {"min_severity": "loud"}, {"sharde_dir": "/x"},
+                {"send_resolved": "yes"}, {"trusted_user": -1}, {"trusted_user": True}, {"user_state_path": ""}):
         with pytest.raises(ConfigError, match="notify"):
             make_cfg(tmp_path, **bad)
+    assert make_cfg(tmp_path, trusted_user=65534).sections["notify"]["trusted_user"] == "65534"  # a uid
 
 
 # --------------------------------------------------------------------------- pure helpers
