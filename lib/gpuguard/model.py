@@ -272,3 +272,7 @@ class Observations:
     dcgm: Optional[Any] = None
     efa_counters: Optional[Any] = None
     cleanup: Optional[JobCleanup] = None  # epilog only
+    # what earlier runs left for checks that judge a change (e.g. {"pcie_replay": {uuid: [count, epoch]}}) and the
+    # time of this run's readings: filled by the runner, so checks stay pure
+    previous: dict[str, Any] = field(default_factory=dict)
+    now: Optional[float] = None

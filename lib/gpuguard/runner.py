@@ -392,6 +392,9 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
     if ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not dry_run:
         obs.cleanup = _epilog_cleanup(ctx, cfg, obs, specs, sources, profile, deadline)
 
+    obs.now = time.time()
+    replay_cursor = f"pcie_replay:{ctx.node}"
+    obs.previous["pcie_replay"] = store.get_cursor(replay_cursor) or {}
     findings = evaluate(specs, obs, cfg, ctx, profile, mapping)
     if recovered:
         findings.append(Finding("gpu.xid", Severity.WARN, recovered, keyword="XID",
@@ -467,6 +470,9 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
 
     if not read_only:
         _save_tier_cursors(store, ctx, specs, obs, boot_id)
+        replays = pcie_replay_baseline(obs.previous.get("pcie_replay") or {}, obs)
+        if replays is not None:
+            store.set_cursor(replay_cursor, replays)
     # Cursors move only after the run is recorded (an Xid is judged at least once), never in a read-only run.
     kl = obs.kernel_log
     if kl is not None and kl.cursor is not None and kl.status.complete and not read_only:
@@ -498,6 +504,27 @@ def _restart_cursor_after_recreation(store: Any, obs: Observations) -> Optional[
     return (f"history store was corrupt (moved to {store.recreated_from}) and recreated: kernel-log cursor "
             f"restarted at the end of the log; {len(skipped)} earlier Xid line(s) not re-judged"
             + (f" (Xid {', '.join(map(str, codes))})" if codes else ""))
+
+
+def pcie_replay_baseline(previous: dict[str, Any], obs: Observations, min_age_s: float = 60.0) -> Optional[dict[str, Any]]:
+    """The PCIe replay counters to compare the next run with: a GPU's reading replaces its baseline once the
+    baseline is at least `min_age_s` old (prologs every few seconds would otherwise never span a minute), or
+    when the counter went down (driver reload / reset). None: nothing to change."""
+    if obs.nvml is None or obs.now is None:
+        return None
+    out = dict(previous)
+    changed = False
+    for g in obs.nvml.gpus:
+        if g.pcie_replay_counter is None:
+            continue
+        key = g.uuid or str(g.index)
+        before = previous.get(key)
+        stale = not (isinstance(before, list) and len(before) == 2) or obs.now - float(before[1]) >= min_age_s \
+            or g.pcie_replay_counter < int(before[0])
+        if stale:
+            out[key] = [g.pcie_replay_counter, obs.now]
+            changed = True
+    return out if changed else None
 
 
 def _save_tier_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs: Observations,

@@ -99,8 +99,10 @@ def _registry() -> list[CheckSpec]:
            "warn_reasons": ("strlist", ["sw_thermal"]),
            "persist_s": ("num", 240.0)},  # drains only once seen in every run for this long (warns before)
           "no hardware slowdown, thermal or power-brake clock throttling"),
-        S("gpu.pcie", "PCIE", "nvml", gpu.check_pcie, NODE, {},
-          "PCIe link width and maximum generation as the profile expects"),
+        S("gpu.pcie", "PCIE", "nvml", gpu.check_pcie, NODE,
+          {"busy_util_pct": ("num", 5.0), "replay_rate_warn_per_min": ("num?", 8.0),
+           "replay_rate_fail_per_min": ("num?", None), "capability_severity": ("severity", "warn")},
+          "PCIe link trained at the expected width and generation under load; replay rate below DCGM's limit"),
         S("gpu.nvlink", "NVLINK", "nvml", gpu.check_nvlink, NODE, {},
           "every NVLink of every GPU is active"),
         S("gpu.fabric", "FABRIC", "nvml", gpu.check_fabric, NODE, {},

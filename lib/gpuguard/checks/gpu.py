@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuguard.checks import CheckInput
 from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, incomplete, job_gpus, mismatch, nvml_unavailable,
                                    ok, skip, warn)
-from gpuguard.model import Action, Finding, Observations
+from gpuguard.model import Action, Finding, GpuInfo, Observations
 
 # NVML errors that mean the GPU is unusable until reset/reboot (DESIGN §6: never fail open on these).
 _FATAL_ACTIONS = {
@@ -438,28 +438,80 @@ def check_throttle(obs: Observations, inp: CheckInput) -> list[Finding]:
     return findings or [ok(cid, "no hardware clock throttling")]
 
 
+GPU_IDLE = 0x1  # nvmlClocksEventReasonGpuIdle
+
+
+def gpu_busy(g: GpuInfo, min_util_pct: float = 5.0) -> bool:
+    """Is the GPU working right now? Its link only shows what it trained to under load: at idle the driver may drop
+    the link generation, and the width too (nvidia-smi's documentation says so for both). On a real H100 SXM the
+    idle sample shows clock event reason 0x1 (GPU idle) and the loaded one 0x0 at 99-100 % utilisation."""
+    if g.clock_event_reasons is not None and g.clock_event_reasons & GPU_IDLE:
+        return False
+    if g.utilization_gpu_pct is not None:
+        return g.utilization_gpu_pct >= min_util_pct
+    return False
+
+
 def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
+    """The trained PCIe link, judged only under load (current generation and width), and its error rate (replays
+    per minute between two runs; DCGM's limit is 8/min, "the maximum recommended by RM"). An idle reading is
+    reported, never drained on. NVML's "max" generation is the most the device *and the system* allow, a
+    capability: below the profile it is a BIOS/slot setting, which warns."""
     cid = "gpu.pcie"
     gen, width = inp.profile.pcie_gen, inp.profile.pcie_width
-    if not gen and not width:
-        return [skip(cid, "profile sets no pcie_gen/pcie_width")]
     bad = nvml_unavailable(cid, "PCIE", obs.nvml, bool(inp.profile.gpu_count))
     if bad:
         return [bad]
     assert obs.nvml is not None
+    p = inp.params
     findings: list[Finding] = []
+    previous = (obs.previous or {}).get("pcie_replay") or {}
+    rate_warn, rate_fail = p.get("replay_rate_warn_per_min", 8.0), p.get("replay_rate_fail_per_min")
+    idle_low: list[str] = []
     for g in job_gpus(obs.nvml, inp.job_gpus):
-        # The current generation drops at idle to save power, so only the width (which does not) and the
-        # maximum generation the link trained to are compared.
-        if width and g.pcie_width_current is not None and g.pcie_width_current < width:
-            findings.append(fail(cid, "PCIE", f"{gpu_label(g)} PCIe link x{g.pcie_width_current}, expected x{width}",
-                                 "degraded PCIe link: reboot; if it persists reseat the GPU/riser or replace",
-                                 Action.REBOOT, gpu=g.index, width=g.pcie_width_current, expected_width=width))
+        busy = gpu_busy(g, p.get("busy_util_pct", 5.0))
+        cur_w, cur_g = g.pcie_width_current, g.pcie_gen_current
+        low = []
+        if width and cur_w is not None and cur_w < width:
+            low.append(f"x{cur_w} (expected x{width})")
+        if gen and cur_g is not None and cur_g < gen:
+            low.append(f"Gen{cur_g} (expected Gen{gen})")
+        if low and busy:
+            findings.append(fail(cid, "PCIE", f"{gpu_label(g)} PCIe link at {' '.join(low)} under load "
+                                 f"({g.utilization_gpu_pct}% busy)",
+                                 "degraded PCIe link: reboot to retrain it; if it persists reseat the GPU/riser or "
+                                 "replace", Action.REBOOT, gpu=g.index, width=cur_w, gen=cur_g, expected_width=width,
+                                 expected_gen=gen, utilization_pct=g.utilization_gpu_pct))
+        elif low:
+            idle_low.append(f"GPU {g.index} {' '.join(low)}")
         if gen and g.pcie_gen_max is not None and g.pcie_gen_max < gen:
-            findings.append(fail(cid, "PCIE", f"{gpu_label(g)} PCIe link at most Gen{g.pcie_gen_max}, expected Gen{gen}",
-                                 "PCIe link trained below its generation: check BIOS settings; reboot, reseat",
-                                 Action.REBOOT, gpu=g.index, gen_max=g.pcie_gen_max, expected_gen=gen))
-    return findings or [ok(cid, "PCIe links at expected width and generation")]
+            findings.append(mismatch(cid, "PCIE", f"{gpu_label(g)} PCIe link can train at most Gen{g.pcie_gen_max} in "
+                                     f"this system, expected Gen{gen}",
+                                     "a BIOS or slot setting limits the link (NVML's max generation is what device and "
+                                     "system allow): check the BIOS PCIe settings", p.get("capability_severity", "warn"),
+                                     gpu=g.index, gen_max=g.pcie_gen_max, expected_gen=gen))
+        before = previous.get(g.uuid or str(g.index))
+        if g.pcie_replay_counter is not None and isinstance(before, list) and len(before) == 2 and obs.now:
+            minutes = (obs.now - float(before[1])) / 60.0
+            delta = g.pcie_replay_counter - int(before[0])
+            if minutes >= 1.0 and delta > 0:
+                rate = delta / minutes
+                ev = {"replays": delta, "minutes": round(minutes, 1), "rate_per_min": round(rate, 1)}
+                if rate_fail is not None and rate > rate_fail:
+                    findings.append(fail(cid, "PCIE", f"{gpu_label(g)} {rate:.0f} PCIe replays/min (limit {rate_fail:g})",
+                                         "a marginal PCIe link (signal integrity): reseat the GPU/riser; replace if it "
+                                         "persists", Action.REBOOT, gpu=g.index, **ev))
+                elif rate_warn is not None and rate > rate_warn:
+                    findings.append(warn(cid, "PCIE", f"{gpu_label(g)} {rate:.0f} PCIe replays/min over "
+                                         f"{minutes:.0f} min (DCGM limit {rate_warn:g}/min)",
+                                         "a marginal PCIe link: watch it; reseat the GPU/riser at the next maintenance",
+                                         gpu=g.index, **ev))
+    if not findings:
+        if not (gen or width) and not any(g.pcie_replay_counter for g in obs.nvml.gpus):
+            return [skip(cid, "profile sets no pcie_gen/pcie_width")]
+        idle = f"; idle readings not judged: {', '.join(idle_low[:8])}" if idle_low else ""
+        return [ok(cid, f"PCIe links as expected under load, replay rate normal{idle}", idle_low=idle_low)]
+    return findings
 
 
 def check_nvlink(obs: Observations, inp: CheckInput) -> list[Finding]:
