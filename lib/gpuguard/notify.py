@@ -463,7 +463,7 @@ def _gate(conn: Any, ncfg: dict[str, Any], event: Event, key: str, now: float,
             return _Decision("suppressed")
         # a new episode (or a transition Slurm confirmed); an episode that expired hands on its count
         carried = (suppressed, first_suppressed) if suppressed else (0, None)
-        start = opened if open_now and opened else now
+        start = opened if open_now and opened and event.kind != "drain" else now  # FLAPPING escalates the drain
         if grouped():
             _upsert_key(conn, key, is_open=1, opened=start, last_seen=now, announced=0, suppressed=0,
                         first_suppressed=None)
