@@ -157,6 +157,7 @@ def decide_undrain(
     undrains_in_window: int,
     max_undrains: int,
     undrain_replace: bool = False,
+    reset_evidence: Optional[str] = None,
 ) -> UndrainDecision:
     """May the health check lift the drain gpuguard put on this node? Ownership first (DESIGN §3): only a
     node that is still drained with a gpuguard reason, never one an admin took over."""
@@ -177,8 +178,15 @@ def decide_undrain(
         return UndrainDecision("admin", "hardware-inspection fault: an admin undrains after the repair")
     if drain_action == "reboot" and not boot_changed:
         return UndrainDecision("wait", "reboot-class fault: waiting for a reboot")
+    if drain_action == "reset" and not (boot_changed or reset_evidence):
+        # A GPU that needs a reset still needs it after any number of passing health checks: the cursor having
+        # moved past the Xid proves nothing. Only a reset does: a reboot, a driver reload (NVIDIA's reset procedure
+        # unloads and reloads the modules), or the driver's own recovery action back to NONE.
+        return UndrainDecision("wait", "reset-class fault: waiting for evidence of a GPU reset (reboot, driver "
+                                       "reload, or recovery action back to NONE)")
     if passes < required_passes:
         return UndrainDecision("wait", f"{passes}/{required_passes} passing runs")
     if max_undrains and undrains_in_window >= max_undrains:
         return UndrainDecision("flapping", f"already undrained {undrains_in_window} times in the window")
-    return UndrainDecision("undrain", f"{passes} passing runs" + (" after a reboot" if boot_changed else ""))
+    after = " after a reboot" if boot_changed else (f" after {reset_evidence}" if reset_evidence else "")
+    return UndrainDecision("undrain", f"{passes} passing runs{after}")

@@ -454,8 +454,10 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
         store.record_drain(node=ctx.node, op="drain", outcome=result.drain["outcome"], reason=verdict.reason,
                            check_id=primary.check_id if primary else None, action=verdict.action.value,
                            run_id=result.run_id, detail=result.drain["detail"])
-    elif ctx.kind == "healthcheck" and not read_only and cfg.sections["undrain"]["enabled"]:
-        result.undrain = maybe_undrain(store, slurm, ctx.node, verdict.outcome, boot_id, cfg, result.run_id)
+    driver_seen = _driver_seen(store, ctx, sources, read_only)
+    if not result.drain and ctx.kind == "healthcheck" and not read_only and cfg.sections["undrain"]["enabled"]:
+        result.undrain = maybe_undrain(store, slurm, ctx.node, verdict.outcome, boot_id, cfg, result.run_id,
+                                       findings=findings, driver_seen=driver_seen)
     if ctx.kind == "healthcheck" and not read_only:
         store.prune_cursors(f"job:{ctx.node}:", older_than=time.time() - 7 * 86400)  # jobs without an epilog
     if not dry_run:
@@ -633,8 +635,59 @@ def _epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list
     return cleanup
 
 
+def _driver_seen(store: Any, ctx: RunContext, sources: Sources, read_only: bool) -> Optional[dict[str, Any]]:
+    """The health check remembers since when it sees the loaded nvidia module (gpuguard.probes.system
+    .read_driver_fingerprint): {"fp": ..., "since": epoch}. `since` is 0 for the first fingerprint ever seen
+    (unknown, so it can never pass for a reload after a drain) and the time of the run that first saw a new one."""
+    if ctx.kind != "healthcheck":
+        return None
+    from gpuguard.probes.system import read_driver_fingerprint
+
+    fp = read_driver_fingerprint(sources.sysfs_root)
+    name = f"driver_fp:{ctx.node}"
+    seen = store.get_cursor(name)
+    if fp is None:
+        return seen
+    if not seen or not seen.get("fp"):
+        seen = {"fp": fp, "since": 0}
+    elif seen["fp"] != fp:
+        seen = {"fp": fp, "since": time.time()}
+    else:
+        return seen
+    if not read_only:
+        store.set_cursor(name, seen)
+    return seen
+
+
+def reset_evidence(drain: dict[str, Any], store: Any, findings: list[Finding], boot_changed: bool,
+                   driver_seen: Optional[dict[str, Any]]) -> Optional[str]:
+    """What shows that the GPUs were reset since a reset-class drain: the nvidia module reloaded after it, or the
+    driver's recovery action, non-NONE when the node was drained, back to NONE now."""
+    if boot_changed:
+        return "a reboot"
+    if driver_seen and float(driver_seen.get("since") or 0) > float(drain["ts"]):
+        return "a driver reload"
+    # States only a reset clears: the driver's recovery action, a pending row remap, pending page retirement. One
+    # that failed when the node was drained and is clear now shows the GPU was reset.
+    drained_for = {drain.get("check_id")}
+    if drain.get("run_id") is not None:
+        drained_for |= {f["check_id"] for f in store.findings_for(drain["run_id"]) if f["severity"] == "fail"}
+    for check_id, what in _CLEARED_ONLY_BY_RESET.items():
+        now = [f for f in findings if f.check_id == check_id]
+        if check_id in drained_for and now and all(f.severity is Severity.OK for f in now):
+            return what
+    return None
+
+
+_CLEARED_ONLY_BY_RESET = {"gpu.recovery_action": "the recovery action back to NONE",
+                          "gpu.ecc": "the volatile ECC error count cleared",  # volatile counters reset with the GPU
+                          "gpu.row_remap": "the pending row remap applied",
+                          "gpu.retired_pages": "the pending page retirement applied"}
+
+
 def maybe_undrain(store: Any, slurm: Callable[[], Any], node: str, verdict: str, boot_id: Optional[str],
-                  cfg: Config, run_id: Optional[int]) -> Optional[dict[str, Any]]:
+                  cfg: Config, run_id: Optional[int], findings: Optional[list[Finding]] = None,
+                  driver_seen: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
     """Lift a drain gpuguard put on this node once its cause has cleared (policy.decide_undrain). Slurm is
     asked only when the store says gpuguard has a drain in place: a healthy node costs no scontrol call."""
     from gpuguard.policy import decide_undrain
@@ -653,12 +706,14 @@ def maybe_undrain(store: Any, slurm: Callable[[], Any], node: str, verdict: str,
         return {"outcome": "failed", "detail": "node unknown to Slurm"}
     window = time.time() - ucfg["window_h"] * 3600
     passes = store.consecutive_passes(node, drain["check_id"] or "", since=drain["ts"]) if drain["check_id"] else 0
+    boot_changed = bool(boot_id and drain["boot_id"] and boot_id != drain["boot_id"])
     decision = decide_undrain(
         drain_action=drain["action"] or "drain", node_drained=state.drained, node_reason=state.reason,
         node_down=state.down, node_maintenance=state.maintenance, verdict=verdict, passes=passes,
-        required_passes=ucfg["passes"], boot_changed=bool(boot_id and drain["boot_id"] and boot_id != drain["boot_id"]),
+        required_passes=ucfg["passes"], boot_changed=boot_changed,
         undrains_in_window=store.count_ops(node, "undrain", window), max_undrains=ucfg["max_undrains"],
-        undrain_replace=ucfg["replace"])
+        undrain_replace=ucfg["replace"],
+        reset_evidence=reset_evidence(drain, store, findings or [], boot_changed, driver_seen))
     out: dict[str, Any] = {"decision": decision.action, "detail": decision.detail}
     if decision.action == "undrain":
         try:

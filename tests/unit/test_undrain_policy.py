@@ -17,9 +17,20 @@ def d(**kw):
 
 
 def test_undrains_after_enough_passes():
-    assert d().action == "undrain"
-    assert d(passes=1).action == "wait"
-    assert d(verdict="drain").action == "wait"
+    assert d(drain_action="drain").action == "undrain"
+    assert d(drain_action="drain", passes=1).action == "wait"
+    assert d(drain_action="drain", verdict="drain").action == "wait"
+
+
+def test_reset_class_needs_evidence_of_a_reset():
+    """Passing health checks after a reset-class drain (Xid 119/120/62/..., recovery action GPU_RESET, a pending
+    row remap) prove nothing: the log cursor simply moved past the Xid. Only a reset does."""
+    waiting = d(passes=50)
+    assert waiting.action == "wait" and "evidence of a GPU reset" in waiting.detail
+    assert d(reset_evidence="a driver reload").action == "undrain"
+    assert "after a driver reload" in d(reset_evidence="a driver reload").detail
+    assert d(boot_changed=True).action == "undrain"
+    assert d(reset_evidence="a driver reload", passes=1).action == "wait"  # ... and the passes still count
 
 
 def test_never_touches_an_admin_reason_or_a_resumed_node():
@@ -39,10 +50,10 @@ def test_replace_class_is_for_an_admin():
 
 
 def test_flapping():
-    assert d(undrains_in_window=3).action == "flapping"
+    assert d(undrains_in_window=3, drain_action="drain").action == "flapping"
     flapping = format_reason("gpu.xid", "FLAPPING", "drained again", "healthcheck", "replace")
     assert d(node_reason=flapping).action == "flapping"
-    assert d(undrains_in_window=50, max_undrains=0).action == "undrain"  # 0 = no flapping rule
+    assert d(undrains_in_window=50, max_undrains=0, drain_action="drain").action == "undrain"  # 0 = no flapping rule
 
 
 def F(action, kw="XID79", cid="gpu.xid"):

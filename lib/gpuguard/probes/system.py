@@ -44,6 +44,17 @@ def read_smt(sysfs_root: str = "/sys") -> tuple[Optional[bool], Optional[str], O
             _read_text(os.path.join(cpu, "offline")))
 
 
+def read_driver_fingerprint(sysfs_root: str = "/sys") -> Optional[str]:
+    """Identity of the loaded nvidia kernel module: its sysfs directory is a new kernfs node (new inode) every time
+    the module is loaded, so a changed fingerprint means the driver was unloaded and reloaded (NVIDIA's GPU reset
+    procedure does that). None when no nvidia module is loaded."""
+    try:
+        st = os.stat(os.path.join(sysfs_root, "module", "nvidia"))
+    except OSError:
+        return None
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 def read_disk(path: str) -> DiskUsage:
     try:
         st = os.statvfs(path)

@@ -378,6 +378,8 @@ def _write_fabric(root: Path, sc: Scenario) -> None:
 
 def _write_system(root: Path, sc: Scenario) -> None:
     s = sc.data.get("system") or {}
+    # the loaded nvidia module (created once: a new directory = a driver reload, see read_driver_fingerprint)
+    (root / "sys/module/nvidia").mkdir(parents=True, exist_ok=True)
     cpus = int(s.get("cpus", sc.profile.cpus or os.cpu_count() or 1))
     cpu_dir = root / "sys/devices/system/cpu"
     cpu_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,66 @@
+"""Reset-class drains are lifted only with evidence of a reset (issue 9): passing health checks after an Xid 119
+prove nothing (the kernel-log cursor simply moved past it); a driver reload, a reboot or the driver's recovery
+action back to NONE do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuguard.runner import execute
+
+from simnode import MemorySlurm, ctx, make_cfg, write_scenario
+
+XID119 = "NVRM: Xid (PCI:0000:75:00): 119, pid=2718, name=python3, Timeout after 6s of waiting for RPC response from GPU2 GSP! Expected function 76 (GSP_RM_CONTROL) (0x2080014b 0x5)."
+
+
+def _hc(tmp_path: Path, body: dict, slurm: MemorySlurm):
+    scen = write_scenario(tmp_path, "node", body)
+    return execute(ctx("healthcheck"), make_cfg(tmp_path), simulate=scen, slurm_client=slurm)
+
+
+def _reload_driver(tmp_path: Path) -> None:
+    """What `rmmod nvidia; nvidia-smi -r; modprobe nvidia` leaves behind: a new /sys/module/nvidia node."""
+    (module,) = list((tmp_path / "sim").glob("*/sys/module/nvidia"))
+    # kernfs hands out inode numbers cyclically, so a reloaded module's directory has a new one; a test
+    # filesystem would reuse the freed number at once, so the old directory is kept out of the way instead
+    module.rename(module.with_name("nvidia.unloaded"))
+    module.mkdir()
+
+
+def test_xid119_drain_waits_for_a_reset_then_undrains(tmp_path):
+    slurm = MemorySlurm()
+    first = _hc(tmp_path, {"kernel_log": [XID119]}, slurm)
+    assert first.verdict.action.value == "reset" and "XID119" in (slurm.reason or "")
+    for _ in range(3):  # the Xid is behind the cursor now: every check passes, but nothing was reset
+        r = _hc(tmp_path, {"kernel_log": [XID119]}, slurm)
+        assert r.verdict.outcome == "pass"
+        assert r.undrain and r.undrain["decision"] == "wait" and "evidence of a GPU reset" in r.undrain["detail"]
+    assert slurm.reason and "XID119" in slurm.reason
+    _reload_driver(tmp_path)
+    after = _hc(tmp_path, {"kernel_log": [XID119]}, slurm).undrain  # the passes were already there
+    assert after["outcome"] == "done" and "after a driver reload" in after["detail"]
+    assert slurm.reason is None
+
+
+def test_recovery_action_back_to_none_is_evidence(tmp_path):
+    slurm = MemorySlurm()
+    _hc(tmp_path, {"gpus": {"overrides": {2: {"recovery_action": 1}}}}, slurm)  # NVML: GPU_RESET
+    assert slurm.reason and "RECOVERY" in slurm.reason
+    again = _hc(tmp_path, {"gpus": {"overrides": {2: {"recovery_action": 1}}}}, slurm)
+    assert again.verdict.outcome == "drain" and slurm.reason  # still asking for a reset: stays drained
+    outcomes = [_hc(tmp_path, {}, slurm).undrain for _ in range(2)]  # the driver says: nothing to do any more
+    assert outcomes[-1]["outcome"] == "done" and "recovery action back to NONE" in outcomes[-1]["detail"]
+
+
+def test_first_fingerprint_is_never_taken_for_a_reload(tmp_path):
+    """A node upgraded to this gpuguard with a reset-class drain in place: the first fingerprint the health check
+    sees is 'since: unknown', so it cannot pass for a reload after the drain."""
+    slurm = MemorySlurm()
+    _hc(tmp_path, {"kernel_log": [XID119]}, slurm)
+    from gpuguard.store import Store
+
+    with Store(str(tmp_path / "state" / "n1.db")) as st:
+        st.delete_cursor("driver_fp:n1")
+    for _ in range(3):
+        r = _hc(tmp_path, {"kernel_log": [XID119]}, slurm)
+    assert r.undrain["decision"] == "wait" and slurm.reason
