@@ -90,8 +90,8 @@ install: fakenvml
 	@echo "   cp $(PREFIX)/share/gpuguard/gpuguard-watch.service /etc/systemd/system/ && systemctl daemon-reload && systemctl enable --now gpuguard-watch"
 	@PYTHONPATH=lib $(PYTHON) -m gpuguard.install --libexec $(PREFIX)/libexec/gpuguard \
 	  --python $(PREFIX)/lib/gpuguard/venv/bin/python --config $(CONFDIR)/config.yaml
-	@install -d $(CONFDIR)
-	@test -e $(CONFDIR)/config.yaml || install -m 644 examples/config.yaml $(CONFDIR)/config.yaml
+	@# 0640, never overwritten: notification URLs in it carry tokens
+	@PYTHONPATH=lib $(PYTHON) -m gpuguard.install --install-config examples/config.yaml --config $(CONFDIR)/config.yaml
 	@echo ">> add these lines to slurm.conf and run 'scontrol reconfigure':"
 	@$(PREFIX)/bin/gpuguard slurm-conf --prefix $(PREFIX)
 
