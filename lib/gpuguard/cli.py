@@ -141,39 +141,39 @@ def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> Any:
     t = threading.Timer(seconds, fire)
     t.daemon = True
     t.start()
-
-
     return t
 
 
 # Reading and validating the config takes milliseconds; a config on a hung filesystem (NFS) must not hang the
 # hook until slurmd kills it. Fail open: without a config there is no policy saying otherwise.
 CONFIG_LOAD_TIMEOUT_S = 10.0
+
+
 def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None) -> int:
-    from gpuguard.config import ConfigError, load_config
-    from gpuguard.context import context_from_env
     import time
 
+    from gpuguard.config import ConfigError, load_config
+    from gpuguard.context import context_from_env
     from gpuguard.log import HookLog
 
-    ctx = context_from_env(kind, os.environ)
-    try:
     t0 = time.monotonic()
-        cfg = load_config(config_path)
+    ctx = context_from_env(kind, os.environ)
     state: dict[str, Any] = {"kind": f"{kind} on {ctx.node}", "exit_code": 0, "phase": "config-loading"}
     try:  # tests shorten it; slurmd gives hooks a bare environment, so on a node it is the constant
         load_timeout = float(os.environ.get("GPUGUARD_CONFIG_LOAD_TIMEOUT_S", CONFIG_LOAD_TIMEOUT_S))
     except ValueError:
         load_timeout = CONFIG_LOAD_TIMEOUT_S
     guard = _watchdog(load_timeout, state, HookLog())
+    try:
+        cfg = load_config(config_path)
     except ConfigError as e:
         # Fail open: a typo in the config must not drain the whole fleet. Loud, though.
         HookLog().error(f"{kind} on {ctx.node}: INTERNAL ERROR (config) - not draining: {e}")
         return 0
-    lg = cfg.sections["logging"]
-    log = HookLog(lg["syslog"], lg["file"], lg["level"], stderr=kind != "healthcheck")
     finally:
         guard.cancel()
+    lg = cfg.sections["logging"]
+    log = HookLog(lg["syslog"], lg["file"], lg["level"], stderr=kind != "healthcheck")
     if ctx.ignored_env:
         log.warning(f"{kind} on {ctx.node}: ignored malformed environment variables: {', '.join(ctx.ignored_env)}")
     open_policy = cfg.sections["policy"]["on_internal_error"] == "open"
@@ -399,6 +399,14 @@ def cmd_undrain(args: argparse.Namespace) -> int:
                             action=active["action"] if active else None, run_id=None,
                             detail="admin" + (" --force" if args.force else ""))
     except Exception:  # noqa: BLE001 - the node's own store learns it from Slurm at its next health check
+        pass
+    try:  # the drain's alert is over: same dedupe key, so receivers (PagerDuty, Opsgenie, ...) close it
+        from gpuguard.notify import Event, emit
+
+        emit(cfg, Event(kind="undrain", severity="info", node=args.node,
+                        message=f"undrained by an admin{' (--force)' if args.force else ''} (was: {state.reason})"),
+             budget_s=3.0)
+    except Exception:  # noqa: BLE001 - the undrain itself is done; telling is best effort
         pass
     print(f"undrained {args.node} (was: {state.reason})")
     return 0

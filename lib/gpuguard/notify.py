@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from gpuguard.config import Config
 
 KINDS = ("drain", "undrain", "prolog_failure", "straggler", "hang", "requeue", "internal_error", "flapping",
-         "resource")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
+         "resource", "unknown_xid")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 # The episode an event belongs to: an undrain resolves the node's drain; FLAPPING is the same drain, escalated.
 FAMILY = {"undrain": "drain", "flapping": "drain"}
@@ -78,10 +78,12 @@ DEFAULT_ACTIONS = {
     "internal_error": "a gpuguard bug or an unreadable config: see the log (nodes were not drained: fail-open)",
     "flapping": "the node keeps failing and recovering: inspect the hardware before undraining it by hand",
     "resource": "look at what the job is doing on the node (memory, disk, data loader workers); the job may fail",
+    "unknown_xid": "look the code up in NVIDIA's Xid catalog (`gpuguard xid explain CODE`) and, if it is a fault, "
+                   "add `xid: {overrides: {CODE: {severity: fatal}}}`; the node was not drained for it",
 }
 _TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog failed", "straggler": "straggler",
            "hang": "job hang", "requeue": "job requeued", "internal_error": "internal error",
-           "flapping": "flapping node", "resource": "resource alarm"}
+           "flapping": "flapping node", "resource": "resource alarm", "unknown_xid": "unknown Xid"}
 
 
 @dataclass

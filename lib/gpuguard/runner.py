@@ -577,7 +577,25 @@ def run_events(result: RunResult) -> list[Any]:
         events.append(Event(kind="flapping", severity="critical", node=ctx.node,
                             message=f"pinned drained as FLAPPING: {u['detail']}",
                             action="hardware inspection; then gpuguard undrain --force"))
+    for code, pci in unknown_xids(result):  # warned, never drained: a human decides what the new code means
+        events.append(Event(kind="unknown_xid", severity="warning", node=ctx.node, job_id=ctx.job_id,
+                            check_id="gpu.xid", message=f"Xid {code} on {pci} is not in gpuguard's Xid catalog "
+                            "(a newer driver?): recorded and alerted, the node was not drained",
+                            evidence={"xid": code, "pci": pci}))
     return events
+
+
+def unknown_xids(result: RunResult) -> list[tuple[int, str]]:
+    """(code, pci) of the Xids this run saw that the catalog does not know."""
+    out: dict[tuple[int, str], None] = {}
+    for f in result.findings:
+        if f.check_id != "gpu.xid":
+            continue
+        entries = [f.evidence.get("xid")] + list(f.evidence.get("xids") or [])
+        for e in entries:
+            if isinstance(e, dict) and e.get("catalog") == "unknown":
+                out[(int(e["code"]), str(e.get("pci")))] = None
+    return list(out)
 
 
 def tell_humans(cfg: Config, result: RunResult, deadline: Deadline) -> None:
@@ -587,7 +605,7 @@ def tell_humans(cfg: Config, result: RunResult, deadline: Deadline) -> None:
         from gpuguard.metrics import write_run_metrics
 
         write_run_metrics(cfg, result)
-        if not (result.drain or result.undrain or result.context.kind == "healthcheck"):
+        if not (result.drain or result.undrain or result.context.kind == "healthcheck" or unknown_xids(result)):
             return  # nothing to tell: keep the healthy prolog's path free of the notify import
         events = run_events(result)
         if events or result.context.kind == "healthcheck":

@@ -58,3 +58,18 @@ def test_watch_unknown_code_is_not_fatal():
     judge = WatchJudge(load_catalog(), window_s=300)
     ev = judge.judge_bytes(f"NVRM: Xid (PCI:{PCI}): 231, pid=1, name=x, new".encode(), 0.0)
     assert ev is not None and not ev.fatal and ev.info.severity == "warn"
+
+
+def test_unknown_xid_alerts_a_human_without_draining(tmp_path):
+    """Warn *and* alert: a real local webhook receives one message naming the code, and nothing is drained."""
+    from test_notify_servers import WebhookServer
+
+    hook = WebhookServer()
+    scen = write_scenario(tmp_path, "s", {"kernel_log": [f"NVRM: Xid (PCI:{PCI}): 199, pid=1, name=x, new code"]})
+    cfg = make_cfg(tmp_path, notify={"urls": [hook.url()]})
+    slurm = MemorySlurm()
+    result = execute(ctx("prolog"), cfg, simulate=scen, slurm_client=slurm)
+    assert result.verdict.outcome == "warn" and not slurm.calls
+    (req,) = hook.wait_for(1)
+    text = req["body"]["message"]
+    assert "Xid 199" in text and "not in gpuguard's Xid catalog" in text and "n1" in text

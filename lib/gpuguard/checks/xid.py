@@ -35,7 +35,8 @@ def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
     recorded: list[dict[str, object]] = []
     for ev in log.events:
         info = inp.xid_catalog.resolve(ev.code, ev.detail)  # Xid 154 names its own recovery action
-        entry = {"code": ev.code, "pci": ev.pci, "severity": info.severity, "detail": ev.detail[:160]}
+        entry = {"code": ev.code, "pci": ev.pci, "severity": info.severity, "detail": ev.detail[:160],
+                 "catalog": info.source}  # "unknown": a code gpuguard's catalog does not know (alerted, not drained)
         recorded.append(entry)
         if info.severity == "fatal":
             fatal.append((ev, info))
