@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -173,3 +174,43 @@ def test_a_planned_stop_prints_one_line_instead_of_the_traceback(tmp_path):
 def test_shell_word_round_trips_through_bash(value):
     out = subprocess.run(["bash", "-c", f"printf %s {shell_word(value)}"], capture_output=True, timeout=10)
     assert out.stdout.decode("utf-8", errors="surrogateescape") == value
+
+
+HEAD_STUBS = {
+    "scontrol": """#!/bin/bash
+case "$1 $2" in
+  "show hostnames") printf 'node1\\nnode2\\n' ;;
+  "show node") if [ "$4" = node1 ]; then echo "NodeName=node1 NodeAddr=$ADDR1 State=ALLOCATED";
+               else printf 'NodeName=node1 NodeAddr=%s State=ALLOCATED\\nNodeName=node2 NodeAddr=%s State=ALLOCATED\\n' "$ADDR1" "$ADDR2"; fi ;;
+esac
+""",
+    "getent": "#!/bin/bash\necho \"$RESOLVED STREAM $3\"\n",            # /etc/hosts: 127.0.1.1 node1
+    "hostname": "#!/bin/bash\n[ \"$1\" = -I ] && echo '10.9.8.7 172.17.0.1' || echo node1\n",
+    "srun": "#!/bin/bash\necho '10.9.8.8'\n",                             # `hostname -I` run on the head node
+}
+
+
+@pytest.mark.parametrize("addr1,addr2,resolved,batch_host,expect", [
+    ("10.0.0.1", "10.0.0.2", "-", "node1", "10.0.0.1"),           # NodeAddr is an address: used as is
+    ("node1", "node2", "10.0.0.1", "node1", "10.0.0.1"),           # a name: resolved
+    ("node1", "node2", "127.0.1.1", "node1", "10.9.8.7"),          # resolved to loopback: the head's real address
+    ("node1", "node2", "127.0.1.1", "node2", "10.9.8.8"),          # ... asked through srun when we are not the head
+    ("127.0.0.1", "127.0.0.1", "-", "node1", "127.0.0.1"),         # every node configured on this one host
+    ("127.0.0.1", "10.0.0.2", "127.0.0.1", "node1", "10.9.8.7"),   # a loopback head in a multi-host job: never
+])
+def test_the_rendezvous_address_is_never_a_resolved_loopback(tmp_path, addr1, addr2, resolved, batch_host, expect):
+    """Issue 10: a head node whose name resolves to 127.0.1.1 (Debian's /etc/hosts) made the other nodes dial
+    themselves."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, text in HEAD_STUBS.items():
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    text = render_template("torchrun.sbatch.j2", {"nodes": 2, "command": ["t.py"]})
+    part = text[text.index("gpuguard_is_loopback()"):text.index("RDZV_PORT=")]
+    (tmp_path / "rdzv.sh").write_text(part + 'echo "HEAD_ADDR=$HEAD_ADDR"\n')
+    p = subprocess.run(["bash", str(tmp_path / "rdzv.sh")], capture_output=True, text=True, timeout=30,
+                       env={"PATH": f"{stubs}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "node[1-2]", "ADDR1": addr1,
+                            "ADDR2": addr2, "RESOLVED": resolved, "SLURMD_NODENAME": batch_host})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == f"HEAD_ADDR={expect}"
