@@ -49,3 +49,32 @@ def test_replay_rate_between_runs(tmp_path):
     f = next(f for f in second.findings if f.check_id == "gpu.pcie")
     assert f.severity is Severity.WARN and f.gpu == 1 and "40 PCIe replays/min" in f.message
     assert second.verdict.outcome == "warn"
+
+
+def test_real_h100_idle_and_loaded_readings():
+    """Readings gpuguard took on a real H100 SXM (tests/fixtures/nvml/h100_gpuguard_observations.json): idle shows
+    the GPU-idle clock reason and 0 %, a bf16 matmul 0x0 and 99 %; both Gen5 x16 there."""
+    import json
+    from pathlib import Path
+
+    from gpuguard.checks import CheckInput, get_check
+    from gpuguard.checks.gpu import gpu_busy
+    from gpuguard.model import GpuInfo, NvmlObservation, Observations
+    from gpuguard.profiles import load_profile
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+                       / "h100_gpuguard_observations.json").read_text())
+    fields = set(GpuInfo.__dataclass_fields__)
+    idle = GpuInfo(**{k: v for k, v in data["idle"].items() if k in fields and k != "processes"})
+    load = GpuInfo(**{k: v for k, v in data["load"].items() if k in fields and k != "processes"})
+    assert not gpu_busy(idle) and gpu_busy(load)
+    spec = get_check("gpu.pcie")
+    for g, busy in ((idle, []), (load, [0])):
+        obs = Observations(nvml=NvmlObservation(device_count=1, gpus=[g]))
+        (f,) = spec.func(obs, CheckInput(profile=load_profile("p5.48xlarge"), params={}))
+        assert f.severity is Severity.OK and f.evidence["busy"] == busy
+        # the same GPU at x8: drained only on the loaded reading
+        g8 = GpuInfo(**{**g.__dict__, "pcie_width_current": 8})
+        (f8,) = spec.func(Observations(nvml=NvmlObservation(device_count=1, gpus=[g8])),
+                          CheckInput(profile=load_profile("p5.48xlarge"), params={}))
+        assert f8.severity is (Severity.FAIL if busy else Severity.OK)

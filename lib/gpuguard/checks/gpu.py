@@ -509,8 +509,10 @@ def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
     if not findings:
         if not (gen or width) and not any(g.pcie_replay_counter for g in obs.nvml.gpus):
             return [skip(cid, "profile sets no pcie_gen/pcie_width")]
+        busy = [g.index for g in job_gpus(obs.nvml, inp.job_gpus) if gpu_busy(g, p.get("busy_util_pct", 5.0))]
         idle = f"; idle readings not judged: {', '.join(idle_low[:8])}" if idle_low else ""
-        return [ok(cid, f"PCIe links as expected under load, replay rate normal{idle}", idle_low=idle_low)]
+        return [ok(cid, f"PCIe links at the expected width and generation ({len(busy)} GPU(s) under load), "
+                        f"replay rate normal{idle}", idle_low=idle_low, busy=busy)]
     return findings
 
 
