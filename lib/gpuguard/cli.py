@@ -350,9 +350,25 @@ def cmd_config(args: argparse.Namespace) -> int:
     from gpuguard.config import load_config
 
     cfg = load_config(args.config)
-    print(f"# {cfg.source}: valid")
-    print(json.dumps({"sections": cfg.sections, "checks": cfg.checks}, indent=2, default=str))
+    print(f"# {cfg.source}: valid (secrets redacted)")
+    print(json.dumps({"sections": redact_config(cfg.sections), "checks": cfg.checks}, indent=2, default=str))
     return 0
+
+
+def redact_config(sections: dict[str, Any]) -> dict[str, Any]:
+    """The effective settings without their secrets: notification URLs carry tokens in any part (Slack's path,
+    mailto's password), so only their scheme is shown; a PostgreSQL URL loses its password."""
+    import copy
+
+    out = copy.deepcopy(sections)
+    urls = out.get("notify", {}).get("urls") or []
+    out.setdefault("notify", {})["urls"] = [u.split("://", 1)[0] + "://***" if "://" in u else "***" for u in urls]
+    url = out.get("store", {}).get("url")
+    if url:
+        from gpuguard.fleet.url import redact_url
+
+        out["store"]["url"] = redact_url(url)
+    return out
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:

@@ -45,3 +45,15 @@ def test_the_make_install_line_runs(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(ROOT / "lib")}, timeout=60)
     assert out.returncode == 0, out.stderr
     assert _mode(tmp_path / "gg" / "config.yaml") == 0o640
+
+
+def test_gpuguard_config_never_prints_secrets(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('notify: {urls: ["slack://TokenA/TokenB/TokenC/#gpu", "mailtos://u:secretpw@mail.example.com"]}\n'
+                   'store: {url: "postgresql://gg:hunter2@db.example.com/gg"}\n')
+    out = subprocess.run([sys.executable, "-m", "gpuguard", "config", "--config", str(cfg)], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "lib")}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for secret in ("TokenA", "TokenB", "secretpw", "hunter2"):
+        assert secret not in out.stdout + out.stderr
+    assert '"slack://***"' in out.stdout and "postgresql://gg:***@db.example.com/gg" in out.stdout
