@@ -28,6 +28,7 @@ def throttle_names(mask: Optional[int], only_bad: bool = False) -> list[str]:
 class GpuSample:
     index: int
     uuid: Optional[str] = None
+    pci_bus_id: Optional[str] = None  # "0000:3b:00.0", as the kernel log and the hooks name the GPU
     util_pct: Optional[int] = None
     mem_used_mib: Optional[int] = None
     mem_total_mib: Optional[int] = None
@@ -126,6 +127,12 @@ class GpuSampler:
         for index, h in self.handles:
             s = GpuSample(index=index)
             s.uuid = self._q(s, "uuid", nv.nvmlDeviceGetUUID, h)
+            pci = self._q(s, "pci", nv.nvmlDeviceGetPciInfo, h)
+            if pci is not None:
+                from gpuguard.probes.nvml import normalize_pci_bus_id
+
+                bus = pci.busId
+                s.pci_bus_id = normalize_pci_bus_id(bus.decode() if isinstance(bus, bytes) else bus)
             u = self._q(s, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
             s.util_pct = None if u is None else int(u.gpu)
             m = self._q(s, "memory", nv.nvmlDeviceGetMemoryInfo, h)
