@@ -25,6 +25,10 @@ def test_parse_efa_and_socket_ranks():
                         "network IB\n")
     assert ib.kind == "ib" and ib.ib_devices == "[0]mlx5_0:1/IB"
     assert parse_nccl_log("garbage\n\x00\n").network is None
+    # what NCCL 2.28.9 wrote on a machine without IB or EFA (recorded on an H100 for this repository)
+    h100 = parse_nccl_log((NCCL / "h100_nccl2289_socket.log").read_text(), "vm.487.log")
+    assert (h100.host, h100.network, h100.kind, h100.nccl_version) == ("vm", "Socket", "socket", "2.28.9")
+    assert h100.socket_devices == "[0]eth0:192.0.2.2<0>" and h100.warnings == []
 
 
 def test_judge_warns_on_a_socket_fallback():

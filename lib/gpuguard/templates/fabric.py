@@ -90,7 +90,8 @@ def parse_nccl_log(text: str, source: str = "") -> NcclInit:
                          (_NCCL_VERSION, "nccl_version")):
             mm = rx.search(msg)
             if mm and getattr(out, attr) is None:
-                setattr(out, attr, mm.group(1).strip())
+                value = mm.group(1).strip()
+                setattr(out, attr, value.split("+")[0] if attr == "nccl_version" else value)
     return out
 
 
