@@ -48,6 +48,17 @@ def store_paths(pattern: str, nodes: Iterable[str] = ()) -> list[str]:
     return sorted(glob.glob(glob.escape(pattern).replace(glob.escape("{node}"), "*")))
 
 
+def attempt_store_paths(pattern: str) -> list[str]:
+    """The job-side attempt stores: templates.store_path with its {node} (batch host) and {user} placeholders
+    expanded over what exists. Never created here."""
+    if "{node}" not in pattern and "{user}" not in pattern:
+        return [pattern] if os.path.exists(pattern) else []
+    g = glob.escape(pattern)
+    for placeholder in ("{node}", "{user}"):
+        g = g.replace(glob.escape(placeholder), "*")
+    return sorted(glob.glob(g))
+
+
 # --------------------------------------------------------------------------- sources
 
 
@@ -209,7 +220,7 @@ class Requeues:
     The attempts' `nodes` column is a Slurm hostlist; a node filter matches it or the excluded list."""
 
     def __init__(self, pattern: Optional[str]) -> None:
-        self.paths = store_paths(pattern, ()) if pattern else []
+        self.paths = attempt_store_paths(pattern) if pattern else []
 
     def _all(self, f: Filters) -> Iterator[dict[str, Any]]:
         import hostlist

@@ -177,3 +177,16 @@ def test_text_output_escapes_control_characters(tmp_path):
     p = gg(cfg, "history")
     assert p.returncode == 0 and "process ?]0;pwned??[2J on GPU 0" in p.stdout and "\x1b" not in p.stdout
     assert "\x1b" in json.loads(gg(cfg, "history", "--json").stdout)["findings"][0]["message"]  # JSON keeps the data
+
+
+def test_attempt_stores_expand_user_and_node(tmp_path):
+    """templates.store_path may name a store per user and batch host (the job side writes it as the user)."""
+    from gpuguard.history import attempt_store_paths
+
+    for user, node in (("alice", "node1"), ("bob", "node2")):
+        d = tmp_path / user
+        d.mkdir(exist_ok=True)
+        (d / f"{node}.db").write_bytes(b"")
+    found = attempt_store_paths(str(tmp_path / "{user}" / "{node}.db"))
+    assert [p.split("/")[-2:] for p in found] == [["alice", "node1.db"], ["bob", "node2.db"]]
+    assert attempt_store_paths(str(tmp_path / "none" / "{user}.db")) == []
