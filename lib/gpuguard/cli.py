@@ -184,7 +184,12 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     try:
         from gpuguard.runner import execute
 
-        result = execute(ctx, cfg, simulate=simulate, deadline_s=deadline)
+        def verdict_known(code: int) -> None:
+            # from here on the hardware has spoken: a hang in drain/notify/store must not turn it into exit 0
+            if kind != "healthcheck":
+                state["exit_code"] = code
+
+        result = execute(ctx, cfg, simulate=simulate, deadline_s=deadline, on_verdict=verdict_known)
     except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback
         import traceback
 

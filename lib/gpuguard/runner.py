@@ -343,7 +343,8 @@ def plan_for(cfg: Config, ctx: RunContext, profile: Optional[Profile] = None, st
 
 
 def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry_run: bool = False,
-            deadline_s: Optional[float] = None, slurm_client: Any = None) -> RunResult:
+            deadline_s: Optional[float] = None, slurm_client: Any = None,
+            on_verdict: Optional[Callable[[int], None]] = None) -> RunResult:
     """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller
     applies the fail-open/closed policy)."""
     from gpuguard.store import GuardedStore, Store
@@ -362,13 +363,14 @@ def execute(ctx: RunContext, cfg: Config, *, simulate: Optional[str] = None, dry
         store = GuardedStore(lambda: Store(store_path, timeout_s=timeout_s))
         try:
             return _run_locked(ctx, cfg, sources, profile, store, deadline, started, dry_run or not locked,
-                               dry_run, locked, slurm_client)
+                               dry_run, locked, slurm_client, on_verdict)
         finally:
             store.close()
 
 
 def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile, store: Any, deadline: Deadline,
-                started: float, read_only: bool, dry_run: bool, locked: bool, slurm_client: Any) -> RunResult:
+                started: float, read_only: bool, dry_run: bool, locked: bool, slurm_client: Any,
+                on_verdict: Optional[Callable[[int], None]] = None) -> RunResult:
     dl_cfg = cfg.sections["deadlines"]
     boot_id = read_boot_id(sources)
     specs = plan_for(cfg, ctx, profile, store, boot_id)
@@ -419,6 +421,8 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
                      incomplete_escalate_after=pol["incomplete_escalate_after"], incomplete_history=streaks)
 
     exit_code = 1 if verdict.outcome == "drain" else 0
+    if on_verdict is not None:  # the hook's watchdog exits with the verdict, whatever happens after this point
+        on_verdict(exit_code)
     result = RunResult(ctx, profile, obs, findings, verdict, exit_code, 0.0, started, simulated=sources.simulated,
                        boot_id=boot_id, notes=notes)
     client: Any = None

@@ -448,8 +448,14 @@ class GuardedStore:
         "record_run": None, "persist_streak_start": None,
     }
 
+    # After one failed write the others are skipped for the rest of the run: a locked store would make every one
+    # of them wait its full busy timeout, and a run has a deadline (reads go on: WAL readers are never blocked).
+    _WRITES = frozenset({"record_run", "record_drain", "set_cursor", "delete_cursor", "prune_cursors",
+                         "advance_watermark", "setdefault_cursor", "prune_history"})
+
     def __init__(self, opener: Callable[[], "Store"]) -> None:
         self.errors: list[str] = []
+        self.writes_failed = False
         self.store: Optional[Store] = None
         try:
             self.store = opener()
@@ -474,11 +480,13 @@ class GuardedStore:
         default = self._DEFAULTS.get(name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self.store is None:
+            if self.store is None or (self.writes_failed and name in self._WRITES):
                 return default() if callable(default) else _copy(default)
             try:
                 return getattr(self.store, name)(*args, **kwargs)
             except (sqlite3.Error, OSError) as e:
+                if name in self._WRITES:
+                    self.writes_failed = True
                 if self.store.conn.in_transaction:
                     try:
                         self.store.conn.execute("ROLLBACK")

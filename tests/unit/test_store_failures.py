@@ -227,3 +227,29 @@ def test_recreated_store_restarts_the_cursor_at_the_end_of_the_log(tmp_path):
     # the cursor now sits at the end: the next run sees nothing new
     again = execute(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "xid79.yaml"), slurm_client=slurm)
     assert not [f for f in again.findings if f.check_id == "gpu.xid" and f.severity is not Severity.OK]
+
+
+def test_the_verdict_reaches_the_hook_watchdog_before_anything_can_hang(tmp_path):
+    """A prolog that hangs after judging (a drain call stuck, a hung filesystem under the store or the metrics)
+    is ended by the hook's watchdog: it must exit with the verdict, not the fail-open default of 0."""
+    import threading
+    import time
+
+    class StuckSlurm(MemorySlurm):
+        def drain(self, name, reason):
+            time.sleep(60)
+
+    seen: list[int] = []
+    got = threading.Event()
+
+    def on_verdict(code: int) -> None:
+        seen.append(code)
+        got.set()
+
+    cfg = make_cfg(tmp_path)
+    t = threading.Thread(target=execute, args=(ctx("prolog", "n1"), cfg),
+                         kwargs={"simulate": str(SCENARIOS / "xid79.yaml"), "slurm_client": StuckSlurm(),
+                                 "on_verdict": on_verdict}, daemon=True)
+    t.start()
+    assert got.wait(20) and seen == [1]
+    assert t.is_alive()  # still stuck in the drain: the watchdog would now exit 1

@@ -20,9 +20,12 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
+_PLOTTABLE = 1e100  # matplotlib's limit and tick arithmetic overflows near 1e300; no real metric is this large
+
+
 def _finite(x: Optional[float], positive: bool = False) -> float:
-    if x is None or not math.isfinite(x) or (positive and x <= 0):
-        return NAN
+    if x is None or not math.isfinite(x) or abs(x) > _PLOTTABLE or (positive and x <= 0):
+        return NAN  # left out of the line; NaN/inf values are marked separately and flagged by the analysis
     return x
 
 
@@ -57,7 +60,7 @@ def plot(records: Sequence[IterRecord], analysis: Analysis, out_path: str, title
 def figure(records: Sequence[IterRecord], analysis: Analysis, title: str = "") -> Any:
     """The matplotlib Figure (4 axes sharing x). The caller closes it."""
     plt = _pyplot()
-    recs = [r for r in records if r.iteration is not None]
+    recs = [r for r in records if r.iteration is not None and abs(r.iteration) <= 1e15]
     key = primary_loss_key(recs)
     unit = analysis.throughput_unit
     breaks = sorted(attempt_starts(recs))
