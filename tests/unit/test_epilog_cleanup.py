@@ -12,10 +12,12 @@ from gpuguard.model import GpuInfo, GpuProcess, NvmlObservation
 
 
 def spawn(ignore_term: bool = False) -> subprocess.Popen:
-    code = "import signal,time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "") + \
-           "time.sleep(120)\n"
-    p = subprocess.Popen([sys.executable, "-c", code])
-    time.sleep(0.3)  # let the interpreter install its handler
+    code = "import signal,sys,time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "") + \
+           "print('ready', flush=True)\ntime.sleep(120)\n"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    # wait until the interpreter is up (and its handler installed): a process still starting under a loaded machine
+    # can sit in uninterruptible I/O and take SIGTERM late, which is not what these tests are about
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
 
 
