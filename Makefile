@@ -35,7 +35,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo ">> python venv in $(VENV)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PY) -c 'import gpuguard, pynvml, yaml, psutil, pytest, hypothesis, apprise, prometheus_client'
+	@$(PY) -c 'import gpuguard, pynvml, yaml, psutil, pytest, xdist, hypothesis, apprise, prometheus_client, psycopg, hostlist'
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -59,14 +59,18 @@ fakenvml: $(FAKENVML)
 demo: deps venv fakenvml
 	@$(PY) -m gpuguard.demo $(DEMO_ARGS)
 
+# Two workers, whole files per worker (a module's Slurm cluster or PostgreSQL server stays in one process): the
+# integration tests mostly wait on daemons, so this halves the wall time on CI's 2 cores.
+PYTEST_PAR ?= -n 2 --dist loadfile
+
 test: deps venv torch fakenvml
-	@$(PY) -m pytest -q tests
+	@$(PY) -m pytest -q $(PYTEST_PAR) tests
 
 unit: venv fakenvml
-	@$(PY) -m pytest -q tests/unit
+	@$(PY) -m pytest -q $(PYTEST_PAR) tests/unit
 
 integration: deps venv torch fakenvml
-	@$(PY) -m pytest -q tests/integration
+	@$(PY) -m pytest -q $(PYTEST_PAR) tests/integration
 
 bench: deps venv fakenvml
 	@$(PY) bench/run.py
