@@ -213,8 +213,7 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
         # every GPU of the node: node-level faults are judged on all of them whatever the job asked for, and
         # Slurm's GPU ids are mapped to NVML's afterwards (gpuguard.gpumap)
         probes.append(_Probe("nvml", lambda: read_nvml(
-            gpu_indices=list(ctx.gpu_indices) if ctx.gpu_indices is not None and ctx.gpu_ids is None else None,
-            nvlinks=profile.nvlinks_per_gpu, library_path=sources.nvml_library, env=sources.nvml_env or None,
+            gpu_indices=None, nvlinks=profile.nvlinks_per_gpu, library_path=sources.nvml_library, env=sources.nvml_env or None,
             with_processes=want_procs), dl["nvml_s"], _timed_out(NvmlObservation, init_error="TIMEOUT"),
             grace_s=dl["nvml_s"]))
     if "kernel_log" in needs:

@@ -87,9 +87,16 @@ def test_an_xid_is_judged_once(tmp_path):
     assert xid["severity"] == "ok" and xid["message"] == "no Xid since the last check"
 
 
-def test_job_gpus_limit_per_gpu_checks(tmp_path):
+def test_node_faults_drain_whatever_gpus_the_job_has(tmp_path):
+    """Issue 9: a pending row remap on GPU 2 is a node fault: a job on GPUs 0,1 and a job on GPUs 2,3 see the same
+    drain. A job-level finding (leftover processes on GPU 2) only concerns the job that has GPU 2."""
     scen = str(SCEN / "row-remap-pending.yaml")
-    p = gpuguard(tmp_path, "--simulate", scen, "--dry-run", "--json", "--gpus", "0,1", "--context", "prolog")
-    assert p.returncode == 0 and json.loads(p.stdout)["verdict"] == "pass"
-    p = gpuguard(tmp_path, "--simulate", scen, "--dry-run", "--json", "--gpus", "2-3", "--context", "prolog")
-    assert p.returncode == 1
+    for gpus in ("0,1", "2-3"):
+        p = gpuguard(tmp_path, "--simulate", scen, "--dry-run", "--json", "--gpus", gpus, "--context", "prolog")
+        assert p.returncode == 1 and "ROWREMAP" in json.loads(p.stdout)["reason"], gpus
+    procs = tmp_path / "procs.yaml"
+    procs.write_text("instance_type: p5.48xlarge\ngpus: {overrides: {2: {processes: [{pid: 4242}]}}}\n")
+    assert gpuguard(tmp_path, "--simulate", str(procs), "--dry-run", "--json", "--gpus", "0,1",
+                    "--context", "prolog").returncode == 0
+    assert gpuguard(tmp_path, "--simulate", str(procs), "--dry-run", "--json", "--gpus", "2-3",
+                    "--context", "prolog").returncode == 1
