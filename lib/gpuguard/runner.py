@@ -412,7 +412,8 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
     # conditions that must persist before they drain (HW slowdown): when did the current streak start?
     persist_keys = {(f.check_id, str(f.evidence["persist"]["key"])) for f in findings
                     if f.severity is Severity.FAIL and isinstance(f.evidence.get("persist"), dict)}
-    max_gap = max(3600.0, 3 * cfg.sections["deadlines"].get("healthcheck_s", 20.0))
+    # nobody looked for longer than this between two runs: the streak is broken (3 health-check intervals, >= 1 h)
+    max_gap = max(3600.0, 3 * cfg.sections.get("metrics", {}).get("healthcheck_interval_s", 300.0))
     findings = apply_persistence(findings, {k: store.persist_streak_start(ctx.node, k[0], k[1], max_gap)
                                             for k in persist_keys}, time.time())
     streaks = store.incomplete_streaks(ctx.node, [f.check_id for f in findings if f.severity is Severity.INCOMPLETE])
