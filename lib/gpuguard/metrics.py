@@ -249,6 +249,16 @@ def update_state(state: dict[str, Any], result: "RunResult", xid_severity: Calla
 # --------------------------------------------------------------------------- the node file: families (pure)
 
 
+
+def _add_counters(family: Any, totals: dict[str, Any], zero_keys: list[str], label_names: tuple[str, ...],
+                  **labels: Any) -> None:
+    """One sample per "a|b" key of `totals`, every key of `zero_keys` present from 0 (so increase() sees the first
+    event), the key's parts as `label_names`."""
+    merged = {k: 0 for k in zero_keys}
+    merged.update(totals)
+    for key, n in sorted(merged.items()):
+        family.add(n, **labels, **dict(zip(label_names, key.split("|", len(label_names) - 1))))
+
 def node_families(st: dict[str, Any], node: str, drain: Optional[DrainState], version: str,
                   healthcheck_interval_s: float, counters: bool = True, store_ok: bool = True) -> list[Family]:
     """Every family of `gpuguard_node.prom`. `counters` False (the store could not be read) leaves out the
@@ -323,32 +333,18 @@ def node_families(st: dict[str, Any], node: str, drain: Optional[DrainState], ve
         return fams
 
     runs = fam("gpuguard_runs_total", "counter", "gpuguard runs on this node, by kind and verdict")
-    totals = dict(st["runs_total"])
-    for kind in HOOK_KINDS:
-        for v in VERDICTS:
-            totals.setdefault(f"{kind}|{v}", 0)
-    for key, n in sorted(totals.items()):
-        kind, v = key.split("|", 1)
-        runs.add(n, node=node, kind=kind, verdict=v)
+    _add_counters(runs, st["runs_total"], [f"{k}|{v}" for k in HOOK_KINDS for v in VERDICTS], ("kind", "verdict"),
+                  node=node)
 
     ops = fam("gpuguard_drain_operations_total", "counter",
               "Drain and undrain operations gpuguard attempted on this node (prolog, epilog, health check, watch, "
               "admin undrain, NCCL sweep), by outcome")
-    d_totals = dict(st["drains_total"])
-    for op, outcome in DRAIN_OPS:
-        d_totals.setdefault(f"{op}|{outcome}", 0)
-    for key, n in sorted(d_totals.items()):
-        op, outcome = key.split("|", 1)
-        ops.add(n, node=node, op=op, outcome=outcome)
+    _add_counters(ops, st["drains_total"], [f"{op}|{out}" for op, out in DRAIN_OPS], ("op", "outcome"), node=node)
 
     xid = fam("gpuguard_xid_events_total", "counter",
               "Xid events in the kernel log by the catalog's class (fatal, app, warn, info), each event counted once "
               "(the label is not called severity: alerts set that one)")
-    x_totals = dict(st["xid_total"])
-    for s in XID_SEVERITIES:
-        x_totals.setdefault(s, 0)
-    for s, n in sorted(x_totals.items()):
-        xid.add(n, node=node, **{"class": s})
+    _add_counters(xid, st["xid_total"], list(XID_SEVERITIES), ("class",), node=node)
     by_code = fam("gpuguard_xid_code_events_total", "counter",
                   "Xid events in the kernel log by Xid code (a code's series starts at its first event: alert on "
                   "gpuguard_xid_events_total)")

@@ -148,8 +148,10 @@ def dedupe_key(event: Event, prefix: str = "gpuguard") -> str:
 
 
 def iso_utc(ts: Optional[float]) -> str:
-    """2026-11-24T20:06:33Z"""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts if ts is not None else time.time()))
+    """2026-11-24T20:06:33Z (now when `ts` is None)."""
+    from gpuguard.timefmt import iso_utc as fmt
+
+    return str(fmt(ts if ts is not None else time.time()))
 
 
 def _duration(seconds: float) -> str:

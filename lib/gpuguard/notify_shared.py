@@ -94,27 +94,20 @@ def open_trusted_dir(path: str, uids: set[int], create: bool = False) -> int:
     try:
         _check_dir(os.fstat(fd), "/", uids, allow_sticky=bool(parts))
         for i, name in enumerate(parts):
-            if create and i == len(parts) - 1:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Untrusted(f"{'/' + '/'.join(parts[:i + 1])}: a symlink (not followed)") from e
-                raise
+            last = i == len(parts) - 1
+            nfd = _open_child_dir(fd, name, uids, "/" + "/".join(parts[:i + 1]), create=create and last,
+                                  allow_sticky=not last)
             os.close(fd)
             fd = nfd
-            _check_dir(os.fstat(fd), "/" + "/".join(parts[:i + 1]), uids, allow_sticky=i < len(parts) - 1)
         return fd
     except BaseException:
         os.close(fd)
         raise
 
 
-def _open_child_dir(parent_fd: int, name: str, uids: set[int], what: str, create: bool) -> int:
+def _open_child_dir(parent_fd: int, name: str, uids: set[int], what: str, create: bool,
+                    allow_sticky: bool = False) -> int:
+    """`name` below an open trusted directory, never through a symlink, checked like its parents."""
     if create:
         try:
             os.mkdir(name, 0o755, dir_fd=parent_fd)
@@ -124,10 +117,10 @@ def _open_child_dir(parent_fd: int, name: str, uids: set[int], what: str, create
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise Untrusted(f"{what}: not a directory (a symlink?)") from e
+            raise Untrusted(f"{what}: a symlink or not a directory (not followed)") from e
         raise
     try:
-        _check_dir(os.fstat(fd), what, uids, allow_sticky=False)
+        _check_dir(os.fstat(fd), what, uids, allow_sticky=allow_sticky)
     except BaseException:
         os.close(fd)
         raise

@@ -7,18 +7,14 @@ import dataclasses
 import json
 import os
 import sys
-import time
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 from gpuguard.model import Severity
 from gpuguard.runner import RunResult
+from gpuguard.timefmt import iso_utc
 
 _ORDER = {Severity.FAIL: 0, Severity.INCOMPLETE: 1, Severity.WARN: 2, Severity.OK: 3, Severity.SKIP: 4}
 _COLORS = {Severity.FAIL: "31", Severity.INCOMPLETE: "33", Severity.WARN: "33", Severity.OK: "32", Severity.SKIP: "90"}
-
-
-def iso_utc(ts: Optional[float]) -> Optional[str]:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts is not None else None
 
 
 def to_dict(r: RunResult, with_observations: bool = True) -> dict[str, Any]:

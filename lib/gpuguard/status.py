@@ -25,10 +25,7 @@ import time
 from datetime import datetime
 from typing import Any, Optional
 
-
-def iso_utc(ts: Optional[float]) -> Optional[str]:
-    """1795723593.0 -> '2026-11-24T20:06:33Z'."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts is not None else None
+from gpuguard.timefmt import iso_utc
 
 
 def slurm_time(text: Optional[str]) -> Optional[float]:

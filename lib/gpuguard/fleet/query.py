@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
+from gpuguard.timefmt import iso_utc  # noqa: F401 - also imported from here by history and report
+
 PROBLEM = "f.severity NOT IN ('ok','skip')"  # the same text as the store's partial index findings_problems
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -44,17 +46,6 @@ def parse_time(text: str, now: Optional[float] = None, flag: str = "--since") ->
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()
-
-
-def iso_utc(value: Any) -> Optional[str]:
-    """Epoch seconds or a datetime -> '2026-11-24T20:06:33Z' (None stays None)."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        dt = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-    else:
-        dt = datetime.fromtimestamp(float(value), timezone.utc)
-    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def epoch(value: Any) -> Optional[float]:

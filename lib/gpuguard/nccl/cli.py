@@ -352,7 +352,9 @@ def cmd_nccl_history(args: argparse.Namespace) -> int:
     if not rows:
         print("no sweeps recorded")
     for r in rows:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["started"]))
+        from gpuguard.timefmt import iso_utc
+
+        when = iso_utc(r["started"])
         print(f"#{r['id']} {when} {r['nodes']} {r['method']} -> {r['conclusion']} slow={r['slow_nodes']}")
         for run in r["runs"]:
             print(f"    {run['stage']:8} {run['nodes']:20} job {run['job_id'] or '-':>6} "

@@ -1506,6 +1506,18 @@ nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *isMig) 
 
 /* ------------------------------------------------------------------------- GPU fabric (NVSwitch) */
 
+/* The fields every version of the fabric info shares; NOT_SUPPORTED when the scenario sets no fabric state. */
+static nvmlReturn_t fabric_common(const struct fake_gpu *g, unsigned char *uuid, size_t uuid_len,
+                                  nvmlReturn_t *status, unsigned int *clique, unsigned int *state) {
+    if (!g->has[F_FABRIC_STATE])
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(uuid, 0, uuid_len);
+    *status = (nvmlReturn_t)g->val[F_FABRIC_STATUS];
+    *clique = (unsigned)g->val[F_FABRIC_CLIQUE];
+    *state = (unsigned)g->val[F_FABRIC_STATE];
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info) {
     const struct fake_gpu *g;
     nvmlReturn_t rc = begin_device(__func__, dev, &g);
@@ -1513,13 +1525,8 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *i
         return rc;
     if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (!g->has[F_FABRIC_STATE])
-        return NVML_ERROR_NOT_SUPPORTED;
-    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
-    info->status = (nvmlReturn_t)g->val[F_FABRIC_STATUS];
-    info->cliqueId = (unsigned)g->val[F_FABRIC_CLIQUE];
-    info->state = (unsigned)g->val[F_FABRIC_STATE];
-    return NVML_SUCCESS;
+    return fabric_common(g, info->clusterUuid, sizeof info->clusterUuid, &info->status, &info->cliqueId,
+                         &info->state);
 }
 
 nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo_v3_t *info) {
@@ -1531,12 +1538,9 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo_v3_
         return NVML_ERROR_INVALID_ARGUMENT;
     if (info->version != FABRIC_INFO_V2 && info->version != FABRIC_INFO_V3)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    if (!g->has[F_FABRIC_STATE])
-        return NVML_ERROR_NOT_SUPPORTED;
-    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
-    info->status = (nvmlReturn_t)g->val[F_FABRIC_STATUS];
-    info->cliqueId = (unsigned)g->val[F_FABRIC_CLIQUE];
-    info->state = (unsigned)g->val[F_FABRIC_STATE];
+    if ((rc = fabric_common(g, info->clusterUuid, sizeof info->clusterUuid, &info->status, &info->cliqueId,
+                            &info->state)) != NVML_SUCCESS)
+        return rc;
     info->healthMask = (unsigned)g->val[F_FABRIC_HEALTH_MASK];
     if (info->version == FABRIC_INFO_V3) /* v2 callers own only 36 bytes: never write the 37th */
         info->healthSummary = (unsigned char)g->val[F_FABRIC_HEALTH_SUMMARY];
