@@ -85,6 +85,8 @@ def build_parser(only_feature: Optional[str] = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="validate a config file and print the effective settings")
     _add_common(p)
+    p.add_argument("--check", metavar="FILE", help="validate FILE before deploying it: every bad key with its line; "
+                   "exit 1 when there is any")
 
     p = sub.add_parser("undrain", help="lift a drain gpuguard put on a node (admin)")
     _add_common(p)
@@ -144,71 +146,59 @@ def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> Any:
     return t
 
 
-# Reading and validating the config takes milliseconds; a config on a hung filesystem (NFS) must not hang the
-# hook until slurmd kills it. Fail open: without a config there is no policy saying otherwise.
+# A config on a hung filesystem (NFS) must not hang the hook until slurmd kills it: after this long the hook runs
+# with the last good configuration (gpuguard.lastgood).
 CONFIG_LOAD_TIMEOUT_S = 10.0
+
+
+def _config_read_timeout() -> float:
+    try:  # tests shorten it; slurmd gives hooks a bare environment, so on a node it is the constant
+        return float(os.environ.get("GPUGUARD_CONFIG_LOAD_TIMEOUT_S", CONFIG_LOAD_TIMEOUT_S))
+    except ValueError:
+        return CONFIG_LOAD_TIMEOUT_S
 
 
 def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None) -> int:
     import time
 
-    from gpuguard.config import ConfigError, load_config
     from gpuguard.context import context_from_env
+    from gpuguard.lastgood import describe, load_guarded
     from gpuguard.log import HookLog
 
     t0 = time.monotonic()
     ctx = context_from_env(kind, os.environ)
-    state: dict[str, Any] = {"kind": f"{kind} on {ctx.node}", "exit_code": 0, "phase": "config-loading"}
-    try:  # tests shorten it; slurmd gives hooks a bare environment, so on a node it is the constant
-        load_timeout = float(os.environ.get("GPUGUARD_CONFIG_LOAD_TIMEOUT_S", CONFIG_LOAD_TIMEOUT_S))
-    except ValueError:
-        load_timeout = CONFIG_LOAD_TIMEOUT_S
-    guard = _watchdog(load_timeout, state, HookLog())
-    try:
-        cfg = load_config(config_path)
-    except ConfigError as e:
-        # Fail open: a typo in the config must not drain the whole fleet. Loud, though.
-        HookLog().error(f"{kind} on {ctx.node}: INTERNAL ERROR (config) - not draining: {e}")
-        return 0
-    finally:
-        guard.cancel()
+    cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
     lg = cfg.sections["logging"]
     log = HookLog(lg["syslog"], lg["file"], lg["level"], stderr=kind != "healthcheck")
+    if cfg.issues:
+        log.error(f"{kind} on {ctx.node}: {describe(cfg)}")
     if ctx.ignored_env:
         log.warning(f"{kind} on {ctx.node}: ignored malformed environment variables: {', '.join(ctx.ignored_env)}")
     open_policy = cfg.sections["policy"]["on_internal_error"] == "open"
     deadline = cfg.sections["deadlines"][f"{kind}_s"]
-    state = {"kind": kind, "exit_code": 0 if open_policy else 1}
+    state: dict[str, Any] = {"kind": kind, "exit_code": 0 if open_policy else 1}
     # the run's deadline counts from the hook's start, config loading included
     _watchdog(max(0.5, deadline + 1.0 - (time.monotonic() - t0)), state, log)
     try:
-        from gpuguard.runner import execute
+        from gpuguard.pipeline.run import execute
+        from gpuguard.simulate.sources import resolve_sources
 
         def verdict_known(code: int) -> None:
             # from here on the hardware has spoken: a hang in drain/notify/store must not turn it into exit 0
-            if kind != "healthcheck":
-                state["exit_code"] = code
+            state["exit_code"], state["verdict"] = code, True
 
-        result = execute(ctx, cfg, simulate=simulate, deadline_s=deadline, on_verdict=verdict_known)
+        result = execute(ctx, cfg, resolve_sources(cfg, ctx.node, simulate), deadline_s=deadline,
+                         on_verdict=verdict_known, log=log, hook=True)
     except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback
-        import traceback
+        return _internal_error(cfg, ctx, kind, e, log, open_policy, state)
+    _log_result(kind, ctx, result, log)
+    if getattr(result, "store_errors", None):
+        _tell_store_trouble(cfg, ctx, kind, result.store_errors)
+    state["exit_code"] = result.exit_code
+    return result.exit_code
 
-        log.error(f"{kind} on {ctx.node} job {ctx.job_id}: INTERNAL ERROR {type(e).__name__}: {e} | "
-                  + traceback.format_exc(limit=6).replace("\n", " | "))
-        _record_internal_error(cfg, ctx, f"{type(e).__name__}: {e}", 0 if open_policy else 1)
-        try:
-            from gpuguard.notify import Event, emit
 
-            emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
-                            message=f"gpuguard {kind} crashed ({type(e).__name__}: {e}); "
-                                    + ("node NOT drained (policy open)" if open_policy else "draining (policy closed)"),
-                            action="see the gpuguard log on the node; report the bug"), budget_s=2.0)
-        except Exception:  # noqa: BLE001
-            pass
-        if open_policy:
-            return 0
-        _drain_internal(cfg, ctx, kind, f"{type(e).__name__}: {e}", log)
-        return 1
+def _log_result(kind: str, ctx: Any, result: Any, log: Any) -> None:
     v = result.verdict
     msg = (f"{kind} node={ctx.node} job={ctx.job_id} verdict={v.outcome} took={result.duration_s:.3f}s"
            + (f" reason={v.reason!r} drain={result.drain['outcome'] if result.drain else 'n/a'}" if v.reason else ""))
@@ -216,15 +206,53 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
            if f.severity.value in ("fail", "warn", "incomplete")]
     log.log("error" if v.outcome == "drain" else ("warning" if v.outcome == "warn" else "info"),
             msg + (" findings=" + " ; ".join(bad) if bad else ""))
+    for a in result.applied:
+        log.error(f"{kind} on {ctx.node}: pending {a['pending'].op} applied ({a['outcome']}) after "
+                  f"{a['pending'].attempts + 1} attempt(s): {a['pending'].reason}")
+    for p in result.pending:
+        log.error(f"{kind} on {ctx.node}: {p.op} PENDING since {_iso(p.created)} ({p.attempts} attempt(s), last "
+                  f"error: {p.last_error}); jobs are refused until Slurm takes it: {p.reason}")
+    u = result.undrain or {}
+    if u.get("outcome") in ("done", "gone", "flapping", "failed"):
+        log.log("warning" if u["outcome"] != "done" else "info",
+                f"{kind} on {ctx.node}: undrain {u['outcome']} ({u.get('check_id') or '-'}): {u.get('detail', '')}")
     if result.notes:
         log.warning(f"{kind} on {ctx.node}: " + " | ".join(result.notes))
-    if getattr(result, "store_errors", None):
-        _tell_store_trouble(cfg, ctx, kind, result.store_errors)
-    # slurmd ignores a HealthCheckProgram's exit code (only logs "health_check failed"): gpuguard has drained
-    # the node itself, so exit 0 and keep slurmd's log for real errors.
-    code = 0 if kind == "healthcheck" else result.exit_code
-    state["exit_code"] = code
-    return code
+
+
+def _iso(ts: float) -> str:
+    from gpuguard.timefmt import iso_utc
+
+    return iso_utc(ts) or "?"
+
+
+def _internal_error(cfg: Any, ctx: Any, kind: str, e: Exception, log: Any, open_policy: bool,
+                    state: dict[str, Any]) -> int:
+    """A gpuguard bug: logged with its traceback, recorded, told; the exit code is the verdict if one was already
+    reached (the hardware had spoken), else the on_internal_error policy's."""
+    import traceback
+
+    log.error(f"{kind} on {ctx.node} job {ctx.job_id}: INTERNAL ERROR {type(e).__name__}: {e} | "
+              + traceback.format_exc(limit=6).replace("\n", " | "))
+    if state.get("verdict"):  # the hardware has spoken already: its verdict stands
+        log.error(f"{kind} on {ctx.node}: the verdict was reached before the error: exiting with it "
+                  f"({state['exit_code']})")
+    _record_internal_error(cfg, ctx, f"{type(e).__name__}: {e}", state["exit_code"])
+    try:
+        from gpuguard.notify import Event, emit
+
+        emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
+                        message=f"gpuguard {kind} crashed ({type(e).__name__}: {e}); "
+                                + ("node NOT drained (policy open)" if open_policy else "draining (policy closed)"),
+                        action="see the gpuguard log on the node; report the bug"), budget_s=2.0)
+    except Exception:  # noqa: BLE001
+        pass
+    if state.get("verdict"):
+        return int(state["exit_code"])
+    if open_policy:
+        return 0
+    _drain_internal(cfg, ctx, kind, f"{type(e).__name__}: {e}", log)
+    return 1 if kind != "healthcheck" else 0
 
 
 def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> None:
@@ -274,8 +302,9 @@ def _drain_internal(cfg: Any, ctx: Any, kind: str, detail: str, log: Any) -> Non
 def cmd_check(args: argparse.Namespace) -> int:
     from gpuguard.config import load_config
     from gpuguard.context import RunContext, context_from_env, parse_gpu_list
+    from gpuguard.pipeline.run import execute
     from gpuguard.report import print_report
-    from gpuguard.runner import execute
+    from gpuguard.simulate.sources import resolve_sources
 
     cfg = load_config(args.config)
     base = context_from_env(args.context if args.context != "manual" else "manual", os.environ, node=args.node
@@ -284,7 +313,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                                                         else None)
     ctx = RunContext(kind=args.context, node=base.node, job_id=base.job_id, job_user=base.job_user,
                      gpu_indices=gpus, restart_count=base.restart_count, exclusive=base.exclusive)
-    result = execute(ctx, cfg, simulate=args.simulate, dry_run=args.dry_run)
+    result = execute(ctx, cfg, resolve_sources(cfg, ctx.node, args.simulate), dry_run=args.dry_run)
     print_report(result, args.json, verbose=args.verbose)
     return result.exit_code
 
@@ -354,6 +383,15 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     from gpuguard.config import load_config
 
+    if args.check:
+        from gpuguard.lastgood import check_file
+
+        issues = check_file(args.check)
+        for issue in issues:
+            print(f"{args.check}: {issue}")
+        print(f"{args.check}: {'INVALID: ' + str(len(issues)) + ' problem(s)' if issues else 'valid'}")
+        return 1 if issues else 0
+
     cfg = load_config(args.config)
     print(f"# {cfg.source}: valid (secrets redacted)")
     print(json.dumps({"sections": redact_config(cfg.sections), "checks": cfg.checks}, indent=2, default=str))
@@ -377,60 +415,16 @@ def redact_config(sections: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:
-    """The admin's undrain, with the health check's ownership rules unless --force."""
+    """The admin's undrain (gpuguard.pipeline.admin): ownership rules and a re-check unless --force."""
     from gpuguard.config import load_config
-    from gpuguard.reason import is_ours, parse_reason
-    from gpuguard.slurm import SlurmError, client_from_config
-    from gpuguard.store import Store
+    from gpuguard.log import HookLog
+    from gpuguard.pipeline.admin import admin_undrain
 
     cfg = load_config(args.config)
-    client = client_from_config(cfg.sections["slurm"], cfg.sections["deadlines"]["scontrol_s"])
-    try:
-        state = client.get_node(args.node)
-    except SlurmError as e:
-        print(f"gpuguard: cannot read {args.node}: {e}", file=sys.stderr)
-        return 2
-    if state is None:
-        print(f"gpuguard: no node {args.node} in Slurm", file=sys.stderr)
-        return 2
-    if not state.drained:
-        print(f"{args.node} is not drained ({'+'.join(sorted(state.states))}); nothing to do")
-        return 0
-    parsed = parse_reason(state.reason or "")
-    refuse = None
-    if not is_ours(state.reason):
-        refuse = f"drained by someone else (Reason={state.reason!r}); gpuguard does not lift it"
-    elif state.down or state.maintenance:
-        refuse = f"node is {'+'.join(sorted(state.states))}"
-    elif parsed and parsed.keyword == "FLAPPING":
-        refuse = f"node is FLAPPING ({state.reason}); make sure the hardware was fixed"
-    if refuse and not args.force:
-        print(f"gpuguard: not undraining {args.node}: {refuse}. Use --force to override.", file=sys.stderr)
-        return 1
-    try:
-        client.undrain(args.node)
-    except SlurmError as e:
-        print(f"gpuguard: undrain failed: {e}", file=sys.stderr)
-        return 2
-    try:
-        with Store(cfg.sections["store"]["path"].replace("{node}", args.node), timeout_s=2.0) as st:
-            active = st.active_drain(args.node)
-            st.record_drain(node=args.node, op="undrain", outcome="done", reason=state.reason,
-                            check_id=active["check_id"] if active else None,
-                            action=active["action"] if active else None, run_id=None,
-                            detail="admin" + (" --force" if args.force else ""))
-    except Exception:  # noqa: BLE001 - the node's own store learns it from Slurm at its next health check
-        pass
-    try:  # the drain's alert is over: same dedupe key, so receivers (PagerDuty, Opsgenie, ...) close it
-        from gpuguard.notify import Event, emit
-
-        emit(cfg, Event(kind="undrain", severity="info", node=args.node,
-                        message=f"undrained by an admin{' (--force)' if args.force else ''} (was: {state.reason})"),
-             budget_s=3.0)
-    except Exception:  # noqa: BLE001 - the undrain itself is done; telling is best effort
-        pass
-    print(f"undrained {args.node} (was: {state.reason})")
-    return 0
+    lg = cfg.sections["logging"]
+    out = admin_undrain(cfg, args.node, args.force, HookLog(lg["syslog"], lg["file"], lg["level"], stderr=False))
+    print(out.message if out.code == 0 else f"gpuguard: {out.message}", file=sys.stdout if out.code == 0 else sys.stderr)
+    return out.code
 
 
 def cmd_slurm_conf(args: argparse.Namespace) -> int:

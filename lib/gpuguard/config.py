@@ -142,6 +142,12 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "on_incomplete": (_choice("warn", "drain"), "warn"),
         # ... but the same check incomplete this many runs in a row drains (0 = never)
         "incomplete_escalate_after": (_int(0), 3),
+        # drain-storm guard: once this share of a partition (at least storm_min_nodes nodes) is drained for the
+        # same check within storm_window_s, further drains for it page a human instead (never for unambiguous
+        # hardware evidence: fatal Xid, GPU gone, uncorrectable ECC, row-remap failure, recovery action)
+        "storm_share": (_num(), 0.1),
+        "storm_min_nodes": (_int(1), 2),
+        "storm_window_s": (_num(), 3600.0),
     },
     "deadlines": {
         "prolog_s": (_num(), 30.0),
@@ -175,6 +181,9 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "retention_days": (_num(allow_none=True), 90.0),
         "ship_budget_s": (_num(), 2.0),  # the health check ships and prunes for at most this long after its verdict
         "ship_interval_s": (_num(), 60.0),  # how often the watch daemon ships
+        # the verdict journal (pending drains, kernel-log positions): a tmpfs by default, so a full, read-only or
+        # damaged store filesystem never loses a verdict or skips evidence
+        "runtime_dir": (_str(), "/run/gpuguard"),
     },
     "slurm": {
         "backend": (_choice("auto", "cli", "pyslurm"), "auto"),
@@ -205,6 +214,9 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "replace": (_bool, False),  # auto-undrain hardware-inspection faults too (default: an admin does)
         "max_undrains": (_int(0), 3),  # more undrains than this within window_h: stays drained as FLAPPING
         "window_h": (_num(), 24.0),
+        # a node gpuguard keeps drained costs slurmctld nothing per health check; its state is read again at most
+        # this often (an admin may have resumed it)
+        "resync_s": (_num(0, strict=False), 3600.0),
     },
     "reboot": {
         # reboot-class faults: also ask Slurm to reboot the node when idle (`scontrol reboot ASAP
@@ -393,11 +405,33 @@ PARAM_VALIDATORS: dict[str, Validator] = {
 }
 
 
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One thing wrong in a config file: the key path (or "(file)"), its line when known, what is wrong."""
+
+    path: str
+    line: Optional[int]
+    message: str
+
+    def __str__(self) -> str:
+        return f"{'line ' + str(self.line) + ': ' if self.line else ''}{self.path}: {self.message}"
+
+
 @dataclass
 class Config:
     source: str = "<defaults>"
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # check id -> params given in config
+    # What was wrong with the file this config stands in for (gpuguard.lastgood): "ok", "partial" (bad keys took
+    # their last good value), "last-good" (the file could not be used: the last config that validated), or
+    # "defaults" (nothing usable: built-in defaults, and only unambiguous hardware evidence drains).
+    mode: str = "ok"
+    issues: list[ConfigIssue] = field(default_factory=list)
+    last_good_at: Optional[float] = None  # when the configuration used for the bad parts was validated
+
+    @property
+    def restricted(self) -> bool:
+        return self.mode == "defaults"
 
     def get(self, section: str, key: str) -> Any:
         return self.sections[section][key]
@@ -421,8 +455,34 @@ def _err(source: str, line: Optional[int], path: str, msg: str) -> ConfigError:
     return ConfigError(f"{source}: {where}{path}: {msg}")
 
 
-def parse_config(text: str, source: str = "<string>", check_params: Optional[dict[str, dict[str, str]]] = None) -> Config:
-    """Validate YAML text into a Config. `check_params`: check id -> {param: validator name}."""
+class _Issues:
+    """Strict (the default): the first problem raises ConfigError naming file, line and key. Lenient: every
+    problem is collected and its key left at its default, so one bad key never discards the rest of the file."""
+
+    def __init__(self, source: str, lenient: bool) -> None:
+        self.source = source
+        self.lenient = lenient
+        self.found: list[ConfigIssue] = []
+
+    def report(self, line: Optional[int], path: str, msg: str) -> None:
+        if not self.lenient:
+            raise _err(self.source, line, path, msg)
+        self.found.append(ConfigIssue(path, line, msg))
+
+
+def default_config(source: str = "<defaults>") -> Config:
+    cfg = Config(source=source)
+    for section, keys in SCHEMA.items():
+        cfg.sections[section] = {k: (dict(d) if isinstance(d, dict) else list(d) if isinstance(d, list) else d)
+                                 for k, (_, d) in keys.items()}
+    return cfg
+
+
+def parse_config(text: str, source: str = "<string>", check_params: Optional[dict[str, dict[str, str]]] = None,
+                 lenient: bool = False) -> Config:
+    """Validate YAML text into a Config. `check_params`: check id -> {param: validator name}. `lenient`: collect
+    every problem in `Config.issues` instead of raising at the first (a file that is not YAML, or not a mapping,
+    still raises: there are no keys to keep)."""
     if check_params is None:
         from gpuguard.checks import param_schema
 
@@ -432,39 +492,45 @@ def parse_config(text: str, source: str = "<string>", check_params: Optional[dic
         root = load_yaml_located(text, source)
     except YamlError as e:
         raise ConfigError(str(e)) from None
-    cfg = Config(source=source)
-    for section, keys in SCHEMA.items():
-        cfg.sections[section] = {k: (dict(d) if isinstance(d, dict) else list(d) if isinstance(d, list) else d)
-                                 for k, (_, d) in keys.items()}
+    cfg = default_config(source)
     if root is None:
         return cfg
     if not isinstance(root, Located):
         raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    issues = _Issues(source, lenient)
     allowed = sorted(list(SCHEMA) + ["checks"])
     for section, value in root.value.items():
         line = root.lines.get(str(section))
         if section not in allowed:
-            raise _err(source, line, str(section), f"unknown section{_suggest(str(section), allowed)}; known: {', '.join(allowed)}")
-        if value is None:
+            issues.report(line, str(section), f"unknown section{_suggest(str(section), allowed)}; known: "
+                          f"{', '.join(allowed)}")
+        elif value is None:
             continue
-        if not isinstance(value, Located):
-            raise _err(source, line, str(section), "expected a mapping")
-        if section == "checks":
-            _parse_checks(cfg, value, source, check_params)
-            continue
-        schema = SCHEMA[section]
-        for key, raw in value.value.items():
-            kline = value.lines.get(str(key))
-            path = f"{section}.{key}"
-            if key not in schema:
-                raise _err(source, kline, path, f"unknown key{_suggest(str(key), list(schema))}; known: {', '.join(schema)}")
-            validator, _ = schema[key]
-            try:
-                cfg.sections[section][key] = validator(strip_located(raw))
-            except ValueError as e:
-                raise _err(source, kline, path, str(e)) from None
-    _parse_xid_overrides(cfg, root, source)
+        elif not isinstance(value, Located):
+            issues.report(line, str(section), "expected a mapping")
+        elif section == "checks":
+            _parse_checks(cfg, value, issues, check_params)
+        else:
+            _parse_section(cfg, str(section), value, issues)
+    _parse_xid_overrides(cfg, root, issues)
+    cfg.issues = issues.found
+    cfg.mode = "partial" if issues.found else "ok"
     return cfg
+
+
+def _parse_section(cfg: Config, section: str, value: Located, issues: _Issues) -> None:
+    schema = SCHEMA[section]
+    for key, raw in value.value.items():
+        kline = value.lines.get(str(key))
+        path = f"{section}.{key}"
+        if key not in schema:
+            issues.report(kline, path, f"unknown key{_suggest(str(key), list(schema))}; known: {', '.join(schema)}")
+            continue
+        validator, _ = schema[key]
+        try:
+            cfg.sections[section][key] = validator(strip_located(raw))
+        except ValueError as e:
+            issues.report(kline, path, str(e))
 
 
 MAX_YAML_NODES = 100_000  # a real config has a few hundred; "billion laughs" aliases expand to billions
@@ -513,34 +579,38 @@ def check_yaml_expansion(text: str, source: str, limit: int = MAX_YAML_NODES) ->
         stack.extend((k, False) for k in kids if id(k) not in size)
 
 
-def _parse_checks(cfg: Config, node: Located, source: str, check_params: dict[str, dict[str, str]]) -> None:
+def _parse_checks(cfg: Config, node: Located, issues: _Issues, check_params: dict[str, dict[str, str]]) -> None:
     known = sorted(check_params)
     for check_id, raw in node.value.items():
         line = node.lines.get(str(check_id))
         path = f"checks.{check_id}"
         if check_id not in check_params:
-            raise _err(source, line, path, f"unknown check{_suggest(str(check_id), known)}")
+            issues.report(line, path, f"unknown check{_suggest(str(check_id), known)}")
+            continue
         if isinstance(raw, bool):  # shorthand: `gpu.nvlink: false`
             cfg.checks[check_id] = {"enabled": raw}
             continue
         if raw is None:
             continue
         if not isinstance(raw, Located):
-            raise _err(source, line, path, "expected a mapping of parameters or true/false")
+            issues.report(line, path, "expected a mapping of parameters or true/false")
+            continue
         params: dict[str, Any] = {}
         spec = {**{k: "bool" for k in COMMON_CHECK_PARAMS}, **check_params[check_id]}
         for key, value in raw.value.items():
             kline = raw.lines.get(str(key))
             if key not in spec:
-                raise _err(source, kline, f"{path}.{key}", f"unknown parameter{_suggest(str(key), list(spec))}; known: {', '.join(sorted(spec))}")
+                issues.report(kline, f"{path}.{key}", f"unknown parameter{_suggest(str(key), list(spec))}; known: "
+                              f"{', '.join(sorted(spec))}")
+                continue
             try:
                 params[key] = PARAM_VALIDATORS[spec[key]](strip_located(value))
             except ValueError as e:
-                raise _err(source, kline, f"{path}.{key}", str(e)) from None
+                issues.report(kline, f"{path}.{key}", str(e))
         cfg.checks[check_id] = params
 
 
-def _parse_xid_overrides(cfg: Config, root: Located, source: str) -> None:
+def _parse_xid_overrides(cfg: Config, root: Located, issues: _Issues) -> None:
     overrides = cfg.sections["xid"]["overrides"]
     if not overrides:
         return
@@ -549,16 +619,18 @@ def _parse_xid_overrides(cfg: Config, root: Located, source: str) -> None:
     normalised: dict[Any, dict[str, Any]] = {}
     for code, value in overrides.items():
         if code != "unknown" and (isinstance(code, bool) or not isinstance(code, int)):
-            raise _err(source, line, f"xid.overrides.{code}", "keys must be Xid codes (integers) or 'unknown'")
-        if not isinstance(value, dict):
-            raise _err(source, line, f"xid.overrides.{code}", "expected a mapping like {severity: fatal, action: reboot}")
-        normalised[code] = value
+            issues.report(line, f"xid.overrides.{code}", "keys must be Xid codes (integers) or 'unknown'")
+        elif not isinstance(value, dict):
+            issues.report(line, f"xid.overrides.{code}", "expected a mapping like {severity: fatal, action: reboot}")
+        else:
+            normalised[code] = value
     try:
         from gpuguard.xid import load_catalog
 
         load_catalog(overrides=normalised)
     except (ValueError, KeyError) as e:
-        raise _err(source, line, "xid.overrides", str(e)) from None
+        issues.report(line, "xid.overrides", str(e))
+        normalised = {}
     cfg.sections["xid"]["overrides"] = normalised
 
 

@@ -520,6 +520,28 @@ class DevCluster:
             timeout=self.boot_timeout,
         )
 
+    # ---------------------------------------------------------------- controller faults (gpuguard's own surroundings)
+
+    def stop_controller(self) -> None:
+        """slurmctld goes away (a restart or a failover in progress): clients get 'Unable to contact'."""
+        proc = self._procs.pop("slurmctld", None)
+        if proc is not None:
+            _terminate_group(proc)
+
+    def start_controller(self) -> None:
+        """slurmctld back, recovering its saved state (drains included), answering `scontrol ping`."""
+        if "slurmctld" not in self._procs:
+            self._start_slurmctld()
+
+    def pause_controller(self) -> None:
+        """slurmctld hangs (SIGSTOP): it accepts connections but never answers, so clients wait to their timeout."""
+        _killpg_quietly(self._procs["slurmctld"].pid, signal.SIGSTOP)
+
+    def resume_controller(self) -> None:
+        _killpg_quietly(self._procs["slurmctld"].pid, signal.SIGCONT)
+        self._wait_for(lambda: self.run(["scontrol", "ping"], timeout=5).returncode == 0,
+                       "slurmctld to answer again after SIGCONT", timeout=self.boot_timeout)
+
     def _start_slurmd(self, node: str) -> None:
         self._spawn(
             node,

@@ -59,7 +59,7 @@ class DevSite:
         self.config_path = self.workdir / "config.yaml"
         self.log_path = self.workdir / "gpuguard.log"
         self.python = python or sys.executable
-        hooks = install_hooks(self.libexec, self.python, str(self.config_path))
+        hooks = install_hooks(self.libexec, self.python, str(self.config_path), state_dir=str(self.workdir / "state"))
         self.cluster = DevCluster(
             nodes=nodes, workdir=self.workdir / "cluster",
             prolog=str(hooks["prolog"]) if prolog else None,
@@ -76,7 +76,7 @@ class DevSite:
         from gpuguard.simulate.build import build_fake_nvml
 
         return {
-            "store": {"path": str(self.workdir / "state" / "{node}.db")},
+            "store": {"path": str(self.workdir / "state" / "{node}.db"), "runtime_dir": str(self.workdir / "run")},
             "simulation": {"scenario_dir": str(self.scenarios), "workdir": str(self.workdir / "sim"),
                            "fake_nvml": str(build_fake_nvml())},
             "logging": {"syslog": False, "file": str(self.log_path)},
@@ -158,6 +158,7 @@ class DevSite:
         return dest
 
     def gpuguard(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "GPUGUARD_CONFIG": str(self.config_path), **self.cluster.env}
+        env = {**os.environ, "GPUGUARD_CONFIG": str(self.config_path), "GPUGUARD_STATE_DIR": str(self.workdir / "state"),
+               **self.cluster.env}
         return subprocess.run([self.python, "-m", "gpuguard", *args], env=env, capture_output=True, text=True,
                               timeout=timeout)

@@ -9,8 +9,10 @@ import tempfile
 from typing import Union
 
 
-def atomic_write(path: Union[str, os.PathLike[str]], data: Union[bytes, str], mode: int = 0o644) -> str:
-    """Replace `path` with `data` atomically (creating its directory). Raises OSError; no temp file is left."""
+def atomic_write(path: Union[str, os.PathLike[str]], data: Union[bytes, str], mode: int = 0o644,
+                 durable: bool = False) -> str:
+    """Replace `path` with `data` atomically (creating its directory). Raises OSError; no temp file is left.
+    `durable`: the data reaches the disk before the rename (a verdict must survive a power cut)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -19,6 +21,9 @@ def atomic_write(path: Union[str, os.PathLike[str]], data: Union[bytes, str], mo
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)  # mkstemp creates 0600; readers are often other users (node_exporter, slurmd)
         os.replace(tmp, path)
     except BaseException:

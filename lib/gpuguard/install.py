@@ -21,8 +21,10 @@ def repo_root() -> Optional[Path]:
     return None
 
 
-def install_hooks(libexec: Path, python: str, config: Optional[str], source: Optional[Path] = None) -> dict[str, Path]:
-    """Copy the hook scripts into `libexec` and write `gpuguard.env` beside them."""
+def install_hooks(libexec: Path, python: str, config: Optional[str], source: Optional[Path] = None,
+                  state_dir: Optional[str] = None) -> dict[str, Path]:
+    """Copy the hook scripts into `libexec` and write `gpuguard.env` beside them. `state_dir`: where the hooks keep
+    the last good configuration (default /var/lib/gpuguard)."""
     src = source or repo_root()
     if src is None:
         raise FileNotFoundError("hook scripts not found (run from a gpuguard checkout)")
@@ -39,6 +41,8 @@ def install_hooks(libexec: Path, python: str, config: Optional[str], source: Opt
              f"GPUGUARD_PYTHON={shlex.quote(python)}"]
     if config:
         lines.append(f"GPUGUARD_CONFIG={shlex.quote(config)}")
+    if state_dir:
+        lines.append(f"GPUGUARD_STATE_DIR={shlex.quote(state_dir)}")
     env = libexec / "gpuguard.env"
     env.write_text("\n".join(lines) + "\n")
     env.chmod(0o644)

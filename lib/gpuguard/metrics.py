@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 if TYPE_CHECKING:
     from gpuguard.config import Config
     from gpuguard.log import HookLog
-    from gpuguard.runner import RunResult
+    from gpuguard.model import RunResult
 
 SEVERITY_VALUE = {"ok": 0, "skip": 0, "warn": 1, "incomplete": 2, "fail": 3}
 VERDICTS = ("pass", "warn", "drain", "error")

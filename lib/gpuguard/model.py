@@ -276,3 +276,77 @@ class Observations:
     # time of this run's readings: filled by the runner, so checks stay pure
     previous: dict[str, Any] = field(default_factory=dict)
     now: Optional[float] = None
+
+
+# --------------------------------------------------------------------------- verdicts and run results
+
+
+@dataclass
+class Verdict:
+    """What a run decided for the node (gpuguard.policy.decide)."""
+
+    outcome: str  # "pass" | "warn" | "drain"
+    action: Action = Action.NONE
+    primary: Optional[Finding] = None
+    failing: list[Finding] = field(default_factory=list)
+    reason: Optional[str] = None  # drain reason (DESIGN §3 grammar) when outcome == "drain"
+    escalated: list[str] = field(default_factory=list)  # checks drained because incomplete too often
+    reported_only: bool = False  # a failure seen under policy.on_failure == "report"
+    held_by: Optional[str] = None  # why a drain verdict was not applied (storm guard, restricted config)
+
+    @property
+    def healthy(self) -> bool:
+        return self.outcome != "drain"
+
+
+@dataclass
+class PendingDrain:
+    """A drain (or a reboot request) gpuguard decided but Slurm has not taken yet. It stands until applied: kept in
+    the node's verdict journal (gpuguard.pipeline.journal), retried first by every later run and the watch daemon,
+    and while it is pending the prolog refuses jobs."""
+
+    id: str
+    op: str  # "drain" | "reboot"
+    reason: str
+    action: str  # drain | reset | reboot | replace
+    check_id: Optional[str]
+    created: float  # epoch seconds the verdict was reached
+    origin: str  # run kind that decided it (prolog, healthcheck, watch, ...)
+    attempts: int = 0
+    last_error: Optional[str] = None
+    last_attempt: Optional[float] = None
+    run_id: Optional[int] = None  # the store's run that decided it, when the store could record it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PendingDrain":
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class RunResult:
+    """One run, end to end: what was seen, concluded, decided and done. `context` is a gpuguard.context.RunContext,
+    `profile` a gpuguard.profiles.Profile (typed loosely here: this module imports nothing of gpuguard's)."""
+
+    context: Any
+    profile: Any
+    observations: Observations
+    findings: list[Finding]
+    verdict: Verdict
+    exit_code: int
+    duration_s: float
+    started: float
+    drain: Optional[dict[str, Any]] = None  # {"outcome", "detail", "reason", "previous_reason", "reboot"?}
+    run_id: Optional[int] = None
+    simulated: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+    boot_id: Optional[str] = None
+    undrain: Optional[dict[str, Any]] = None
+    store_errors: list[str] = field(default_factory=list)  # the store could not be opened/written this run
+    pending: list[PendingDrain] = field(default_factory=list)  # drains still waiting for Slurm after this run
+    applied: list[dict[str, Any]] = field(default_factory=list)  # earlier pending drains this run got applied
+    config_issues: list[str] = field(default_factory=list)  # config errors this run worked around (last good)
+    events: list[Any] = field(default_factory=list)  # extra notifications decided by the run (storm guard, ...)

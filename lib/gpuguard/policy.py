@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from gpuguard.model import Action, Finding, Severity
+from gpuguard.model import Action, Finding, Severity, Verdict
 from gpuguard.reason import format_reason
 
 # When several checks fail, the reason names the most actionable one: root causes first.
@@ -20,21 +20,6 @@ CHECK_PRIORITY = [
     "nccl.busbw", "fabric.efa_counters", "gpu.model",
     "gpu.memory", "gpu.leftovers", "gpu.memory_released", "gpu.processes", "sys.memory", "sys.disk", "sys.cpu",
 ]
-
-
-@dataclass
-class Verdict:
-    outcome: str  # "pass" | "warn" | "drain"
-    action: Action = Action.NONE
-    primary: Optional[Finding] = None
-    failing: list[Finding] = field(default_factory=list)
-    reason: Optional[str] = None  # drain reason (DESIGN §3 grammar) when outcome == "drain"
-    escalated: list[str] = field(default_factory=list)  # checks drained because incomplete too often
-    reported_only: bool = False  # a failure seen under policy.on_failure == "report"
-
-    @property
-    def healthy(self) -> bool:
-        return self.outcome != "drain"
 
 
 def _priority(f: Finding) -> tuple[int, int]:
@@ -106,6 +91,8 @@ def decide(
     for f in incompletes:
         if f.evidence.get("internal_error"):
             continue  # our own bug: governed by on_internal_error, never a hardware verdict
+        if f.evidence.get("unsupported") or f.evidence.get("no_escalation"):
+            continue  # a capability this driver/GPU lacks is the same on every node: never a drain
         runs = history.get(f.check_id, 0) + 1
         if on_incomplete == "drain" or (incomplete_escalate_after and runs >= incomplete_escalate_after):
             escalated.append(Finding(

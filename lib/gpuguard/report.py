@@ -10,7 +10,7 @@ import sys
 from typing import Any, TextIO
 
 from gpuguard.model import Severity
-from gpuguard.runner import RunResult
+from gpuguard.model import RunResult
 from gpuguard.timefmt import iso_utc
 
 _ORDER = {Severity.FAIL: 0, Severity.INCOMPLETE: 1, Severity.WARN: 2, Severity.OK: 3, Severity.SKIP: 4}

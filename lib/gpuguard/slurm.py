@@ -60,6 +60,8 @@ class SlurmClient(Protocol):
 
     def reboot(self, name: str, reason: str) -> None: ...
 
+    def census(self) -> list["NodeRow"]: ...
+
 
 # --------------------------------------------------------------------------- parsing `scontrol show ... -o`
 # Verified on 22.05 (see devcluster.py): Reason comes last, verbatim (spaces, ':', '=', '[...]' unescaped),
@@ -175,34 +177,90 @@ def node_state_from_fields(f: dict[str, str]) -> NodeState:
                      boot_time=f.get("BootTime"), fields=f)
 
 
+@dataclass(frozen=True)
+class NodeRow:
+    """One node in one partition, as `sinfo -N` lists it: what the drain-storm guard counts."""
+
+    node: str
+    partition: str
+    state: str  # sinfo's long state, lower case: idle, drained, draining, mixed, down*, ...
+    reason: Optional[str]
+    reason_time: Optional[str]  # 2026-11-25T18:35:50 (local time, as Slurm prints it) or None
+
+    @property
+    def drained(self) -> bool:
+        return "drain" in self.state
+
+
+def slurm_time(text: Optional[str]) -> Optional[float]:
+    """Slurm's `ReasonTime=2026-11-24T17:53:20` (printed in local time, no zone) -> epoch seconds."""
+    if not text or text in ("None", "Unknown", "(null)"):
+        return None
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()  # naive: local time, as Slurm printed it
+    except ValueError:
+        return None
+
+
+# Node name, partition, long state, reason time, reason (last: free text that may hold the separator).
+SINFO_CENSUS_FORMAT = "%N|%P|%T|%H|%E"
+
+
+def parse_sinfo_census(text: str) -> list[NodeRow]:
+    """`sinfo -h -N -o '%N|%P|%T|%H|%E'` -> rows. The default partition's `*` is dropped; 'none'/'Unknown' are
+    no reason / no time."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.rstrip("\n").split("|", 4)
+        if len(parts) != 5 or not parts[0].strip():
+            continue
+        node, part, state, when, reason = (x.strip() for x in parts)
+        rows.append(NodeRow(node=node, partition=part.rstrip("*"), state=state.lower(),
+                            reason=None if reason in ("", "none", "(null)") else reason,
+                            reason_time=None if when in ("", "Unknown", "None", "(null)") else when))
+    return rows
+
+
 # --------------------------------------------------------------------------- CLI client
 
 
 class CliSlurmClient:
     """scontrol, every call bounded by a timeout (slurmctld may be down or the node not registered yet)."""
 
-    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 5.0, slurm_conf: Optional[str] = None) -> None:
+    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 5.0, slurm_conf: Optional[str] = None,
+                 sinfo: str = "sinfo") -> None:
         self.scontrol = scontrol
+        self.sinfo = sinfo
         self.timeout_s = timeout_s
         # The HealthCheckProgram gets no SLURM_CONF from slurmd (only SLURMD_NODENAME): config can supply it.
         self.slurm_conf = slurm_conf
 
     def run(self, args: list[str], timeout_s: Optional[float] = None) -> str:
         """`scontrol ARGS...` (bounded, argv only); its stdout, or SlurmError/SlurmTimeout."""
+        return self._run(self.scontrol, args, timeout_s)
+
+    def _run(self, exe: str, args: list[str], timeout_s: Optional[float] = None) -> str:
         from gpuguard.tools import run_tool
 
         t = self.timeout_s if timeout_s is None else timeout_s
         env = {**os.environ, "SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
         # argv list, never a shell: reasons and node names are data, not code
-        run = run_tool([self.scontrol, *args], t, env=env)
+        run = run_tool([exe, *args], t, env=env)
+        name = os.path.basename(exe)
         if run.timed_out:
-            raise SlurmTimeout(f"scontrol {args[0]} did not answer within {t:g}s")
+            raise SlurmTimeout(f"{name} {args[0]} did not answer within {t:g}s")
         if run.rc is None:
-            raise SlurmError(f"cannot run {self.scontrol}: {run.error}")
+            raise SlurmError(f"cannot run {exe}: {run.error}")
         if run.rc != 0:
             msg = (run.stderr or run.stdout).decode("utf-8", errors="replace").strip()
-            raise SlurmError(f"scontrol {' '.join(args[:2])} failed ({run.rc}): {msg[:300]}")
+            raise SlurmError(f"{name} {' '.join(args[:2])} failed ({run.rc}): {msg[:300]}")
         return run.text()
+
+    def census(self) -> list[NodeRow]:
+        """Every node of every partition with its state and reason: one `sinfo` call."""
+        return parse_sinfo_census(self._run(self.sinfo, ["-h", "-N", "-o", SINFO_CENSUS_FORMAT]))
 
     def get_node(self, name: str) -> Optional[NodeState]:
         try:
@@ -300,6 +358,9 @@ class PyslurmClient:
         # pyslurm has no stable reboot API across releases; scontrol is always there
         CliSlurmClient(timeout_s=self.timeout_s).reboot(name, reason)
 
+    def census(self) -> list[NodeRow]:
+        return CliSlurmClient(timeout_s=self.timeout_s).census()
+
 
 def pyslurm_usable(slurm_version: Optional[str]) -> bool:
     """pyslurm X.Y.* is built for Slurm X.0Y; anything else would misread structures, so refuse it."""
@@ -337,7 +398,9 @@ def make_client(backend: str = "auto", scontrol: str = "scontrol", timeout_s: fl
             return PyslurmClient(timeout_s)
         if backend == "pyslurm":
             raise SlurmError("slurm.backend is pyslurm but pyslurm is not installed or not built for this Slurm")
-    return CliSlurmClient(scontrol, timeout_s, slurm_conf)
+    # sinfo beside the configured scontrol (a site that names /opt/slurm/bin/scontrol has its sinfo there too)
+    sinfo = os.path.join(os.path.dirname(scontrol), "sinfo") if os.path.dirname(scontrol) else "sinfo"
+    return CliSlurmClient(scontrol, timeout_s, slurm_conf, sinfo=sinfo)
 
 
 def client_from_config(slurm_cfg: dict, timeout_s: float) -> SlurmClient:  # type: ignore[type-arg]

@@ -22,20 +22,10 @@ import os
 import sqlite3
 import sys
 import time
-from datetime import datetime
 from typing import Any, Optional
 
+from gpuguard.slurm import slurm_time  # noqa: F401 - re-exported: status callers and tests use it here
 from gpuguard.timefmt import iso_utc
-
-
-def slurm_time(text: Optional[str]) -> Optional[float]:
-    """Slurm's `ReasonTime=2026-11-24T17:53:20` (scontrol prints local time, no zone) -> epoch seconds."""
-    if not text or text in ("None", "Unknown", "(null)"):
-        return None
-    try:
-        return datetime.fromisoformat(text).timestamp()  # naive: local time, as scontrol printed it
-    except ValueError:
-        return None
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -281,11 +271,59 @@ def to_json(nodes: list[dict[str, Any]], spool: Optional[dict[str, Any]], now: f
 # --------------------------------------------------------------------------- command
 
 
+# --------------------------------------------------------------------------- gpuguard's own health
+
+
+def own_health(runtime_dir: str) -> dict[str, Any]:
+    """From the nodes' verdict journals readable here (gpuguard.pipeline.journal): drains still pending (Slurm did
+    not take them: jobs are refused meanwhile) and broken configurations, by node. Read-only."""
+    out: dict[str, Any] = {"pending": [], "config": []}
+    for path in sorted(glob.glob(os.path.join(glob.escape(runtime_dir), "*.journal.json"))):
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            continue
+        node = str(doc.get("node") or os.path.basename(path).split(".")[0])
+        for p in doc.get("pending") or []:
+            if isinstance(p, dict):
+                out["pending"].append({"node": node, **p})
+        conf = doc.get("config") or {}
+        if conf.get("issues"):
+            out["config"].append({"node": node, **conf})
+    return out
+
+
+def render_own_health(local_cfg: Any, health: dict[str, Any], now: float) -> list[str]:
+    """The lines an admin must see first: gpuguard itself is not working as configured."""
+    from gpuguard.hostlist import compress_hostlist
+
+    lines: list[str] = []
+    if local_cfg.issues:
+        from gpuguard.lastgood import describe
+
+        lines.append(f"CONFIG BROKEN here: {describe(local_cfg)}")
+    by_text: dict[str, list[str]] = {}
+    for c in health["config"]:
+        by_text.setdefault("; ".join(c["issues"][:3]) + f" ({c.get('mode')})", []).append(c["node"])
+    for text, nodes in by_text.items():
+        lines.append(f"CONFIG BROKEN on {compress_hostlist(nodes)}: {text}")
+    for p in sorted(health["pending"], key=lambda p: p.get("created") or 0):
+        lines.append(f"PENDING {p.get('op', 'drain')} on {p['node']} for {format_duration(now - (p.get('created') or now))}"
+                     f" ({p.get('attempts', 0)} attempt(s), last error: {p.get('last_error') or '-'}): "
+                     f"{p.get('reason')}  [jobs refused until Slurm takes it]")
+    return lines
+
+
 def cmd_status(args: Any) -> int:
-    from gpuguard.config import load_config
+    from gpuguard.lastgood import load_guarded
     from gpuguard.slurm import CliSlurmClient, SlurmError
 
-    cfg = load_config(args.config)
+    cfg = load_guarded(args.config)  # a broken config is what status must report, not a reason to fail
+    health = own_health(cfg.sections["store"]["runtime_dir"])
+    if not args.json:
+        for line in render_own_health(cfg, health, time.time()):
+            print(line)
     s = cfg.sections["slurm"]
     client = CliSlurmClient(s["scontrol"], cfg.sections["deadlines"]["scontrol_s"], s["conf"])
     try:
@@ -305,7 +343,9 @@ def cmd_status(args: Any) -> int:
         n["drained_since"] = slurm_time(n.get("reason_time")) or recorded
     spool = undelivered_notifications(cfg.sections["notify"].get("state_path") or store_pattern)
     if args.json:
-        print(json.dumps(to_json(nodes, spool, now), indent=2, default=str))
+        doc = to_json(nodes, spool, now)
+        doc["gpuguard"] = {"config_issues": [str(i) for i in cfg.issues], "config_mode": cfg.mode, **health}
+        print(json.dumps(doc, indent=2, default=str))
         return 0
     print(render_status(nodes, spool, now, args.all))
     return 0

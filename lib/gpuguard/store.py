@@ -301,11 +301,19 @@ class Store:
             n += 1
         return n
 
-    def count_ops(self, node: str, op: str, since: float, outcomes: tuple[str, ...] = ("done",)) -> int:
+    def count_ops(self, node: str, op: str, since: float, outcomes: tuple[str, ...] = ("done",),
+                  check_id: Optional[str] = None, exclude_admin: bool = False) -> int:
+        """Drain operations on `node` since `since`; only those of `check_id` when given; `exclude_admin` leaves
+        out what an admin did through `gpuguard undrain` (recorded with detail "admin...")."""
         marks = ",".join("?" * len(outcomes))
-        return int(self.conn.execute(
-            f"SELECT COUNT(*) FROM drains WHERE node=? AND op=? AND ts>=? AND outcome IN ({marks})",
-            (node, op, since, *outcomes)).fetchone()[0])
+        sql = f"SELECT COUNT(*) FROM drains WHERE node=? AND op=? AND ts>=? AND outcome IN ({marks})"
+        args: list[Any] = [node, op, since, *outcomes]
+        if check_id is not None:
+            sql += " AND check_id=?"
+            args.append(check_id)
+        if exclude_admin:
+            sql += " AND COALESCE(detail, '') NOT LIKE 'admin%'"
+        return int(self.conn.execute(sql, args).fetchone()[0])
 
     def previous_fault_boots(self, node: str, check_id: str, keyword: str, current_boot: Optional[str],
                              since: float) -> int:

@@ -501,13 +501,13 @@ class WatchDaemon:
     # ---------------------------------------------------------------- setup
     def _resolve_spec(self, cfg: Config) -> tuple[str, Optional[str]]:
         """(source spec, boot id): --source, else the simulated node's kmsg file, else watch.source, else
-        sources.kernel_log. runner.resolve_sources is what makes a simulated node look like a real one."""
+        sources.kernel_log. simulate.sources.resolve_sources is what makes a simulated node look like a real one."""
         from gpuguard.probes.kernel_log import read_boot_id
-        from gpuguard.runner import resolve_sources
+        from gpuguard.simulate.sources import resolve_sources
 
         if self.source_override:  # an explicit log: this host's boot, whatever the simulation config says
             return self.source_override, read_boot_id(cfg.sections["sources"]["boot_id_path"])
-        sources, _profile = resolve_sources(cfg, self.node)
+        sources = resolve_sources(cfg, self.node)
         if sources.simulated:
             spec = sources.kernel_log
         else:

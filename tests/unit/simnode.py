@@ -1,4 +1,4 @@
-"""Shared by the unit tests that run whole gpuguard runs (`runner.execute`) against a simulated node: a config
+"""Shared by the unit tests that run whole gpuguard runs (`gpuguard.pipeline.run.execute`) against a simulated node: a config
 on a temp dir, a scenario written on the fly, and an in-memory Slurm that takes drains (the SlurmClient seam)."""
 
 from __future__ import annotations
@@ -44,12 +44,21 @@ class MemorySlurm:
 def make_cfg(tmp_path: Path, store_path: Optional[str] = None, **sections: Any) -> Config:
     from gpuguard.simulate.build import build_fake_nvml
 
-    data: dict[str, Any] = {"store": {"path": store_path or str(tmp_path / "state" / "{node}.db")},
+    data: dict[str, Any] = {"store": {"path": store_path or str(tmp_path / "state" / "{node}.db"),
+                                      "runtime_dir": str(tmp_path / "run")},
                             "simulation": {"workdir": str(tmp_path / "sim"), "fake_nvml": str(build_fake_nvml())},
                             "logging": {"syslog": False}}
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return parse_config(yaml.safe_dump(data), source="test")
+
+
+def run_sim(ctx: RunContext, cfg: Config, simulate: Optional[str] = None, **kw: Any) -> Any:
+    """One whole run of the pipeline (gpuguard.pipeline.run.execute) on the node the config or `simulate` names."""
+    from gpuguard.pipeline.run import execute
+    from gpuguard.simulate.sources import resolve_sources
+
+    return execute(ctx, cfg, resolve_sources(cfg, ctx.node, simulate), **kw)
 
 
 def write_scenario(tmp_path: Path, name: str, body: dict[str, Any]) -> str:

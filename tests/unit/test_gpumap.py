@@ -9,7 +9,7 @@ from gpuguard.context import context_from_env, parse_gpu_ids
 from gpuguard.gpumap import resolve_job_gpus
 from gpuguard.model import GpuInfo
 from gpuguard.model import Severity
-from gpuguard.runner import execute
+from simnode import run_sim
 
 from simnode import MemorySlurm, make_cfg, write_scenario
 
@@ -80,7 +80,7 @@ def _prolog(tmp_path, body, gpus_env):
     ctx = RunContext(kind="prolog", node="n1", job_id="9", gpu_ids=ids,
                      gpu_indices=tuple(int(i) for i in ids) if all(i.isdigit() for i in ids) else None)
     slurm = MemorySlurm()
-    return execute(ctx, make_cfg(tmp_path), simulate=scen, slurm_client=slurm), slurm
+    return run_sim(ctx, make_cfg(tmp_path), simulate=scen, slurm_client=slurm), slurm
 
 
 def test_mig_index_12_does_not_drain_a_node(tmp_path):

@@ -80,10 +80,10 @@ def test_health_check_prunes_after_its_verdict_never_below_the_reboot_window(tmp
     cfg = make_cfg(tmp_path, store={"retention_days": 1}, reboot={"window_days": 30})
     path = str(tmp_path / "state" / "n1.db")
     build(path)
-    from gpuguard.runner import execute
+    from simnode import run_sim
 
     def healthcheck():
-        res = execute(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
+        res = run_sim(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
                       slurm_client=MemorySlurm())
         assert res.verdict.outcome in ("pass", "warn") and not res.store_errors
         with Store(path) as st:
@@ -101,9 +101,9 @@ def test_no_retention_no_pruning(tmp_path):
     cfg = make_cfg(tmp_path, store={"retention_days": None})
     path = str(tmp_path / "state" / "n1.db")
     build(path)
-    from gpuguard.runner import execute
+    from simnode import run_sim
 
-    execute(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=MemorySlurm())
+    run_sim(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=MemorySlurm())
     assert counts(path)[0] == 203
 
 

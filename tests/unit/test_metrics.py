@@ -26,7 +26,7 @@ from gpuguard.metrics import (Family, new_xid_events, node_families, remove_moni
                               write_families, write_run_metrics)
 from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.metrics import monitor_families
-from gpuguard.runner import execute
+from simnode import run_sim
 from gpuguard.slurm import NodeState
 from gpuguard.watch import WatchDaemon
 
@@ -122,7 +122,7 @@ def run(cfg, kind: str, scenario: str, slurm: MemorySlurm, node: str = "node2", 
         gpus: Optional[tuple[int, ...]] = None):
     ctx = RunContext(kind=kind, node=node, job_id=job, gpu_indices=gpus if gpus is not None else
                      (tuple(range(8)) if kind in ("prolog", "epilog") else None))
-    return execute(ctx, cfg, simulate=str(SCENARIOS / f"{scenario}.yaml"), slurm_client=slurm)
+    return run_sim(ctx, cfg, simulate=str(SCENARIOS / f"{scenario}.yaml"), slurm_client=slurm)
 
 
 # --------------------------------------------------------------------------- the node file (hook runs)
@@ -255,7 +255,7 @@ def test_without_the_store_the_run_is_still_written_and_counters_stay_out(tmp_pa
     """A full or read-only disk under the store must not hide the run, nor restart counters at 0 (which
     Prometheus would read as a counter reset, then a jump)."""
     cfg = make_cfg(tmp_path, str(tmp_path / "prom"))
-    result = execute(RunContext(kind="healthcheck", node="n1"), cfg, simulate=str(SCENARIOS / "xid79.yaml"),
+    result = run_sim(RunContext(kind="healthcheck", node="n1"), cfg, simulate=str(SCENARIOS / "xid79.yaml"),
                      dry_run=True)
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -305,7 +305,7 @@ def test_never_raises_on_an_unwritable_directory(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     cfg = make_cfg(tmp_path, str(blocker / "sub"))
-    result = execute(RunContext(kind="healthcheck", node="n1"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
+    result = run_sim(RunContext(kind="healthcheck", node="n1"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
                      dry_run=True)
     write_run_metrics(cfg, result)  # logs, does not raise
 

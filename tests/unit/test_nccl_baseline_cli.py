@@ -121,7 +121,7 @@ def test_config_section_validates():
 
 def test_commands_registered_and_kept_off_the_hook_path():
     assert {FEATURE_COMMANDS[c] for c in ("nccl", "efa", "dcgm", "baseline")} == {"gpuguard.nccl.cli"}
-    code = ("import sys, gpuguard.cli, gpuguard.runner; "
+    code = ("import sys, gpuguard.cli, gpuguard.pipeline.run; "
             "assert not [m for m in sys.modules if m.startswith('gpuguard.nccl')], 'imported on the hot path'")
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
 

@@ -160,7 +160,8 @@ def test_stub_reads_a_single_scenario_file(tmp_path):
 
 
 def test_tier_probes_wire_the_three_probes_with_simulated_tools(tmp_path, monkeypatch):
-    from gpuguard.nccl.tier import simulated_tools, tier_probes
+    from gpuguard.nccl.tier import tier_probes
+    from gpuguard.simulate.sources import simulated_tools
 
     scen = tmp_path / "node1.yaml"
     scen.write_text("instance_type: p5.48xlarge\nnccl: {busbw_gbps: 480}\ndcgm: {warn: [{test: software, gpu: 0, severity: 5}]}\n")
@@ -169,7 +170,7 @@ def test_tier_probes_wire_the_three_probes_with_simulated_tools(tmp_path, monkey
            "dcgmi": "dcgmi", "dcgm_level": 1, "dcgm_timeout_s": 30}
     monkeypatch.setenv("SLURMD_NODENAME", "node1")
     probes = tier_probes(cfg, needs={"nccl", "dcgm", "efa_counters"}, gpus=8, sysfs_root=str(tmp_path / "sys"),
-                         **tools)
+                         binary=tools["all_reduce_perf"], dcgmi=tools["dcgmi"])
     assert [p[0] for p in probes] == ["nccl", "dcgm", "efa_counters"]
     results = {name: fn() for name, fn, _t, _cls in probes}
     assert results["nccl"].result.large_busbw()[1] > 470

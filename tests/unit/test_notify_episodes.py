@@ -221,11 +221,11 @@ def test_a_hardware_drain_names_the_gpu_by_uuid_and_serial(tmp_path, hook):
     next health check sees gpuguard's drain is over and resolves its alert (same key)."""
     from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg as sim_cfg
 
-    from gpuguard.runner import execute
+    from simnode import run_sim
 
-    cfg = sim_cfg(tmp_path, notify={"urls": [hook.url("/pages")]})
+    cfg = sim_cfg(tmp_path, notify={"urls": [hook.url("/pages")]}, undrain={"resync_s": 0})
     slurm = MemorySlurm()
-    result = execute(ctx("prolog", "n1"), cfg, simulate=str(SCENARIOS / "ecc-dbe.yaml"), slurm_client=slurm)
+    result = run_sim(ctx("prolog", "n1"), cfg, simulate=str(SCENARIOS / "ecc-dbe.yaml"), slurm_client=slurm)
     assert result.drain and result.drain["outcome"] == "done"
     gpu5 = next(g for g in result.observations.nvml.gpus if g.index == 5)
     assert gpu5.uuid and gpu5.serial
@@ -233,7 +233,7 @@ def test_a_hardware_drain_names_the_gpu_by_uuid_and_serial(tmp_path, hook):
     assert page["status"] == "firing" and page["dedup_key"] == "gpuguard/n1/drain"
     assert f"gpu:      GPU 5 uuid={gpu5.uuid} serial={gpu5.serial} pci={gpu5.pci_bus_id}" in page["message"]
     slurm.reason = None  # an admin ran `scontrol update nodename=n1 state=resume`
-    result = execute(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
+    result = run_sim(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
     assert result.undrain and result.undrain["outcome"] == "gone"
     resolved = bodies(hook, 2)[1]
     assert (resolved["status"], resolved["type"], resolved["dedup_key"]) == ("resolved", "success", page["dedup_key"])
@@ -243,15 +243,15 @@ def test_a_hardware_drain_names_the_gpu_by_uuid_and_serial(tmp_path, hook):
 def test_the_health_checks_undrain_resolves_the_drain(tmp_path, hook):
     from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg as sim_cfg
 
-    from gpuguard.runner import execute
+    from simnode import run_sim
 
     full = sim_cfg(tmp_path, notify={"urls": [hook.url()]},
                    checks={"sys.disk": {"paths": [{"path": "/", "min_free_gib": 10**7}]}})
     slurm = MemorySlurm()
-    result = execute(ctx("prolog", "n1"), full, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
+    result = run_sim(ctx("prolog", "n1"), full, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
     assert result.drain and result.drain["outcome"] == "done", result.verdict
     freed = sim_cfg(tmp_path, notify={"urls": [hook.url()]}, undrain={"passes": 2})
-    outcomes = [execute(ctx("healthcheck", "n1"), freed, simulate=str(SCENARIOS / "healthy-p5.yaml"),
+    outcomes = [run_sim(ctx("healthcheck", "n1"), freed, simulate=str(SCENARIOS / "healthy-p5.yaml"),
                         slurm_client=slurm).undrain["outcome"] for _ in range(2)]
     assert outcomes == ["wait", "done"]
     drain, undrain = bodies(hook, 2)

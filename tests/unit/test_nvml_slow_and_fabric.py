@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from gpuguard.model import Severity
-from gpuguard.runner import execute
+from simnode import run_sim
 from gpuguard.store import Store
 
 from simnode import MemorySlurm, ctx, make_cfg, write_scenario
@@ -17,7 +17,7 @@ def _run(tmp_path, body, kind="prolog", slurm=None, **cfg_sections):
     slurm = slurm or MemorySlurm()
     cfg = make_cfg(tmp_path, **cfg_sections)
     t0 = time.monotonic()
-    result = execute(ctx(kind), cfg, simulate=scen, slurm_client=slurm)
+    result = run_sim(ctx(kind), cfg, simulate=scen, slurm_client=slurm)
     return result, slurm, time.monotonic() - t0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from gpuguard.model import Severity
-from gpuguard.runner import execute
+from simnode import run_sim
 from gpuguard.store import Store
 
 from simnode import MemorySlurm, ctx, make_cfg, write_scenario
@@ -15,7 +15,7 @@ from simnode import MemorySlurm, ctx, make_cfg, write_scenario
 def _run(tmp_path, body, kind):
     scen = write_scenario(tmp_path, "s", body)
     slurm = MemorySlurm()
-    return execute(ctx(kind), make_cfg(tmp_path), simulate=scen, slurm_client=slurm), slurm, scen
+    return run_sim(ctx(kind), make_cfg(tmp_path), simulate=scen, slurm_client=slurm), slurm, scen
 
 
 def test_x8_link_under_load_drains_in_the_health_check(tmp_path):
@@ -37,7 +37,7 @@ def test_x8_link_at_idle_is_not_a_drain(tmp_path):
 def test_replay_rate_between_runs(tmp_path):
     body = {"gpus": {"overrides": {1: {"pcie_replay": 400}}}}
     scen = write_scenario(tmp_path, "s", body)
-    first = execute(ctx("healthcheck"), make_cfg(tmp_path), simulate=scen, slurm_client=MemorySlurm())
+    first = run_sim(ctx("healthcheck"), make_cfg(tmp_path), simulate=scen, slurm_client=MemorySlurm())
     g1 = next(g for g in first.observations.nvml.gpus if g.index == 1)
     uuid = g1.uuid
     with Store(str(tmp_path / "state" / "n1.db")) as st:
@@ -45,7 +45,7 @@ def test_replay_rate_between_runs(tmp_path):
         assert baseline[uuid][0] == 400
         baseline[uuid] = [0, time.time() - 600]  # as if the last reading was 0 replays, 10 minutes ago
         st.set_cursor("pcie_replay:n1", baseline)
-    second = execute(ctx("healthcheck"), make_cfg(tmp_path), simulate=scen, slurm_client=MemorySlurm())
+    second = run_sim(ctx("healthcheck"), make_cfg(tmp_path), simulate=scen, slurm_client=MemorySlurm())
     f = next(f for f in second.findings if f.check_id == "gpu.pcie")
     assert f.severity is Severity.WARN and f.gpu == 1 and "40 PCIe replays/min" in f.message
     assert second.verdict.outcome == "warn"

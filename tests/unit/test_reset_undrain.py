@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuguard.runner import execute
+from simnode import run_sim
 
 from simnode import MemorySlurm, ctx, make_cfg, write_scenario
 
@@ -15,7 +15,7 @@ XID119 = "NVRM: Xid (PCI:0000:75:00): 119, pid=2718, name=python3, Timeout after
 
 def _hc(tmp_path: Path, body: dict, slurm: MemorySlurm):
     scen = write_scenario(tmp_path, "node", body)
-    return execute(ctx("healthcheck"), make_cfg(tmp_path), simulate=scen, slurm_client=slurm)
+    return run_sim(ctx("healthcheck"), make_cfg(tmp_path), simulate=scen, slurm_client=slurm)
 
 
 def _reload_driver(tmp_path: Path) -> None:

@@ -14,10 +14,9 @@ from typing import Iterator
 import pytest
 
 from gpuguard.model import Finding, Severity
-from gpuguard.runner import execute
 from gpuguard.store import GuardedStore, Store, StoreUnavailable, is_corruption
 
-from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg
+from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg, run_sim
 
 
 def _record(st: Store, n: int = 1) -> None:
@@ -165,7 +164,7 @@ def test_guarded_store_reports_instead_of_raising(tmp_path):
 def _xid79_prolog(tmp_path, store_path: str):
     cfg = make_cfg(tmp_path, store_path=store_path)
     slurm = MemorySlurm()
-    result = execute(ctx("prolog", "n1"), cfg, simulate=str(SCENARIOS / "xid79.yaml"), slurm_client=slurm)
+    result = run_sim(ctx("prolog", "n1"), cfg, simulate=str(SCENARIOS / "xid79.yaml"), slurm_client=slurm)
     return result, slurm
 
 
@@ -211,22 +210,54 @@ def test_read_only_store_still_drains(tmp_path):
     _assert_drained_anyway(result, slurm)
 
 
-def test_recreated_store_restarts_the_cursor_at_the_end_of_the_log(tmp_path):
-    """An Xid judged before the store got corrupt must not drain the node again: the cursor restarts at the end
-    of the log, explicitly (a warning names what was skipped)."""
+XID119 = ("NVRM: Xid (PCI:0000:86:00): 119, pid=2113, name=python3, Timeout after 6s of waiting for RPC response "
+          "from GPU3 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20801348 0x204).")
+XID48 = "NVRM: Xid (PCI:0000:a8:00): 48, pid=1234, name=python3, An uncorrectable double bit error (DBE) has been detected"
+
+
+def _with_kernel_lines(tmp_path, *lines):
+    import yaml
+
+    data = yaml.safe_load((SCENARIOS / "healthy-p5.yaml").read_text())
+    data["kernel_log"] = list(data["kernel_log"]) + list(lines)
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_a_damaged_store_skips_no_evidence_and_repeats_none(tmp_path):
+    """The store replaced by garbage: the verdict journal still knows how far the kernel log was judged. The Xid
+    acted on before (the admin has resumed the node since) is not acted on again; one logged since is judged."""
     path = tmp_path / "state.db"
-    path.write_bytes(b"garbage, not a database" * 200)
     cfg = make_cfg(tmp_path, store_path=str(path))
     slurm = MemorySlurm()
-    result = execute(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "xid79.yaml"), slurm_client=slurm)
-    gxid = [f for f in result.findings if f.check_id == "gpu.xid"]
-    assert any(f.severity is Severity.WARN and "restarted at the end of the log" in f.message and "Xid 79" in f.message
-               for f in gxid), gxid
-    assert not any(c[0] == "drain" and "XID79" in (c[1] or "") for c in slurm.calls)
-    assert any("corrupt" in n for n in result.notes)
-    # the cursor now sits at the end: the next run sees nothing new
-    again = execute(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "xid79.yaml"), slurm_client=slurm)
-    assert not [f for f in again.findings if f.check_id == "gpu.xid" and f.severity is not Severity.OK]
+    first = run_sim(ctx("healthcheck", "n1"), cfg, simulate=_with_kernel_lines(tmp_path, XID119), slurm_client=slurm)
+    assert first.drain["outcome"] == "done" and "XID119" in slurm.reason
+    slurm.reason = None  # the admin reset the GPU and resumed the node
+    path.write_bytes(b"garbage, not a database" * 200)
+    again = run_sim(ctx("prolog", "n1"), cfg, simulate=_with_kernel_lines(tmp_path, XID119), slurm_client=slurm)
+    assert again.verdict.outcome == "pass" and slurm.reason is None, again.findings
+    assert list(tmp_path.glob("state.db.corrupt-*")), "the damaged file is kept for forensics"
+    path.write_bytes(b"garbage again" * 200)
+    new = run_sim(ctx("prolog", "n1"), cfg, simulate=_with_kernel_lines(tmp_path, XID119, XID48), slurm_client=slurm)
+    assert new.exit_code == 1 and "XID48" in (slurm.reason or ""), new.findings
+
+
+def test_with_store_and_journal_both_lost_this_boots_log_is_judged_again(tmp_path):
+    """Nothing remembers how far the log was judged: it is judged again from this boot's start (fail closed, and
+    said), rather than skipping what arrived since."""
+    path = tmp_path / "state.db"
+    cfg = make_cfg(tmp_path, store_path=str(path))
+    scen = _with_kernel_lines(tmp_path, XID119)
+    slurm = MemorySlurm()
+    run_sim(ctx("prolog", "n1", job_id="1"), make_cfg(tmp_path, store_path=str(path)),
+            simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
+    path.write_bytes(b"garbage" * 200)
+    for journal in (tmp_path / "run").glob("*.journal.json"):
+        journal.unlink()
+    result = run_sim(ctx("prolog", "n1", job_id="2"), cfg, simulate=scen, slurm_client=slurm)
+    assert result.exit_code == 1 and "XID119" in (slurm.reason or "")
+    assert any("judged again" in n for n in result.notes), result.notes
 
 
 def test_the_verdict_reaches_the_hook_watchdog_before_anything_can_hang(tmp_path):
@@ -247,7 +278,7 @@ def test_the_verdict_reaches_the_hook_watchdog_before_anything_can_hang(tmp_path
         got.set()
 
     cfg = make_cfg(tmp_path)
-    t = threading.Thread(target=execute, args=(ctx("prolog", "n1"), cfg),
+    t = threading.Thread(target=run_sim, args=(ctx("prolog", "n1"), cfg),
                          kwargs={"simulate": str(SCENARIOS / "xid79.yaml"), "slurm_client": StuckSlurm(),
                                  "on_verdict": on_verdict}, daemon=True)
     t.start()

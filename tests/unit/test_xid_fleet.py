@@ -4,7 +4,7 @@ drains; NVLink5 Xids 144-150 follow the driver's own Fatal/Nonfatal token, in th
 from __future__ import annotations
 
 from gpuguard.model import Severity
-from gpuguard.runner import execute
+from simnode import run_sim
 from gpuguard.watch_judge import WatchJudge
 from gpuguard.xid import load_catalog
 
@@ -16,7 +16,7 @@ PCI = "0000:86:00"  # GPU 3 of the simulated p5.48xlarge
 def _run(tmp_path, *lines: str):
     scen = write_scenario(tmp_path, "s", {"kernel_log": [f"NVRM: Xid (PCI:{PCI}): {ln}" for ln in lines]})
     slurm = MemorySlurm()
-    result = execute(ctx("prolog"), make_cfg(tmp_path), simulate=scen, slurm_client=slurm)
+    result = run_sim(ctx("prolog"), make_cfg(tmp_path), simulate=scen, slurm_client=slurm)
     return result, slurm
 
 
@@ -68,7 +68,7 @@ def test_unknown_xid_alerts_a_human_without_draining(tmp_path):
     scen = write_scenario(tmp_path, "s", {"kernel_log": [f"NVRM: Xid (PCI:{PCI}): 199, pid=1, name=x, new code"]})
     cfg = make_cfg(tmp_path, notify={"urls": [hook.url()]})
     slurm = MemorySlurm()
-    result = execute(ctx("prolog"), cfg, simulate=scen, slurm_client=slurm)
+    result = run_sim(ctx("prolog"), cfg, simulate=scen, slurm_client=slurm)
     assert result.verdict.outcome == "warn" and not slurm.calls
     (req,) = hook.wait_for(1)
     text = req["body"]["message"]

@@ -89,9 +89,9 @@ class Monitor:
     def _nvml_source(self) -> tuple[Optional[str], Optional[dict[str, str]]]:
         sim = self.cfg.sections["simulation"]
         if sim["scenario"] or sim["scenario_dir"]:
-            from gpuguard.runner import resolve_sources  # simulated node: the fake NVML and its scenario file
+            from gpuguard.simulate.sources import resolve_sources  # simulated node: the fake NVML and its scenario
 
-            sources, _ = resolve_sources(self.cfg, self.node)
+            sources = resolve_sources(self.cfg, self.node)
             return sources.nvml_library, sources.nvml_env
         return self.cfg.sections["sources"]["nvml_library"], None
 

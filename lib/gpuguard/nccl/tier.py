@@ -74,7 +74,7 @@ def tier_probes(nccl_cfg: Mapping[str, Any], *, needs: set[str], gpus: int, sysf
                 dcgmi: Optional[str] = None) -> list[ProbeEntry]:
     """(probe name, zero-argument callable, timeout_s, observation class for a timed-out result) for each of
     "nccl", "dcgm", "efa_counters" in `needs`: what runner.build_probes wraps in its _Probe. `binary` / `dcgmi`
-    override the config's tools (simulation: see `simulated_tools`). Nothing heavy is imported here."""
+    override the config's tools (simulation: gpuguard.simulate.sources). Nothing heavy is imported here."""
     from gpuguard.nccl.probe import NcclObservation, run_single_node_nccl
     from gpuguard.probes.dcgm import DcgmObservation, run_dcgm_diag
     from gpuguard.probes.efa_counters import EfaCounterObservation, read_efa_counters
@@ -99,14 +99,3 @@ def tier_probes(nccl_cfg: Mapping[str, Any], *, needs: set[str], gpus: int, sysf
                     EfaCounterObservation))
     return out
 
-
-def simulated_tools(sim_workdir: str, scenario: str) -> dict[str, str]:
-    """Simulated all_reduce_perf and dcgmi for a simulated node (scenario file or directory), installed under
-    <sim_workdir>/bin: {"binary": ..., "dcgmi": ...} to pass to `tier_probes`."""
-    import os
-
-    from gpuguard.simulate.nccl_tests_stub import install_stub
-
-    bindir = os.path.join(sim_workdir, "bin")
-    return {"binary": str(install_stub(bindir, scenario)),
-            "dcgmi": str(install_stub(bindir, scenario, name="dcgmi", tool="dcgmi"))}

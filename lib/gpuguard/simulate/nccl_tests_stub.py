@@ -283,9 +283,15 @@ def install_stub(dest_dir: str, scenario_dir: str, python: Optional[str] = None,
     path = dest / name
     py = python or sys.executable
     mode = " --dcgmi" if tool == "dcgmi" else ""
-    path.write_text(f"#!/bin/sh\n# gpuguard simulation: {'dcgmi' if mode else 'nccl-tests ' + name} over simulated nodes\n"
-                    f"{ENV_SCENARIO_DIR}={shlex.quote(str(scenario_dir))}\nexport {ENV_SCENARIO_DIR}\nexec {shlex.quote(py)} "
-                    f"-m gpuguard.simulate.nccl_tests_stub{mode} \"$@\"\n")
+    text = (f"#!/bin/sh\n# gpuguard simulation: {'dcgmi' if mode else 'nccl-tests ' + name} over simulated nodes\n"
+            f"{ENV_SCENARIO_DIR}={shlex.quote(str(scenario_dir))}\nexport {ENV_SCENARIO_DIR}\nexec {shlex.quote(py)} "
+            f"-m gpuguard.simulate.nccl_tests_stub{mode} \"$@\"\n")
+    try:
+        if path.read_text() == text and os.access(path, os.X_OK):
+            return path  # already there (every simulated run asks)
+    except OSError:
+        pass
+    path.write_text(text)
     path.chmod(0o755)
     return path
 

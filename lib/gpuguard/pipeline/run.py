@@ -1,0 +1,314 @@
+"""One run, end to end: retry what is pending -> plan -> gather -> evaluate -> decide -> commit -> act -> record.
+
+Used by the prolog, the epilog, the health check and `gpuguard check`; the watch daemon and `gpuguard undrain`
+use the same stages (gpuguard.pipeline.event, gpuguard.pipeline.admin). The order is what makes verdicts durable:
+
+1. drains decided earlier and not applied yet (slurmctld was down) are retried first; while one is pending the
+   prolog and epilog refuse (exit 1) whatever this run finds;
+2. gathering may use the deadline only up to the act stage's reserve (gpuguard.pipeline.budget);
+3. a drain verdict is written to the verdict journal as pending in the same write that moves the kernel-log
+   position past its evidence (commit), before Slurm is asked; once Slurm took it, it is resolved;
+4. the history store records all of it, and nothing it fails to do changes the verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from gpuguard.checks import CheckSpec
+from gpuguard.config import Config
+from gpuguard.context import RunContext
+from gpuguard.model import Finding, Observations, PendingDrain, RunResult, Severity, Verdict
+from gpuguard.pipeline.act import SlurmHandle, apply_drain, new_pending, retry_pending
+from gpuguard.pipeline.budget import StageBudget
+from gpuguard.pipeline.decide import is_unambiguous, judge
+from gpuguard.pipeline.evaluate import evaluate, map_job_gpus, name_processes, observations_from
+from gpuguard.pipeline.gather import build_probes, gather
+from gpuguard.pipeline.journal import Journal
+from gpuguard.pipeline.lock import NodeLock, lock_path
+from gpuguard.pipeline.plan import plan_checks, resolve_profile
+from gpuguard.pipeline.record import job_cursor, node_cursor, record_drains, record_run, save_cursors
+from gpuguard.pipeline.sources import Sources, read_boot_id
+from gpuguard.profiles import Profile
+
+
+def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = False,
+            deadline_s: Optional[float] = None, slurm_client: Any = None,
+            on_verdict: Optional[Callable[[int], None]] = None, log: Any = None, hook: bool = False) -> RunResult:
+    """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller applies the
+    fail-open/closed policy); even then, a verdict already reached has been handed to `on_verdict`. `hook`: run
+    by slurmd (a HealthCheckProgram's exit code means nothing to slurmd: it drains itself and exits 0)."""
+    from gpuguard.store import GuardedStore, Store
+
+    dl = cfg.sections["deadlines"]
+    budget = StageBudget(deadline_s or dl.get(f"{ctx.kind}_s", dl["manual_s"]), dl["scontrol_s"])
+    profile = sources.profile or resolve_profile(cfg, ctx.node)[0]
+    runtime_dir = cfg.sections["store"]["runtime_dir"]
+    with NodeLock(lock_path(runtime_dir, ctx.node), min(cfg.sections["locking"]["wait_s"],
+                                                         budget.remaining() / 3)) as locked:
+        timeout_s = min(5.0, max(0.5, budget.remaining() / 4))
+        store_path = cfg.sections["store"]["path"].replace("{node}", ctx.node)
+        # A store that cannot be opened or written (disk full, read-only, locked) never changes the verdict.
+        store = GuardedStore(lambda: Store(store_path, timeout_s=timeout_s))
+        try:
+            run = Run(ctx, cfg, sources, profile, store, Journal.load(runtime_dir, ctx.node), budget,
+                      SlurmHandle(cfg, budget, slurm_client), locked=locked, dry_run=dry_run,
+                      on_verdict=on_verdict, log=log, hook=hook)
+            return run.execute()
+        finally:
+            store.close()
+
+
+class Run:
+    def __init__(self, ctx: RunContext, cfg: Config, sources: Sources, profile: Profile, store: Any,
+                 journal: Journal, budget: StageBudget, slurm: SlurmHandle, *, locked: bool, dry_run: bool,
+                 on_verdict: Optional[Callable[[int], None]], log: Any, hook: bool = False) -> None:
+        self.ctx, self.cfg, self.sources, self.profile = ctx, cfg, sources, profile
+        self.store, self.journal, self.budget, self.slurm = store, journal, budget, slurm
+        self.dry_run = dry_run
+        self.hook = hook
+        self.kept = False  # the verdict confirms a drain gpuguard already has in place: Slurm is not asked
+        self.read_only = dry_run or not locked
+        self.on_verdict = on_verdict
+        self.log = log
+        self.started = time.time()
+        self.boot_id = read_boot_id(sources)
+        self.notes: list[str] = [] if locked else ["another gpuguard run held the node lock: read-only run"]
+        self.applied: list[dict[str, Any]] = []
+        self.events: list[Any] = []
+        self.pending: Optional[PendingDrain] = None
+
+    # ------------------------------------------------------------------ the stages, in order
+    def execute(self) -> RunResult:
+        self.retry()
+        specs, obs, mapping = self.gather()
+        findings = evaluate(specs, obs, self.cfg, self.ctx, self.profile, mapping)
+        findings, verdict = judge(findings, self.ctx, self.cfg, self.store, self.boot_id, time.time(),
+                                  restricted=self.cfg.restricted)
+        if verdict.outcome == "drain" and not self.dry_run:
+            self.kept = self.known_drained(verdict)
+            if not self.kept:
+                self.storm_check(verdict, drained_self=False)
+        result = RunResult(self.ctx, self.profile, obs, findings, verdict, self.exit_code(verdict), 0.0,
+                           self.started, simulated=self.sources.simulated, boot_id=self.boot_id, notes=self.notes)
+        if self.on_verdict is not None:  # the hook's watchdog exits with the verdict, whatever happens next
+            self.on_verdict(result.exit_code)
+        self.note_config()
+        position = self.commit(verdict, obs)
+        self.act(result)
+        self.record(result, specs, obs, position)
+        return result
+
+    def exit_code(self, verdict: Verdict) -> int:
+        """1 when the node must not run the job: a drain verdict, or (prolog, epilog) a drain that is still
+        pending or was only now applied."""
+        if self.hook and self.ctx.kind == "healthcheck":
+            return 0  # slurmd only logs a HealthCheckProgram's exit code; gpuguard drained the node itself
+        refuse = self.ctx.kind in ("prolog", "epilog") and (
+            bool(self.journal.pending) or any(a["outcome"] in ("done", "already") for a in self.applied))
+        return 1 if verdict.outcome == "drain" or refuse else 0
+
+    def known_drained(self, verdict: Verdict) -> bool:
+        """A health check confirming the drain gpuguard already has in place (the store says so for the same
+        check, and Slurm's state was seen within undrain.resync_s) costs slurmctld nothing."""
+        from gpuguard.pipeline.undrain import slurm_seen_cursor
+
+        if self.ctx.kind != "healthcheck" or verdict.primary is None:
+            return False
+        active = self.store.active_drain(self.ctx.node)
+        if not active or active.get("check_id") != verdict.primary.check_id:
+            return False
+        seen = self.store.get_cursor(slurm_seen_cursor(self.ctx.node)) or {}
+        return time.time() - float(seen.get("ts") or 0) < self.cfg.sections["undrain"]["resync_s"]
+
+    def retry(self) -> None:
+        if self.dry_run or not self.journal.pending:
+            return
+        if self.ctx.kind in ("prolog", "epilog") and self.on_verdict is not None:
+            self.on_verdict(1)  # a pending drain: this job must not start, whatever happens next
+        self.applied = retry_pending(self.journal, self.slurm, self.ctx.node, self.cfg.sections["reboot"]["auto"])
+        if not self.read_only:
+            self._save_journal()
+
+    def gather(self) -> tuple[list[CheckSpec], Observations, Any]:
+        specs = plan_checks(self.cfg, self.ctx, self.profile, self.store, self.boot_id)
+        probes = build_probes(specs, self.cfg, self.ctx, self.sources, self.profile, self.kernel_position(),
+                              self.store)
+        obs = observations_from(gather(probes, self.budget.gather))
+        name_processes(obs, self.sources.procfs_root)
+        self.ctx, mapping = map_job_gpus(self.ctx, obs, self.cfg.sections["slurm"]["gpu_ids"])
+        if self.ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not self.dry_run:
+            from gpuguard.pipeline.cleanup import epilog_cleanup
+
+            obs.cleanup = epilog_cleanup(self.ctx, self.cfg, obs, specs, self.sources, self.profile,
+                                         self.budget.gather, self.log or _NullLog())
+        obs.now = time.time()
+        obs.previous["pcie_replay"] = self.store.get_cursor(f"pcie_replay:{self.ctx.node}") or {}
+        return specs, obs, mapping
+
+    def kernel_position(self) -> Optional[dict[str, Any]]:
+        """Where the kernel log is judged from: the epilog from its job's start; otherwise the journal's position,
+        or the store's copy when the journal has none (a new boot cleared /run, or an upgrade). With neither (both
+        lost) this boot's whole log is judged again: a drain slurmctld already shows is not re-applied."""
+        jc = job_cursor(self.ctx)
+        if self.ctx.kind == "epilog" and jc:
+            cursor = self.store.get_cursor(jc)
+            if cursor:
+                return cursor
+        position = self.journal.positions.get("kernel_log") or self.store.get_cursor(node_cursor(self.ctx.node))
+        if position is None and (self.store.recreated_from or not self.store.available):
+            self.notes.append("kernel-log position lost (history store "
+                              + (f"damaged, moved to {self.store.recreated_from}" if self.store.recreated_from
+                                 else "unusable") + ", no verdict journal): this boot's kernel log is judged again")
+        return position
+
+    def storm_check(self, verdict: Verdict, drained_self: bool) -> None:
+        """Hold a drain back (and page) when it would be part of a drain storm (gpuguard.pipeline.storm)."""
+        if any(is_unambiguous(f) for f in verdict.failing if f.severity is Severity.FAIL):
+            return
+        from gpuguard.pipeline.storm import census_hold
+
+        why = census_hold(self.slurm, self.ctx.node, verdict, self.cfg, drained_self)
+        if why is None:
+            return
+        verdict.outcome, verdict.held_by, verdict.reported_only = "warn", f"drain-storm guard: {why}", True
+        self.notes.append(verdict.held_by)
+        from gpuguard.notify import Event
+
+        p = verdict.primary
+        self.events.append(Event(
+            kind="storm", severity="critical", node=self.ctx.node, check_id=p.check_id if p else None,
+            reason=verdict.reason, message=f"not drained ({verdict.reason}): {why}",
+            action="a human decides: if the hardware is really broken drain it by hand; if it is a configuration "
+                   "or launch choice applied to every node, fix the profile/config (gpuguard status shows the drains)"))
+
+    def note_config(self) -> None:
+        """A broken configuration is remembered in the journal (for `gpuguard status` and the metrics) and paged
+        once when it breaks or changes, and resolved when it validates again."""
+        before = self.journal.config or {}
+        issues = [str(i) for i in self.cfg.issues]
+        if before.get("issues") == (issues or None) or (not issues and not before):
+            return  # unchanged: nothing to write, nothing to tell (the hook still logs it every run)
+        from gpuguard.notify import Event
+
+        if issues:
+            from gpuguard.lastgood import describe
+
+            self.journal.config = {"mode": self.cfg.mode, "issues": issues, "source": self.cfg.source,
+                                   "since": time.time(), "last_good_at": self.cfg.last_good_at}
+            self.events.append(Event(kind="internal_error", severity="critical", node=self.ctx.node,
+                                     check_id="config", message=describe(self.cfg),
+                                     action="fix the file (gpuguard config --check FILE names every bad key) "
+                                            "and deploy it again; gpuguard keeps protecting the node meanwhile"))
+        else:
+            self.journal.config = {}
+            self.events.append(Event(kind="internal_error", severity="info", node=self.ctx.node, check_id="config",
+                                     state="resolved", message=f"configuration valid again ({self.cfg.source})"))
+        if not self.read_only:
+            self.store.set_cursor(f"config:{self.ctx.node}", self.journal.config)
+
+    def commit(self, verdict: Verdict, obs: Observations) -> Optional[dict[str, Any]]:
+        """Make the verdict durable together with the kernel-log position past its evidence (one journal write).
+        Returns the position the store should copy (None: it must not move)."""
+        kl = obs.kernel_log
+        position = kl.cursor if (kl is not None and kl.cursor is not None and kl.status.complete
+                                 and not self.read_only) else None
+        if verdict.outcome == "drain" and verdict.reason and not self.dry_run and not self.kept:
+            self.pending = new_pending(verdict, self.ctx.kind, time.time())
+            if not self.read_only:
+                self.journal.add_pending(self.pending)
+        if self.read_only:
+            return None
+        if position is not None and self.ctx.kind != "epilog":
+            self.journal.positions["kernel_log"] = position
+        if not self._save_journal():
+            # No durable journal: the store's copy of the position moves only once the verdict was applied.
+            return position if self.pending is None else None
+        return position
+
+    def act(self, result: RunResult) -> None:
+        v = result.verdict
+        if self.pending is not None:
+            result.drain = apply_drain(v, self.pending, self.journal, self.slurm, self.ctx.node,
+                                       self.cfg.sections["reboot"]["auto"])
+            if result.drain["outcome"] == "done":
+                self.storm_check(v, drained_self=True)
+                if v.held_by:
+                    result.drain = self._undo_own_drain(result.drain)
+            if not self.read_only:
+                self._save_journal()
+        elif v.outcome == "drain" and v.reason and self.dry_run:
+            result.drain = {"outcome": "skipped", "detail": "dry run", "reason": v.reason}
+        elif self.kept:
+            result.drain = {"outcome": "kept", "detail": "still drained by gpuguard for this check (slurmctld not "
+                            "asked: known from the store)", "reason": v.reason}
+        result.pending = list(self.journal.pending)
+        result.applied = self.applied
+        result.events = self.events
+        result.config_issues = [str(i) for i in self.cfg.issues]
+        result.exit_code = self.exit_code(v)
+        if self.on_verdict is not None:
+            self.on_verdict(result.exit_code)
+
+    def _undo_own_drain(self, drain: dict[str, Any]) -> dict[str, Any]:
+        """This node came after the storm guard's limit: lift the drain it just set (only if it is still ours)."""
+        from gpuguard.slurm import SlurmError
+
+        try:
+            state = self.slurm.client().get_node(self.ctx.node)
+            if state is not None and state.reason == drain["reason"]:
+                self.slurm.client().undrain(self.ctx.node)
+            return {**drain, "outcome": "held", "detail": "lifted again by the drain-storm guard"}
+        except SlurmError as e:
+            return {**drain, "detail": f"drain-storm guard could not lift it: {e}"}
+
+    def record(self, result: RunResult, specs: list[CheckSpec], obs: Observations,
+               position: Optional[dict[str, Any]]) -> None:
+        result.duration_s = time.time() - self.started
+        result.run_id = record_run(self.store, result)
+        record_drains(self.store, result)
+        if not self.read_only:
+            asked = bool(result.drain and result.drain["outcome"] in ("done", "already"))
+            save_cursors(self.store, self.ctx, specs, obs, self.boot_id, position, slurm_seen=asked)
+        if result.drain is None and self.ctx.kind == "healthcheck" and not self.read_only \
+                and self.cfg.sections["undrain"]["enabled"]:
+            result.undrain = self.undrain(result)
+        if self.journal.error:
+            result.notes.append(self.journal.error)
+        if not self.dry_run:
+            from gpuguard.pipeline.tell import tell_humans
+
+            tell_humans(self.cfg, result, self.budget)
+        if self.ctx.kind == "healthcheck" and not self.read_only:
+            self._ship(result)
+        if self.store.errors:
+            # The verdict and the exit code above stand whatever the store did; the journal keeps the position.
+            result.store_errors = list(self.store.errors)
+            result.notes.append("history store unusable, verdict from the hardware alone, nothing recorded: "
+                                + "; ".join(self.store.errors)[:400])
+
+    def undrain(self, result: RunResult) -> Optional[dict[str, Any]]:
+        from gpuguard.pipeline.undrain import driver_seen, maybe_undrain
+        from gpuguard.probes.system import read_driver_fingerprint
+
+        driver = driver_seen(self.store, self.ctx.node, read_driver_fingerprint(self.sources.sysfs_root),
+                             self.read_only)
+        return maybe_undrain(self.store, self.slurm, self.ctx.node, result.verdict.outcome, self.boot_id, self.cfg,
+                             result.run_id, result.findings, driver, time.time())
+
+    def _ship(self, result: RunResult) -> None:
+        try:  # central history + retention, bounded by store.ship_budget_s; never on a prolog's path
+            from gpuguard.fleet.ship import ship_after_run
+
+            ship_after_run(self.cfg, result, self.budget.total)
+        except Exception as e:  # noqa: BLE001 - shipping history must never change what the run decided
+            result.notes.append(f"central history: {type(e).__name__}: {e}"[:300])
+
+    def _save_journal(self) -> bool:
+        return self.journal.save() is None
+
+
+class _NullLog:
+    def log(self, level: str, msg: str) -> None:
+        pass

@@ -1,0 +1,100 @@
+"""Telling humans what a run did: metrics for node_exporter (gpuguard.metrics) and notifications
+(gpuguard.notify). Both cost nothing when not configured, never raise and stay within the run's deadline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.config import Config
+from gpuguard.model import RunResult
+from gpuguard.pipeline.budget import StageBudget
+
+
+def unknown_xids(result: RunResult) -> list[tuple[int, str]]:
+    """(code, pci) of the Xids this run saw that the catalog does not know."""
+    out: dict[tuple[int, str], None] = {}
+    for f in result.findings:
+        if f.check_id != "gpu.xid":
+            continue
+        for e in [f.evidence.get("xid")] + list(f.evidence.get("xids") or []):
+            if isinstance(e, dict) and e.get("catalog") == "unknown":
+                out[(int(e["code"]), str(e.get("pci")))] = None
+    return list(out)
+
+
+def run_events(result: RunResult) -> list[Any]:
+    """What a human should hear about this run: a drain (or a prolog that failed a job without being able to
+    drain), an earlier pending drain applied, an undrain or the end of gpuguard's drain (both resolve the drain's
+    alert: same dedupe key), a node pinned as FLAPPING, unknown Xids, and what the run decided to page about (the
+    drain-storm guard, a broken configuration). Hardware alerts name the GPUs by UUID and serial."""
+    from gpuguard.notify import Event, gpu_identities
+
+    ctx, v = result.context, result.verdict
+    p = v.primary
+    failing = ([p] if p else []) + [f for f in v.failing if f is not p]
+    gpus = gpu_identities(getattr(result.observations, "nvml", None), (f.gpu for f in failing))
+    base = dict(node=ctx.node, job_id=ctx.job_id, check_id=p.check_id if p else None,
+                evidence=dict(p.evidence) if p else {}, gpus=gpus)
+    events: list[Any] = []
+    drain = result.drain or {}
+    if drain.get("outcome") == "done":
+        events.append(Event(kind="drain", severity="critical", message=p.message if p else (v.reason or ""),
+                            reason=v.reason, action=f"{v.action.value}: {p.remediation}" if p else v.action.value,
+                            **base))
+    elif v.outcome == "drain" and ctx.kind == "prolog" and drain.get("outcome") in ("foreign", "failed"):
+        events.append(Event(kind="prolog_failure", severity="critical",
+                            message=f"{p.message if p else v.reason} (drain {drain['outcome']}: {drain['detail']})",
+                            reason=v.reason, action=p.remediation if p else None, **base))
+    for a in result.applied:
+        pd = a["pending"]
+        if pd.op == "drain" and a["outcome"] == "done":
+            events.append(Event(kind="drain", severity="critical", node=ctx.node, check_id=pd.check_id,
+                                reason=pd.reason, action=pd.action,
+                                message=f"drained after slurmctld came back ({pd.attempts + 1} attempts): {pd.reason}"))
+    events.extend(_undrain_events(result))
+    for code, pci in unknown_xids(result):  # warned, never drained: a human decides what the new code means
+        events.append(Event(kind="unknown_xid", severity="warning", node=ctx.node, job_id=ctx.job_id,
+                            check_id="gpu.xid", message=f"Xid {code} on {pci} is not in gpuguard's Xid catalog "
+                            "(a newer driver?): recorded and alerted, the node was not drained",
+                            evidence={"xid": code, "pci": pci}))
+    events.extend(result.events)
+    return events
+
+
+def _undrain_events(result: RunResult) -> list[Any]:
+    from gpuguard.notify import Event
+
+    node = result.context.node
+    u = result.undrain or {}
+    check = u.get("check_id")
+    if u.get("outcome") == "done":
+        return [Event(kind="undrain", severity="info", node=node, check_id=check, message=f"undrained: {u['detail']}")]
+    if u.get("outcome") == "gone":  # resumed or taken over outside gpuguard: its drain alert is over
+        return [Event(kind="undrain", severity="info", node=node, check_id=check,
+                      message=f"gpuguard's drain ended outside gpuguard: {u['detail']}",
+                      action="none from gpuguard: the node is no longer drained by it")]
+    if u.get("outcome") == "flapping":
+        return [Event(kind="flapping", severity="critical", node=node, check_id=check,
+                      message=f"pinned drained as FLAPPING: {u['detail']}",
+                      action="hardware inspection; then gpuguard undrain --force")]
+    return []
+
+
+def tell_humans(cfg: Config, result: RunResult, budget: StageBudget) -> None:
+    try:
+        from gpuguard.metrics import write_run_metrics
+
+        write_run_metrics(cfg, result)
+        if not (result.drain or result.undrain or result.applied or result.events
+                or result.context.kind == "healthcheck" or unknown_xids(result)):
+            return  # nothing to tell: keep the healthy prolog's path free of the notify import
+        events = run_events(result)
+        if events or result.context.kind == "healthcheck":
+            from gpuguard.notify import emit, flush
+
+            for ev in events:
+                emit(cfg, ev, budget_s=min(2.0, budget.remaining() / 2))
+            if result.context.kind == "healthcheck":  # deliver what earlier runs had to spool
+                flush(cfg, budget_s=min(3.0, budget.remaining() / 2))
+    except Exception:  # noqa: BLE001 - telling humans must never change what the run decided
+        pass

@@ -1,0 +1,39 @@
+"""Sources for a run: the node's own, or a simulated node's when the config (or --simulate) names a scenario.
+Called by the entry points (hooks, `gpuguard check`, the watch daemon, the monitor), never by the pipeline."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from gpuguard.pipeline.sources import Sources, real_sources
+
+
+def state_dir(cfg: Any) -> str:
+    return os.path.dirname(cfg.sections["store"]["path"]) or "."
+
+
+def resolve_sources(cfg: Any, node: str, simulate: Optional[str] = None) -> Sources:
+    sim_cfg = cfg.sections["simulation"]
+    if not (simulate or sim_cfg["scenario"] or sim_cfg["scenario_dir"]):
+        return real_sources(cfg.sections["sources"])
+    from gpuguard.simulate.scenario import materialize, scenario_for_node
+
+    path = simulate or scenario_for_node(sim_cfg["scenario"], sim_cfg["scenario_dir"], node)
+    assert path is not None
+    workdir = os.path.join(sim_cfg["workdir"] or os.path.join(state_dir(cfg), "sim"), node)
+    sim = materialize(path, workdir, fake_nvml=sim_cfg["fake_nvml"], profile_dir=cfg.sections["node"]["profile_dir"])
+    return Sources(kernel_log=sim.kernel_log, boot_id=sim.boot_id, sysfs_root=sim.sysfs_root,
+                   procfs_root=sim.procfs_root, fi_info=sim.fi_info, nvml_library=sim.nvml_library,
+                   nvml_env=sim.nvml_env, simulated=sim.scenario, tools=simulated_tools(workdir, sim.scenario),
+                   profile=sim.profile)
+
+
+def simulated_tools(sim_workdir: str, scenario: str) -> dict[str, str]:
+    """Simulated all_reduce_perf and dcgmi for a simulated node, installed under <sim workdir>/bin (never in the
+    state directory: a read-only store filesystem must not break a simulated run)."""
+    from gpuguard.simulate.nccl_tests_stub import install_stub
+
+    bindir = os.path.join(sim_workdir, "bin")
+    return {"all_reduce_perf": str(install_stub(bindir, scenario)),
+            "dcgmi": str(install_stub(bindir, scenario, name="dcgmi", tool="dcgmi"))}

@@ -1,0 +1,252 @@
+"""gpuguard's own surroundings failing never turns hardware evidence into a pass (issue 14).
+
+Each test runs the installed hooks exactly as slurmd runs them (a bare environment, the hook scripts, through
+`DevSite.run_hook`) or real jobs on the real local Slurm cluster, and injects one fault of gpuguard's own
+surroundings: slurmctld stopped or hung while draining, a broken config, a damaged store, a hung NVML in the
+health check, an admin undraining a node that still fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from gpuguard.devsite import DevSite, scenario_path
+from gpuguard.fsutil import atomic_write
+from gpuguard.reason import parse_reason
+
+XID119 = ("NVRM: Xid (PCI:0000:86:00): 119, pid=2113, name=python3, Timeout after 6s of waiting for RPC response "
+          "from GPU3 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20801348 0x204).")
+JOB = "#!/bin/sh\necho ran on $(hostname) $SLURMD_NODENAME\n"
+
+
+def add_kernel_lines(site: DevSite, node: str, *lines: str) -> None:
+    """New kernel messages on `node`, as the driver would log them (appended: earlier records keep their seq)."""
+    path = site.scenarios / f"{node}.yaml"
+    data: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    data["kernel_log"] = list(data.get("kernel_log") or []) + list(lines)
+    atomic_write(path, yaml.safe_dump(data, sort_keys=False))
+
+
+def hook(site: DevSite, kind: str, node: str, job: str = "", timeout: float = 90) -> Any:
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0"} \
+        if kind != "healthcheck" else {}
+    return site.run_hook(kind, node, timeout=timeout, **env)
+
+
+def reason(site: DevSite, node: str) -> Any:
+    r = site.cluster.node_info(node).get("Reason")
+    return parse_reason(r) if r else None
+
+
+def drained(site: DevSite, node: str) -> bool:
+    return "DRAIN" in site.cluster.node_flags(node)
+
+
+FAST = {"deadlines": {"scontrol_s": 2.0}}
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[Path]:
+    """`path` on a real read-only filesystem (a read-only bind mount over itself)."""
+    def mount(*args: str) -> bool:
+        return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+    if os.geteuid() != 0 or not mount("--bind", str(path), str(path)):
+        pytest.skip("needs root and mount(8) for a real read-only filesystem")
+    try:
+        if not mount("-o", "remount,ro,bind", str(path)):
+            pytest.skip("read-only remount not permitted here")
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+# --------------------------------------------------------------------------- 1. controller unreachable or slow
+
+
+@pytest.mark.parametrize("fault", ["stopped", "hung"])
+def test_a_drain_the_controller_could_not_take_is_applied_once_it_is_back(site_factory, fault):
+    """A fresh Xid 119 (only in the kernel log) while slurmctld is stopped / SIGSTOPped: the health check cannot
+    drain. Once slurmctld is back, the node is drained without a further fault, and a job sent to it never runs
+    there (its prolog refuses it while the drain is pending, and applies it)."""
+    site = site_factory(nodes=2, config=FAST)
+    assert hook(site, "healthcheck", "node1").returncode == 0  # healthy: the kernel-log position is known
+    add_kernel_lines(site, "node1", XID119)
+    if fault == "stopped":
+        site.cluster.stop_controller()
+    else:
+        site.cluster.pause_controller()
+    try:
+        t0 = time.monotonic()
+        hook(site, "healthcheck", "node1")
+        assert time.monotonic() - t0 < 25, "a hung controller must not hang the health check"
+    finally:
+        if fault == "stopped":
+            site.cluster.start_controller()
+        else:
+            site.cluster.resume_controller()
+    job = site.cluster.sbatch(JOB, "-w", "node1", "--requeue")
+    site.cluster.wait_nodes(lambda f: "DRAIN" in f, nodes=["node1"], timeout=30)
+    r = reason(site, "node1")
+    assert r is not None and (r.check_id, r.keyword) == ("gpu.xid", "XID119"), site.cluster.node_info("node1")
+    time.sleep(2)
+    info = site.cluster.job_info(job)
+    assert info["JobState"] != "COMPLETED" and "ran on" not in _output(site, job), info
+    site.cluster.run(["scancel", job])
+
+
+def test_prolog_refuses_jobs_while_its_drain_is_pending(site_factory):
+    """The prolog that found the Xid could not drain (slurmctld hung); every later prolog on that node refuses its
+    job until the drain has been applied, even though the Xid is behind the kernel-log position now."""
+    site = site_factory(nodes=1, config=FAST)
+    assert hook(site, "prolog", "node1", job="101").returncode == 0
+    add_kernel_lines(site, "node1", XID119)
+    site.cluster.pause_controller()
+    try:
+        assert hook(site, "prolog", "node1", job="102").returncode == 1
+        assert hook(site, "prolog", "node1", job="103").returncode == 1, "still pending: still refusing jobs"
+    finally:
+        site.cluster.resume_controller()
+    assert hook(site, "prolog", "node1", job="104").returncode == 1
+    assert drained(site, "node1") and reason(site, "node1").keyword == "XID119"
+    status = site.gpuguard("status")
+    assert "node1" in status.stdout, status.stdout + status.stderr
+
+
+# --------------------------------------------------------------------------- 2. a config mistake
+
+
+BROKEN_CONFIGS = {
+    "unknown key": lambda text: text + "\ndeadlines_typo: 1\n",
+    "wrong type": lambda text: text.replace("logging:", "deadlines:\n  prolog_s: soon\nlogging:", 1),
+    "yaml error": lambda text: text + "\nnode: [unclosed\n",
+    "missing file": None,
+}
+
+
+def test_a_broken_config_keeps_protecting_and_says_so(site_factory):
+    """The config broken three ways (and deleted) on a 3-node cluster with one Xid-79 node: the bad node is still
+    drained, the healthy ones keep running jobs, and `gpuguard status` says the config is broken and where."""
+    site = site_factory(nodes=3)
+    for node in site.cluster.node_names:  # the site ran with a good config: it is the last good one
+        assert hook(site, "healthcheck", node).returncode == 0
+    good = site.config_path.read_text()
+    site.set_scenario("node2", "xid79")
+    for what, breaker in BROKEN_CONFIGS.items():
+        if breaker is None:
+            site.config_path.unlink()
+        else:
+            site.config_path.write_text(breaker(good))
+        p = hook(site, "prolog", "node2", job="201")
+        assert p.returncode == 1, (what, p.stderr)
+        # the Xid 79 itself is judged once (first round); GPU 3 stays missing, so every later round drains for that
+        assert drained(site, "node2") and reason(site, "node2").keyword in ("XID79", "GPUCOUNT"), what
+        for node in ("node1", "node3"):
+            job = site.cluster.sbatch(JOB, "-w", node)
+            assert site.cluster.wait_job(job, timeout=30)["JobState"] == "COMPLETED", what
+        status = site.gpuguard("status")
+        assert "config" in status.stdout and "broken" in status.stdout, (what, status.stdout, status.stderr)
+        if what in ("unknown key", "wrong type"):
+            key = "deadlines_typo" if what == "unknown key" else "deadlines.prolog_s"
+            assert key in status.stdout, status.stdout
+        site.cluster.resume(node="node2", wait=False)
+    site.config_path.write_text(good)
+
+
+# --------------------------------------------------------------------------- 3. a damaged store
+
+
+def test_a_corrupt_store_skips_no_evidence(site_factory):
+    """The store replaced by garbage between two runs: an Xid 119 that arrived in between is still judged."""
+    site = site_factory(nodes=1)
+    assert hook(site, "prolog", "node1", job="301").returncode == 0
+    add_kernel_lines(site, "node1", XID119)
+    db = site.workdir / "state" / "node1.db"
+    db.write_bytes(b"this is not an SQLite database\n" * 100)
+    for suffix in ("-wal", "-shm"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    p = hook(site, "prolog", "node1", job="302")
+    assert p.returncode == 1, p.stderr
+    assert drained(site, "node1") and reason(site, "node1").keyword == "XID119"
+
+
+def test_a_read_only_store_does_not_re_drain_after_an_admin_resume(site_factory, tmp_path):
+    """Store on a read-only filesystem: the Xid is judged and drained once; after the admin resumed the node the
+    next prolog does not drain it again for the same Xid."""
+    site = site_factory(nodes=1)
+    assert hook(site, "healthcheck", "node1").returncode == 0
+    add_kernel_lines(site, "node1", XID119)
+    with read_only(site.workdir / "state"):
+        hook(site, "healthcheck", "node1")
+        assert drained(site, "node1")
+        site.cluster.resume("node1")
+        p = hook(site, "prolog", "node1", job="401")
+        assert p.returncode == 0, p.stderr
+        assert not drained(site, "node1")
+
+
+# --------------------------------------------------------------------------- 5. a hung NVML in the health check
+
+
+def test_a_hung_nvml_drains_within_the_health_checks_own_deadline(site_factory):
+    site = site_factory(nodes=1)
+    site.set_scenario("node1", "nvml-hang")
+    t0 = time.monotonic()
+    hook(site, "healthcheck", "node1")
+    took = time.monotonic() - t0
+    assert drained(site, "node1"), site.log_lines()[-5:]
+    assert took < 20 + 2, took  # deadlines.healthcheck_s (20) plus the interpreter's start
+    line = site.log_lines("healthcheck node=node1")[-1]
+    assert "drain=done" in line, line  # gpuguard itself drained it in time (not a timed-out scontrol)
+
+
+# --------------------------------------------------------------------------- 9. gpuguard undrain
+
+
+def test_undrain_rechecks_and_refuses_a_node_that_still_fails(site_factory):
+    site = site_factory(nodes=1)
+    site.set_scenario("node1", "missing-gpu")
+    hook(site, "healthcheck", "node1")
+    assert drained(site, "node1")
+    refused = site.gpuguard("undrain", "node1")
+    assert refused.returncode == 1 and "gpu.count" in refused.stderr, refused.stdout + refused.stderr
+    assert drained(site, "node1")
+    forced = site.gpuguard("undrain", "node1", "--force")
+    assert forced.returncode == 0 and not drained(site, "node1")
+    assert any("undrain" in line and "--force" in line for line in site.log_lines("node1")), site.log_lines()
+    d = site.store("node1").drains("node1")[0]
+    assert d["op"] == "undrain" and "--force" in d["detail"]
+
+
+def test_admin_undrains_of_other_faults_do_not_make_a_node_flap(site_factory):
+    """Two unrelated faults, each repaired and undrained by an admin, then a thermal drain: the health check lifts
+    the thermal drain once it clears instead of pinning the node as FLAPPING [replace]."""
+    site = site_factory(nodes=1, config={"undrain": {"passes": 1, "max_undrains": 2}})
+    for scenario in ("missing-gpu", "row-remap-pending"):
+        site.set_scenario("node1", scenario)
+        hook(site, "healthcheck", "node1")
+        assert drained(site, "node1")
+        site.set_scenario("node1", "healthy-p5")
+        assert site.gpuguard("undrain", "node1").returncode == 0
+    site.set_scenario("node1", "hot-gpu")
+    hook(site, "healthcheck", "node1")
+    assert drained(site, "node1") and reason(site, "node1").keyword == "THERMAL"
+    site.set_scenario("node1", "healthy-p5")
+    hook(site, "healthcheck", "node1")
+    r = reason(site, "node1")
+    assert not drained(site, "node1"), r
+
+
+def _output(site: DevSite, job: str) -> str:
+    try:
+        return site.cluster.job_output(job)
+    except OSError:
+        return ""
