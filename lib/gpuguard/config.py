@@ -12,9 +12,10 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from gpuguard.yamlutil import Located, YamlError, load_yaml_located, strip_located
+if TYPE_CHECKING:
+    from gpuguard.yamlutil import Located
 
 DEFAULT_CONFIG_PATH = "/etc/gpuguard/config.yaml"
 ENV_CONFIG = "GPUGUARD_CONFIG"
@@ -182,8 +183,9 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "ship_budget_s": (_num(), 2.0),  # the health check ships and prunes for at most this long after its verdict
         "ship_interval_s": (_num(), 60.0),  # how often the watch daemon ships
         # the verdict journal (pending drains, kernel-log positions): a tmpfs by default, so a full, read-only or
-        # damaged store filesystem never loses a verdict or skips evidence
-        "runtime_dir": (_str(), "/run/gpuguard"),
+        # damaged store filesystem never loses a verdict or skips evidence; null = $GPUGUARD_RUNTIME_DIR (set in
+        # gpuguard.env beside the hooks) or /run/gpuguard
+        "runtime_dir": (_str(allow_none=True), None),
     },
     "slurm": {
         "backend": (_choice("auto", "cli", "pyslurm"), "auto"),
@@ -412,6 +414,7 @@ class ConfigIssue:
     path: str
     line: Optional[int]
     message: str
+    meant: Optional[str] = None  # for an unknown key: the known key it most likely misspells (full path)
 
     def __str__(self) -> str:
         return f"{'line ' + str(self.line) + ': ' if self.line else ''}{self.path}: {self.message}"
@@ -428,6 +431,7 @@ class Config:
     mode: str = "ok"
     issues: list[ConfigIssue] = field(default_factory=list)
     last_good_at: Optional[float] = None  # when the configuration used for the bad parts was validated
+    given: set[str] = field(default_factory=set)  # key paths the file set validly ("deadlines.prolog_s", ...)
 
     @property
     def restricted(self) -> bool:
@@ -464,10 +468,15 @@ class _Issues:
         self.lenient = lenient
         self.found: list[ConfigIssue] = []
 
-    def report(self, line: Optional[int], path: str, msg: str) -> None:
+    def report(self, line: Optional[int], path: str, msg: str, meant: Optional[str] = None) -> None:
         if not self.lenient:
             raise _err(self.source, line, path, msg)
-        self.found.append(ConfigIssue(path, line, msg))
+        self.found.append(ConfigIssue(path, line, msg, meant))
+
+
+def _closest(key: str, options: list[str]) -> Optional[str]:
+    close = difflib.get_close_matches(key, options, n=1)
+    return close[0] if close else None
 
 
 def default_config(source: str = "<defaults>") -> Config:
@@ -483,6 +492,8 @@ def parse_config(text: str, source: str = "<string>", check_params: Optional[dic
     """Validate YAML text into a Config. `check_params`: check id -> {param: validator name}. `lenient`: collect
     every problem in `Config.issues` instead of raising at the first (a file that is not YAML, or not a mapping,
     still raises: there are no keys to keep)."""
+    from gpuguard.yamlutil import Located, YamlError, load_yaml_located  # only when a file is really parsed
+
     if check_params is None:
         from gpuguard.checks import param_schema
 
@@ -519,16 +530,21 @@ def parse_config(text: str, source: str = "<string>", check_params: Optional[dic
 
 
 def _parse_section(cfg: Config, section: str, value: Located, issues: _Issues) -> None:
+    from gpuguard.yamlutil import strip_located
+
     schema = SCHEMA[section]
     for key, raw in value.value.items():
         kline = value.lines.get(str(key))
         path = f"{section}.{key}"
         if key not in schema:
-            issues.report(kline, path, f"unknown key{_suggest(str(key), list(schema))}; known: {', '.join(schema)}")
+            meant = _closest(str(key), list(schema))
+            issues.report(kline, path, f"unknown key{_suggest(str(key), list(schema))}; known: {', '.join(schema)}",
+                          f"{section}.{meant}" if meant else None)
             continue
         validator, _ = schema[key]
         try:
             cfg.sections[section][key] = validator(strip_located(raw))
+            cfg.given.add(path)
         except ValueError as e:
             issues.report(kline, path, str(e))
 
@@ -541,6 +557,8 @@ def check_yaml_expansion(text: str, source: str, limit: int = MAX_YAML_NODES) ->
     bytes, expands exponentially and would hang the prolog). Counted on the composed node graph, where an alias
     is the same node object again: linear in the document, iterative (no recursion limit)."""
     import yaml
+
+    from gpuguard.yamlutil import YamlError
 
     if "*" not in text:  # no alias, nothing can expand: skip the second compose on the prolog's path
         return
@@ -580,6 +598,8 @@ def check_yaml_expansion(text: str, source: str, limit: int = MAX_YAML_NODES) ->
 
 
 def _parse_checks(cfg: Config, node: Located, issues: _Issues, check_params: dict[str, dict[str, str]]) -> None:
+    from gpuguard.yamlutil import Located, strip_located
+
     known = sorted(check_params)
     for check_id, raw in node.value.items():
         line = node.lines.get(str(check_id))
@@ -600,17 +620,21 @@ def _parse_checks(cfg: Config, node: Located, issues: _Issues, check_params: dic
         for key, value in raw.value.items():
             kline = raw.lines.get(str(key))
             if key not in spec:
+                meant = _closest(str(key), list(spec))
                 issues.report(kline, f"{path}.{key}", f"unknown parameter{_suggest(str(key), list(spec))}; known: "
-                              f"{', '.join(sorted(spec))}")
+                              f"{', '.join(sorted(spec))}", f"{path}.{meant}" if meant else None)
                 continue
             try:
                 params[key] = PARAM_VALIDATORS[spec[key]](strip_located(value))
+                cfg.given.add(f"{path}.{key}")
             except ValueError as e:
                 issues.report(kline, f"{path}.{key}", str(e))
         cfg.checks[check_id] = params
 
 
 def _parse_xid_overrides(cfg: Config, root: Located, issues: _Issues) -> None:
+    from gpuguard.yamlutil import Located
+
     overrides = cfg.sections["xid"]["overrides"]
     if not overrides:
         return

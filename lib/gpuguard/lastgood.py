@@ -177,7 +177,8 @@ def _merge_last_good(cfg: Config, last: Optional[Config]) -> Config:
     if last is not None:
         cfg.last_good_at = last.last_good_at
         for issue in cfg.issues:
-            parts = issue.path.split(".")
+            target = issue.meant if issue.meant and issue.meant not in cfg.given else issue.path
+            parts = target.split(".")  # a misspelt key: the one it most likely meant, unless the file set that too
             if parts[0] == "checks" and len(parts) >= 3:
                 check_id, param = ".".join(parts[1:-1]), parts[-1]
                 if param in last.checks.get(check_id, {}):

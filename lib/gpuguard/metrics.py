@@ -201,7 +201,8 @@ def update_state(state: dict[str, Any], result: "RunResult", xid_severity: Calla
     the watch daemon, `gpuguard undrain`, the NCCL sweep)."""
     ctx = result.context
     st: dict[str, Any] = {"v": STATE_VERSION, "runs": {}, "runs_total": {}, "drains_total": {}, "drain_mark": 0,
-                          "xid_total": {}, "xid_by_code": {}, "xid_mark": {}, "gpus": {}}
+                          "xid_total": {}, "xid_by_code": {}, "xid_mark": {}, "gpus": {}, "pending": [],
+                          "config_issues": 0}
     if state.get("v") == STATE_VERSION:
         st.update({k: v for k, v in state.items() if k in st})
 
@@ -219,11 +220,16 @@ def update_state(state: dict[str, Any], result: "RunResult", xid_severity: Calla
         "store_ok": not getattr(result, "store_errors", None)}}
     key = f"{ctx.kind}|{result.verdict.outcome}"
     st["runs_total"] = {**st["runs_total"], key: st["runs_total"].get(key, 0) + 1}
+    # gpuguard's own health as of this run: drains Slurm has not taken yet, the config's state
+    st["pending"] = [[p.op, p.created] for p in getattr(result, "pending", [])]
+    st["config_issues"] = len(getattr(result, "config_issues", []))
 
     drains = dict(st["drains_total"])
     for row_id, op, outcome in drain_rows:
-        drains[f"{op}|{outcome}"] = drains.get(f"{op}|{outcome}", 0) + 1
         st["drain_mark"] = max(st["drain_mark"], int(row_id))
+        if outcome == "already":  # a drain found in place: nothing was done, not an operation
+            continue
+        drains[f"{op}|{outcome}"] = drains.get(f"{op}|{outcome}", 0) + 1
     st["drains_total"] = drains
 
     kl = result.observations.kernel_log
@@ -279,6 +285,19 @@ def node_families(st: dict[str, Any], node: str, drain: Optional[DrainState], ve
              "left out until it is)")
     latest = max(st["runs"].values(), key=lambda r: r["started"], default={})
     ok.add(1 if store_ok and latest.get("store_ok", True) else 0, node=node)
+
+    pending = fam("gpuguard_pending_drains", "gauge",
+                  "Drains (and reboot requests) gpuguard decided but Slurm has not taken yet: the node refuses jobs "
+                  "meanwhile and every run retries them (slurmctld down or hung)")
+    pending.add(len(st.get("pending") or []), node=node)
+    oldest = min((float(c) for _op, c in st.get("pending") or []), default=None)
+    if oldest is not None:
+        fam("gpuguard_pending_drain_oldest_timestamp_seconds", "gauge",
+            "When the oldest pending drain was decided (only while one is pending)").add(oldest, node=node)
+    fam("gpuguard_config_issues", "gauge",
+        "Problems in the config file the last run worked around (bad keys took their last good value, or the "
+        "whole file was replaced by the last good one): 0 when it validated").add(st.get("config_issues", 0),
+                                                                                    node=node)
 
     if drain is not None:
         drained = fam("gpuguard_node_drained", "gauge",

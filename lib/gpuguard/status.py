@@ -320,7 +320,9 @@ def cmd_status(args: Any) -> int:
     from gpuguard.slurm import CliSlurmClient, SlurmError
 
     cfg = load_guarded(args.config)  # a broken config is what status must report, not a reason to fail
-    health = own_health(cfg.sections["store"]["runtime_dir"])
+    from gpuguard.pipeline.journal import runtime_dir
+
+    health = own_health(runtime_dir(cfg))
     if not args.json:
         for line in render_own_health(cfg, health, time.time()):
             print(line)

@@ -277,11 +277,24 @@ class Store:
         row = cur.fetchone()
         if row is None:
             return None
-        drain = dict(zip([c[0] for c in cur.description], row))
+        cols = [c[0] for c in cur.description]
+        drain = dict(zip(cols, row))
         lifted = self.conn.execute(
             "SELECT 1 FROM drains WHERE node=? AND op='undrain' AND outcome IN ('done','gone') AND id > ? LIMIT 1",
             (node, drain["id"])).fetchone()
-        return None if lifted else drain
+        if lifted:
+            return None
+        if drain["outcome"] == "already":
+            # Slurm keeps the first reason: the drain in place is the one that set it (a later run found it there),
+            # unless that record is gone (a recreated store)
+            setter = self.conn.execute(
+                "SELECT d.*, r.boot_id AS boot_id FROM drains d LEFT JOIN runs r ON r.id = d.run_id WHERE d.node=? "
+                "AND d.op='drain' AND d.outcome='done' AND d.id < ? AND NOT EXISTS (SELECT 1 FROM drains u WHERE "
+                "u.node=d.node AND u.op='undrain' AND u.outcome IN ('done','gone') AND u.id > d.id) "
+                "ORDER BY d.id DESC LIMIT 1", (node, drain["id"])).fetchone()
+            if setter is not None:
+                return dict(zip(cols, setter))
+        return drain
 
     def consecutive_passes(self, node: str, check_id: str, since: float, kinds: tuple[str, ...] = ("healthcheck",),
                            limit: int = 50) -> int:

@@ -79,7 +79,9 @@ def test_a_hung_three_node_job_pages_once_and_resolves_once(site, hook, tmp_path
 
 
 def test_a_prolog_drain_names_the_gpu_and_an_admin_resume_resolves_it(site, hook):
-    site.write_config({"notify": {"urls": [hook.url("/pages")]}})
+    # undrain.resync_s 0: the health check reads the node's state from Slurm every run (by default at most hourly:
+    # a node gpuguard keeps drained costs slurmctld nothing per run), so it sees the admin's resume at once
+    site.write_config({"notify": {"urls": [hook.url("/pages")]}, "undrain": {"resync_s": 0}})
     site.set_scenario("node2", "ecc-dbe")
     job = site.cluster.sbatch("#!/bin/sh\ntrue\n", "-N1", "-w", "node2", "--gres=gpu:8")
     try:

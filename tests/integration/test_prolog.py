@@ -86,8 +86,10 @@ def test_hung_nvml_still_ends_the_prolog_in_its_deadline(site_factory):
     parsed = parse_reason(node_reason(site, "node2"))
     assert (parsed.check_id, parsed.keyword) == ("gpu.nvml", "TIMEOUT")
     run = site.runs("node2", "prolog")[0]
-    # NVML gets its deadline twice (slow is not hung: persistence mode off can take seconds), then it is a hang
-    assert 4000 <= run["duration_ms"] < 6000, run["duration_ms"]
+    # NVML gets its deadline, then a second wait (slow is not hung: persistence mode off can take seconds) cut to
+    # what the gather stage may use: the act stage keeps its share of the 8 s to drain (gpuguard.pipeline.budget)
+    assert 3000 <= run["duration_ms"] < 6000, run["duration_ms"]
+    assert site.store("node2").drains("node2")[0]["outcome"] == "done"
 
 
 def test_hung_scontrol_still_ends_the_prolog(site_factory, tmp_path):

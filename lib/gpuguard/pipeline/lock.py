@@ -12,18 +12,25 @@ class NodeLock:
     """flock on a file beside the store: released by the kernel if the holder dies (slurmd kills a hung health
     check). `__enter__` says whether the lock was taken within `wait_s`; a run without it goes on read-only."""
 
-    def __init__(self, path: str, wait_s: float) -> None:
-        self.path = path
+    def __init__(self, path: str, wait_s: float, fallback: Optional[str] = None) -> None:
+        self.paths = [path] + ([fallback] if fallback else [])  # the fallback: when the first cannot be created
         self.wait_s = wait_s
         self.fd: Optional[int] = None
+
+    def _open(self) -> Optional[int]:
+        for path in self.paths:
+            try:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            except OSError:
+                continue
+        return None
 
     def __enter__(self) -> bool:
         import fcntl
 
-        try:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError:
+        self.fd = self._open()
+        if self.fd is None:
             return False
         until = time.monotonic() + self.wait_s
         while True:

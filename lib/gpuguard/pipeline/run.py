@@ -25,7 +25,7 @@ from gpuguard.pipeline.budget import StageBudget
 from gpuguard.pipeline.decide import is_unambiguous, judge
 from gpuguard.pipeline.evaluate import evaluate, map_job_gpus, name_processes, observations_from
 from gpuguard.pipeline.gather import build_probes, gather
-from gpuguard.pipeline.journal import Journal
+from gpuguard.pipeline.journal import Journal, runtime_dir
 from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.pipeline.plan import plan_checks, resolve_profile
 from gpuguard.pipeline.record import job_cursor, node_cursor, record_drains, record_run, save_cursors
@@ -44,15 +44,15 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
     dl = cfg.sections["deadlines"]
     budget = StageBudget(deadline_s or dl.get(f"{ctx.kind}_s", dl["manual_s"]), dl["scontrol_s"])
     profile = sources.profile or resolve_profile(cfg, ctx.node)[0]
-    runtime_dir = cfg.sections["store"]["runtime_dir"]
-    with NodeLock(lock_path(runtime_dir, ctx.node), min(cfg.sections["locking"]["wait_s"],
-                                                         budget.remaining() / 3)) as locked:
+    rundir = runtime_dir(cfg)
+    store_path = cfg.sections["store"]["path"].replace("{node}", ctx.node)
+    with NodeLock(lock_path(rundir, ctx.node), min(cfg.sections["locking"]["wait_s"], budget.remaining() / 3),
+                  fallback=f"{store_path}.{ctx.node}.lock") as locked:
         timeout_s = min(5.0, max(0.5, budget.remaining() / 4))
-        store_path = cfg.sections["store"]["path"].replace("{node}", ctx.node)
         # A store that cannot be opened or written (disk full, read-only, locked) never changes the verdict.
         store = GuardedStore(lambda: Store(store_path, timeout_s=timeout_s))
         try:
-            run = Run(ctx, cfg, sources, profile, store, Journal.load(runtime_dir, ctx.node), budget,
+            run = Run(ctx, cfg, sources, profile, store, Journal.load(rundir, ctx.node), budget,
                       SlurmHandle(cfg, budget, slurm_client), locked=locked, dry_run=dry_run,
                       on_verdict=on_verdict, log=log, hook=hook)
             return run.execute()
