@@ -250,3 +250,38 @@ def _output(site: DevSite, job: str) -> str:
         return site.cluster.job_output(job)
     except OSError:
         return ""
+
+
+# --------------------------------------------------------------------------- 7/8. drain storms
+
+
+def _health_check_round(site: DevSite) -> None:
+    """Every node's health check at the same moment, as slurmd's HealthCheckInterval runs them."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(len(site.cluster.node_names)) as pool:
+        list(pool.map(lambda n: hook(site, "healthcheck", n), site.cluster.node_names))
+
+
+def test_a_check_failing_on_every_node_at_once_pages_instead_of_draining_the_partition(site_factory, tmp_path):
+    """A threshold no node meets (a config choice, applied to every node at once): 12 nodes run their health
+    checks at the same instant. The storm guard lets the first `policy.storm_min_nodes` drain and pages a human
+    for the rest, reading only slurmctld's own view (no shared file)."""
+    hook_dir = tmp_path / "pages"
+    site = site_factory(nodes=12, config={"checks": {"sys.memory": {"min_available_gib": 10 ** 6}},
+                                          "logging": {"level": "info"}})
+    _health_check_round(site)
+    drained_nodes = [n for n in site.cluster.node_names if drained(site, n)]
+    assert 1 <= len(drained_nodes) <= 2, drained_nodes  # limit: max(storm_min_nodes 2, 10 % of 12)
+    held = site.log_lines("drain-storm guard")
+    assert len(held) >= 10 - len(drained_nodes), held
+    _health_check_round(site)  # the next round: the drained ones stay drained, nobody else is drained
+    assert [n for n in site.cluster.node_names if drained(site, n)] == drained_nodes
+
+
+def test_unambiguous_hardware_evidence_is_never_held_back(site_factory):
+    site = site_factory(nodes=6)
+    for node in site.cluster.node_names:
+        site.set_scenario(node, "xid79")
+    _health_check_round(site)
+    assert all(drained(site, n) for n in site.cluster.node_names)

@@ -85,7 +85,9 @@ class Journal:
                "pending": [p.to_dict() for p in self.pending], "config": self.config}
         try:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-            atomic_write(self.path, json.dumps(doc, sort_keys=True), mode=0o600, durable=True)
+            # fsync only with a pending drain in it: a position alone is worth nothing after a power cut (the
+            # kernel log starts again with the next boot), and the prolog runs before every job
+            atomic_write(self.path, json.dumps(doc, sort_keys=True), mode=0o600, durable=bool(self.pending))
         except OSError as e:
             self.error = f"verdict journal {self.path} could not be written: {e}"
             return self.error
