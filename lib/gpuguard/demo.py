@@ -1,7 +1,9 @@
 """`make demo`: gpuguard end to end on a local 3-node Slurm cluster of simulated 8-GPU p5.48xlarge nodes.
 
 healthy 2-node job runs -> a GPU falls off the bus on node2 -> the next job's prolog drains node2 with a
-gpuguard reason -> Slurm requeues the job -> it finishes on the healthy nodes -> what gpuguard found.
+gpuguard reason -> Slurm requeues the job -> it finishes on the healthy nodes -> what gpuguard found -> gpuguard's
+own surroundings fail: slurmctld is down while node3 logs an Xid (the drain is pending, applied once it is back,
+no job runs there meanwhile) and a config typo is deployed (gpuguard keeps protecting, and says where the typo is).
 """
 
 from __future__ import annotations
@@ -70,13 +72,70 @@ def _fleet_report(site: DevSite, out: Out) -> bool:
     return ("gpu.xid", 1) in weekly and failures.get("node2") == 1 and failures.get("node1") == 0
 
 
+XID119 = ("NVRM: Xid (PCI:0000:86:00): 119, pid=2113, name=python3, Timeout after 6s of waiting for RPC response "
+          "from GPU3 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20801348 0x204).")
+
+
+def _controller_down(site: DevSite, out: Out) -> bool:
+    """The drain cannot reach slurmctld: it is kept as pending, the node refuses jobs, and it is applied once
+    slurmctld is back."""
+    import yaml
+
+    from gpuguard.fsutil import atomic_write
+
+    path = site.scenarios / "node3.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["kernel_log"] = list(data.get("kernel_log") or []) + [XID119]
+    site.cluster.stop_controller()
+    try:
+        atomic_write(path, yaml.safe_dump(data, sort_keys=False))
+        out.line(out.c(DIM, XID119))
+        hc = site.run_hook("healthcheck", "node3")
+        line = (site.log_lines("PENDING") or [""])[-1]
+        out.line(f"health check on node3 (slurmd runs it, slurmctld is down): {line.split(': ', 1)[-1][:150]}")
+        for text in site.gpuguard("status").stdout.splitlines():
+            if text.startswith("PENDING"):
+                out.line(out.c(YELLOW, text[:160]))
+    finally:
+        site.cluster.start_controller()
+    out.line("slurmctld is back; a job is sent to node3:")
+    job = site.cluster.sbatch(JOB, "-N1", "-w", "node3", "--job-name=train-llm")
+    site.cluster.wait_nodes(lambda f: "DRAIN" in f, nodes=["node3"], timeout=60)
+    applied = (site.log_lines("pending drain applied") or [""])[-1]
+    out.line(f"node3's prolog applied the pending drain first and refused the job: {applied.split(': ', 1)[-1][:120]}")
+    site.cluster.run(["scancel", job])
+    reason = site.cluster.node_info("node3").get("Reason") or ""
+    _nodes_table(site, out)
+    return hc.returncode == 0 and reason.startswith("gpuguard: XID119")
+
+
+def _config_typo(site: DevSite, out: Out) -> bool:
+    good = site.config_path.read_text()
+    site.config_path.write_text(good + "deadlines:\n  prolog_s: soon\n")
+    try:
+        out.line("config.yaml now ends with `deadlines: {prolog_s: soon}` (a typo, on every node at once)")
+        job = site.cluster.sbatch(JOB, "-N1", "-w", "node1", "--job-name=train-llm")
+        info = site.cluster.wait_job(job, timeout=60)
+        out.line(f"job {job} {out.c(GREEN if info['JobState'] == 'COMPLETED' else RED, info['JobState'])} on "
+                 f"{info['NodeList']}: the healthy node keeps running jobs, the drained ones stay drained")
+        status = site.gpuguard("status").stdout.splitlines()
+        for text in status:
+            if text.startswith("CONFIG BROKEN"):
+                out.line(out.c(YELLOW, text[:170]))
+        check = site.gpuguard("config", "--check", str(site.config_path))
+        out.line(f"gpuguard config --check: {check.stdout.strip().splitlines()[0]}")
+        return info["JobState"] == "COMPLETED" and any("deadlines.prolog_s" in t for t in status)
+    finally:
+        site.config_path.write_text(good)
+
+
 def run_demo(keep: bool = False) -> int:
     out = Out(sys.stdout.isatty())
     missing = missing_requirements()
     if missing:
         print("cannot run the demo here: " + "; ".join(missing), file=sys.stderr)
         return 2
-    total = 6
+    total = 8
     print(out.c(BOLD, "gpuguard demo: a real Slurm cluster on this machine, 3 nodes, each a simulated "
                       "p5.48xlarge (8x H100 80GB, 32 EFA)"))
     print(out.c(DIM, "NVML answers through the real nvidia-ml-py binding over a fake libnvidia-ml.so.1; "
@@ -138,8 +197,14 @@ def run_demo(keep: bool = False) -> int:
 
         out.step(6, total, "fleet report of the demo's drains (`gpuguard fleet report`)")
         fleet_ok = _fleet_report(site, out)
+
+        out.step(7, total, "slurmctld goes down while node3's GPU logs Xid 119 (GSP timeout)")
+        pending_ok = _controller_down(site, out)
+
+        out.step(8, total, "a config typo is deployed to every node")
+        config_ok = _config_typo(site, out)
         success = ok and info["NodeList"] == "node[1,3]" and (d["reason"] or "").startswith("gpuguard: XID79 gpu.xid") \
-            and fleet_ok
+            and fleet_ok and pending_ok and config_ok
     except Exception as e:  # noqa: BLE001 - show what happened, keep the logs
         site.keep = True
         print(f"\ndemo failed: {e}\n(logs kept in {site.workdir})", file=sys.stderr)
