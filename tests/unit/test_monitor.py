@@ -124,22 +124,39 @@ def test_throttled_gpu_is_a_straggler_alert(site, hook):
     first = mon.step()
     assert first["alerts"] == []  # a straggler must persist straggler_samples (2) samples in a row
     second = mon.step()
-    assert {(a["check_id"], a["gpu"]) for a in second["alerts"]} == {("monitor.gpu_throttle", 3),
-                                                                    ("monitor.gpu_clock", 3)}
-    hook.wait_for(2)
-    clock = alerts_of(hook, "monitor.gpu_clock")
-    assert len(clock) == 1 and "node2" in clock[0]["title"]
-    msg = clock[0]["message"]
-    assert "GPU 3 SM clock 1200 MHz is 61% of the job's median 1980 MHz (16 busy GPUs on 2 node(s))" in msg
-    assert "hw_slowdown" in msg and "action:   the whole job waits for this GPU" in msg
+    # one GPU, one cause: the low clock is the throttling's doing, told in the throttle alert (one page)
+    assert {(a["check_id"], a["gpu"]) for a in second["alerts"]} == {("monitor.gpu_throttle", 3)}
+    hook.wait_for(1)
     throttle = alerts_of(hook, "monitor.gpu_throttle")
-    assert len(throttle) == 1 and "GPU 3 throttled (hw_slowdown)" in throttle[0]["message"]
+    assert len(throttle) == 1 and "node2" in throttle[0]["title"]
+    msg = throttle[0]["message"]
+    assert "GPU 3 throttled (hw_slowdown)" in msg
+    assert "GPU 3 SM clock 1200 MHz is 61% of the job's median 1980 MHz (16 busy GPUs on 2 node(s))" in msg
     # once per episode: more samples of the same condition do not page again
     mon.step()
     mon.step()
-    assert len(hook.requests) == 2
+    assert len(hook.requests) == 1
     events = [json.loads(line) for line in (s.job_dir / "gpuguard" / "events.jsonl").read_text().splitlines()]
-    assert {e["check"] for e in events} == {"monitor.gpu_clock", "monitor.gpu_throttle"}
+    assert {e["check"] for e in events} == {"monitor.gpu_throttle"}
+
+
+def test_a_hot_throttling_gpu_pages_once():
+    """Issue 16: one hot GPU sent two pages (temperature and throttle). One GPU, one cause, one alert."""
+    from gpuguard.monitor.detect import gpu_alerts, one_per_gpu_cause
+    from gpuguard.monitor.sampler import GpuSample
+
+    hot = GpuSample(index=6, temp_c=91, temp_slowdown_c=89, sm_clock_mhz=1100, sm_clock_max_mhz=1980,
+                    throttle_mask=0x40 | 0x8)
+    capped = GpuSample(index=2, temp_c=60, temp_slowdown_c=89, throttle_mask=0x80)  # power brake: another cause
+    p = {"gpu_temp_max_c": None, "gpu_power_max_w": None, "gpu_memory_percent_max": None, "ecc_uncorrected_max": 0,
+         "throttle": True}
+    raw = gpu_alerts([hot, capped], {}, p)
+    assert {(a.check_id, a.gpu) for a in raw} == {("monitor.gpu_temp", 6), ("monitor.gpu_throttle", 6),
+                                                 ("monitor.gpu_throttle", 2)}
+    merged = one_per_gpu_cause(raw)
+    assert {(a.check_id, a.gpu) for a in merged} == {("monitor.gpu_temp", 6), ("monitor.gpu_throttle", 2)}
+    temp = next(a for a in merged if a.gpu == 6)
+    assert "throttling (hw_slowdown, hw_thermal)" in temp.message and temp.evidence["throttle"]
 
 
 def test_healthy_busy_node_raises_nothing(site, hook):

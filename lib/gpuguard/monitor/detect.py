@@ -183,3 +183,31 @@ def idle_hang(now: float, idle_since: Optional[float], peers: list[dict[str, Any
                  f"every GPU idle for {(now - idle_since) / 60:.1f} min on {where}",
                  None, {"idle_s": round(now - idle_since), "nodes_idle": len(peers) + 1 if all_idle else 1},
                  "the job is not computing: look at the stack dumps; cancel or requeue it", scope=scope)
+
+
+# --------------------------------------------------------------------------- one page per GPU per cause
+
+THERMAL_THROTTLE = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown"})
+
+
+def one_per_gpu_cause(alerts: list[Alert]) -> list[Alert]:
+    """A hot GPU is one problem, not two pages: its thermal throttling is told inside the temperature alert; a
+    throttled GPU's low clock (the job-wide straggler comparison) inside the throttle alert. Pure."""
+    by_gpu: dict[tuple[int, str], Alert] = {(a.gpu, a.check_id): a for a in alerts if a.gpu is not None}
+    dropped: set[int] = set()
+    for (gpu, check), a in list(by_gpu.items()):
+        if check != "monitor.gpu_throttle":
+            continue
+        temp = by_gpu.get((gpu, "monitor.gpu_temp"))
+        reasons = set(a.evidence.get("throttle") or [])
+        if temp is not None and reasons and reasons <= THERMAL_THROTTLE:
+            temp.message += f"; throttling ({', '.join(sorted(reasons))})"
+            temp.evidence = {**temp.evidence, "throttle": sorted(reasons), "sm_clock_mhz": a.evidence.get("sm_clock_mhz")}
+            dropped.add(id(a))
+            a = temp
+        clock = by_gpu.get((gpu, "monitor.gpu_clock"))
+        if clock is not None:
+            a.message += f"; {clock.message}"
+            a.evidence = {**a.evidence, "clock": clock.evidence}
+            dropped.add(id(clock))
+    return [a for a in alerts if id(a) not in dropped]

@@ -12,7 +12,8 @@ import time
 from typing import Any, Optional
 
 from gpuguard.config import Config
-from gpuguard.monitor.detect import Alert, gpu_alerts, host_alerts, idle_hang, progress_hang, straggler_alerts
+from gpuguard.monitor.detect import (Alert, gpu_alerts, host_alerts, idle_hang, one_per_gpu_cause, progress_hang,
+                                     straggler_alerts)
 from gpuguard.monitor.jobdir import JobDir
 from gpuguard.monitor.progress import LogFollower
 from gpuguard.monitor.sampler import GpuSampler, HostSampler, self_cost, to_dict
@@ -152,7 +153,7 @@ class Monitor:
         alerts += [a for a in (progress_hang(now, self.started, self.last_progress, report["last_iteration"],
                                              report["train_log"], p),
                                idle_hang(now, self.idle_since, list(self.peers.values()), p)) if a is not None]
-        return alerts
+        return one_per_gpu_cause(alerts)
 
     # ------------------------------------------------------------------ alerts: one message per episode
     def _notify(self, event: Any, budget_s: float = 2.0) -> str:
