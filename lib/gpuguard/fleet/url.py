@@ -1,29 +1,13 @@
-"""`store.url`: validate a PostgreSQL URL and redact it for messages. Pure (no psycopg import): config.py calls
+"""`store.url`: validate a PostgreSQL URL (redaction: gpuguard.redact). Pure (no psycopg import): config.py calls
 `validate_url` only when a url is configured."""
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from gpuguard.redact import redact_url  # noqa: F401 - re-exported: fleet modules print store.url through it
 
 SCHEMES = ("postgresql", "postgres")
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password (user:PASSWORD@ or ?password=) replaced by ***: safe for logs and errors."""
-    try:
-        u = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    netloc = u.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user, colon, _pw = userinfo.partition(":")
-        netloc = f"{user}{':***' if colon else ''}@{hostport}"
-    query = u.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="/:,*")
-    return urlunsplit((u.scheme, netloc, u.path, query, ""))
 
 
 def validate_url(value: object) -> str:
