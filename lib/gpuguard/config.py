@@ -142,8 +142,8 @@ def _alertmanager_urls(x: Any) -> Any:
         try:
             u = urlsplit(url.strip())
             u.port  # noqa: B018 - raises ValueError for a port that is not a number
-        except ValueError as e:
-            raise ValueError(f"not a valid URL ({e}): {redact_url(url)}") from None
+        except ValueError:  # urlsplit's message may quote a piece of the URL
+            raise ValueError(f"not a valid URL (host or port does not parse): {redact_url(url)}") from None
         if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
             raise ValueError(f"expected http(s)://HOST:PORT[/prefix] (no query), got {redact_url(url)}")
     return [u.strip() for u in x]

@@ -5,7 +5,8 @@ A URL is split by hand, not by `urllib.parse`: a password may hold unencoded `/`
 urlsplit takes for the start of the path, query or fragment and then prints in clear. The rules, in order:
 
 - userinfo is everything between `scheme://` and the **last** `@` (a host never contains one): only the user
-  name is kept (`user:***@host`), and not even that when it holds a delimiter;
+  name is kept (`user:***@host`), and not even that when it holds a delimiter; when a password-like query
+  parameter comes before that `@` (it may be part of its value), nothing but the scheme is shown;
 - a query parameter keeps its value only when its name is on a short list of harmless libpq/HTTP settings
   (sslmode, port, ...); a password-like one (`password`, `sslpassword`, `token`, `...key`, ...) becomes `***`,
   any other one is dropped (a `&` inside a secret would otherwise turn its tail into a "parameter");
@@ -34,6 +35,9 @@ SAFE_QUERY_KEYS = frozenset({
 })
 _SECRET_KEY = re.compile(r"pass|pwd|secret|token|key|auth|sig|cred|session", re.I)
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+# "?...password=" before the last '@': the '@' may be part of that value rather than end a userinfo
+_QUERY_SECRET = re.compile(r"\?(?:.*&)?[A-Za-z0-9_.-]*(?:pass|pwd|secret|token|key|auth|sig|cred|session)"
+                           r"[A-Za-z0-9_.-]*=", re.I | re.S)
 
 
 def _user_shown(userinfo: str) -> str:
@@ -71,6 +75,8 @@ def redact_url(url: str) -> str:
     shown_user = ""
     if "@" in rest:
         userinfo, _, rest = rest.rpartition("@")
+        if _QUERY_SECRET.search(userinfo):
+            return f"{scheme}://{MASK}"  # that '@' may sit inside a password given as a query parameter
         shown_user = _user_shown(userinfo) + "@"
     rest = rest.split("#", 1)[0]
     hostpath, qmark, query = rest.partition("?")
@@ -92,32 +98,53 @@ def redact_notify_url(url: str) -> str:
     return f"{m.group(1).lower()}://{MASK}" if m else MASK
 
 
-def url_secrets(url: str, min_len: int = 4) -> list[str]:
-    """The parts of a URL that may be secret (password and user, host part and path segments of a notification
-    URL, query values), decoded and as written, longest first: what `scrub` removes from an error text."""
+PLAIN_SCHEMES = ("http", "https", "postgresql", "postgres")  # tokens live in userinfo / query only
+
+
+def url_secrets(url: str) -> list[str]:
+    """What may be secret in `url`, as written and percent-decoded: its userinfo, password-like query values,
+    and for a notification URL (tokens anywhere: slack://A/B/C) everything after `scheme://`."""
     if not isinstance(url, str):
         return []
     m = _SCHEME.match(url.strip())
-    rest = m.group(2) if m else url
-    parts: set[str] = set()
-    if "@" in rest:
-        userinfo, _, rest = rest.rpartition("@")
-        parts.add(userinfo)
-        parts.update(userinfo.split(":", 1))
-    hostpath, _, query = rest.partition("?")
-    parts.add(hostpath)
-    parts.update(re.split(r"[/#]", hostpath))
-    for pair in re.split(r"[&#]", query):
-        parts.add(pair.partition("=")[2])
-    parts |= {unquote(p) for p in parts}
-    return sorted((p for p in parts if len(p) >= min_len), key=len, reverse=True)
+    scheme, rest = (m.group(1).lower(), m.group(2)) if m else ("", url)
+    if scheme not in PLAIN_SCHEMES:
+        found = {rest}
+    else:
+        found = {rest.rpartition("@")[0]} if "@" in rest else set()
+        # the query after the host, and from the first '?' (an '@' may sit in a password-like value)
+        for query in (rest.rpartition("@")[2].partition("?")[2], rest.partition("?")[2]):
+            for pair in query.split("&"):  # a value runs to the next '&', a '#' in it included
+                key, _, value = pair.partition("=")
+                if _SECRET_KEY.search(key):
+                    found.add(value)
+    found |= {unquote(p) for p in found}
+    return [p for p in found if p]
 
 
-def scrub(text: str, urls: Iterable[str]) -> str:
-    """`text` (an exception message, a library's log line) with every secret-looking part of `urls` masked."""
+def _mask_runs(text: str, secret: str, min_len: int) -> str:
+    """Every run of `text` of at least `min_len` characters that also occurs in `secret`, masked."""
+    out, i = [], 0
+    while i < len(text):
+        n = 0
+        while i + n < len(text) and text[i:i + n + 1] in secret:
+            n += 1
+        if n >= min_len:
+            out.append(MASK)
+            i += n
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def scrub(text: str, urls: Iterable[str], min_len: int = 4) -> str:
+    """`text` (an exception message, a library's log line) with every piece of at least `min_len` characters
+    of the secrets of `urls` masked: a library that misparses a URL quotes odd slices of it."""
     for url in urls:
         for secret in url_secrets(url):
-            text = text.replace(secret, MASK)
+            if len(secret) >= min_len:
+                text = _mask_runs(text, secret, min_len)
     return text
 
 
