@@ -103,6 +103,10 @@ def _deliver_row(conn: Any, row: Row, job: Job) -> bool:
             am_ok = am_ok and ok and not err
         if err:
             errors.append(f"#{tid}: {scrub(err, [t.url])}")
+            if ok:  # permanent (a wrong URL, refused credentials): not retried, so say it now
+                from gpuguard.notify.state import log_warning
+
+                log_warning(f"not retried: {errors[-1]}")
         if not ok:
             left.append(tid)
     if am_ok and row.key and any(job.targets.get(t, Target("", "")).kind == "alertmanager" for t in row.targets):
