@@ -364,3 +364,25 @@ def test_the_watch_daemons_drain_reaches_alertmanager_in_seconds(tmp_path, hook,
     assert (labels["alertname"], labels["node"], labels["keyword"], labels["cluster"]) == \
         ("GpuguardDrain", "n1", "XID79", "c1")
     assert "[watch reboot]" in alerts[0]["annotations"]["reason"]
+
+
+def test_an_alert_nothing_resolves_ends_by_itself_after_the_episode_window(tmp_path):
+    """A failed prolog, a crash, a requeue: no event ever says they are over. Their alert ends dedup_window_s
+    after the last time it happened (as their episode does) and is not kept alive."""
+    api = WebhookServer()
+    try:
+        cfg = make_cfg(tmp_path, [f"http://127.0.0.1:{api.port}"], dedup_window_s=3600)
+        cfg.sections["node"]["name"] = "node7"
+        t0 = 1_800_000_000.0
+        crash = dict(kind="internal_error", node="node7", severity="critical", message="gpuguard prolog crashed")
+        assert emit(cfg, Event(**crash), now=t0) == "sent"
+        [first] = posts(api)[0]
+        assert first["labels"]["alertname"] == "GpuguardInternalError"
+        assert (first["startsAt"], first["endsAt"]) == ("2027-01-15T08:00:00.000Z", "2027-01-15T09:00:00.000Z")
+        flush(cfg, now=t0 + 600)
+        assert len(posts(api)) == 1  # not kept alive
+        assert emit(cfg, Event(**crash), now=t0 + 1200) == "sent"  # again, later: the same alert lasts longer
+        [again] = posts(api)[1]
+        assert (again["startsAt"], again["endsAt"]) == ("2027-01-15T08:00:00.000Z", "2027-01-15T09:20:00.000Z")
+    finally:
+        api.close()

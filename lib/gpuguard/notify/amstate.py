@@ -28,11 +28,22 @@ def _put(conn: Any, key: str, labels: dict[str, str], annotations: dict[str, str
                   last_posted, json.dumps(superseded) if superseded else None))
 
 
+# Nothing ever resolves these (a failed prolog, a crash, a requeue, an unknown Xid): their alert ends by itself
+# dedup_window_s after the last time it happened, as their episode does, and is not kept alive.
+SELF_ENDING = {"prolog_failure", "internal_error", "requeue", "unknown_xid"}
+
+
+def _is_open(row: Optional[dict[str, Any]], now: float) -> bool:
+    return row is not None and (row["ends_at"] is None or row["ends_at"] > now)
+
+
 def record(conn: Any, event: Event, key: str, ncfg: dict[str, Any], now: float) -> bool:
     """Fold `event` into the alert of its incident; True when Alertmanager must hear about it now (a new alert,
     a resolution, a drain or FLAPPING, or a repeat whose last post is older than alertmanager_resend_s; other
     repeats are carried by the next keep-alive). The caller holds a transaction."""
     row = _row(conn, key)
+    if event.family in SELF_ENDING and not event.resolved:
+        return _record_self_ending(conn, event, key, ncfg, now, row)
     notes = alert_annotations(event, ncfg)
     if event.resolved:
         if row is None:  # not posted from here (another node of the job fired it): resolve what it would be
@@ -59,6 +70,17 @@ def record(conn: Any, event: Event, key: str, ncfg: dict[str, Any], now: float) 
     _put(conn, key, row["labels"], notes, row["starts_at"], None, row["last_posted"], row["superseded"])
     stale = row["last_posted"] is None or now - row["last_posted"] >= ncfg["alertmanager_resend_s"]
     return event.kind in ("drain", "flapping") or stale
+
+
+def _record_self_ending(conn: Any, event: Event, key: str, ncfg: dict[str, Any], now: float,
+                        row: Optional[dict[str, Any]]) -> bool:
+    ends = now + (ncfg["dedup_window_s"] or 3600.0)
+    if not _is_open(row, now):
+        _put(conn, key, alert_labels(event, ncfg), alert_annotations(event, ncfg), now, ends, None, None)
+        return True
+    assert row is not None
+    _put(conn, key, row["labels"], alert_annotations(event, ncfg), row["starts_at"], ends, row["last_posted"], None)
+    return row["last_posted"] is None or now - row["last_posted"] >= ncfg["alertmanager_resend_s"]
 
 
 def payload(conn: Any, keys: list[str], now: float, ttl: float) -> list[dict[str, Any]]:
