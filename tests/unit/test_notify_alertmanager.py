@@ -386,3 +386,19 @@ def test_an_alert_nothing_resolves_ends_by_itself_after_the_episode_window(tmp_p
         assert (again["startsAt"], again["endsAt"]) == ("2027-01-15T08:00:00.000Z", "2027-01-15T09:20:00.000Z")
     finally:
         api.close()
+
+
+def test_alertmanager_gets_every_alert_while_the_apprise_rate_limit_holds_messages_back(tmp_path):
+    api, hook = WebhookServer(), WebhookServer()
+    try:
+        cfg = make_cfg(tmp_path, [f"http://127.0.0.1:{api.port}"], urls=[hook.url("/chat")], rate_limit=2,
+                       state_path=str(tmp_path / "one.db"))
+        t0 = 1_800_000_000.0
+        assert [emit(cfg, drain(f"node{i}"), now=t0 + i) for i in range(1, 6)] == ["sent"] * 5
+        assert sorted(p[0]["labels"]["node"] for p in posts(api)) == [f"node{i}" for i in range(1, 6)]
+        assert len(hook.wait_for(2)) == 2  # two chat messages, the other three held for one digest
+        assert flush(cfg, now=t0 + 700) == 1
+        assert "3 events on 3 node(s): node[3-5]" in hook.wait_for(3)[2]["body"]["title"]
+    finally:
+        api.close()
+        hook.close()

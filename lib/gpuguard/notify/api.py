@@ -86,7 +86,7 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
         try:
             verdict, send, d = _decide(conn, ncfg, event, key, now, targets)
             title, body = render(event, prefix, *((d.repeats, d.since, d.opened) if d else ()))
-            if verdict == "held":  # over the rate limit: kept, leaves in the next digest
+            if d is not None and d.verdict == "held":  # over the rate limit: kept, leaves in the next digest
                 held = [i for i, t in targets.items() if t.kind == "apprise"]
                 delivery.spool(conn, event, title, body, held, "held", now, key=key)
             if not send:
