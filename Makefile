@@ -30,6 +30,13 @@ deps:
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	    postgresql prometheus >/dev/null; \
 	fi
+	@# Alertmanager and amtool (the alert tests start a real one in a temp dir): Debian's package, only when missing
+	@if ! command -v prometheus-alertmanager >/dev/null || ! command -v amtool >/dev/null; then \
+	  echo ">> installing prometheus-alertmanager (apt)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install prometheus-alertmanager" >&2; exit 1; fi; \
+	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    prometheus-alertmanager >/dev/null; \
+	fi
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo ">> python venv in $(VENV)"

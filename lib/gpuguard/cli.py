@@ -399,19 +399,10 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def redact_config(sections: dict[str, Any]) -> dict[str, Any]:
-    """The effective settings without their secrets: notification URLs carry tokens in any part (Slack's path,
-    mailto's password), so only their scheme is shown; a PostgreSQL URL loses its password."""
-    import copy
+    """The effective settings without their secrets (gpuguard.redact)."""
+    from gpuguard.redact import redact_config as redact
 
-    out = copy.deepcopy(sections)
-    urls = out.get("notify", {}).get("urls") or []
-    out.setdefault("notify", {})["urls"] = [u.split("://", 1)[0] + "://***" if "://" in u else "***" for u in urls]
-    url = out.get("store", {}).get("url")
-    if url:
-        from gpuguard.fleet.url import redact_url
-
-        out["store"]["url"] = redact_url(url)
-    return out
+    return redact(sections)
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:

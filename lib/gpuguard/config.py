@@ -125,6 +125,41 @@ def _pg_url(x: Any) -> Any:
     return validate_url(x)
 
 
+def _secret_list(x: Any) -> Any:
+    """notify.urls: a list of strings; an error never quotes them (apprise URLs carry tokens)."""
+    if not isinstance(x, list) or not all(isinstance(i, str) and i for i in x):
+        raise ValueError(f"expected a list of non-empty URL strings, got a {type(x).__name__} (value not shown: "
+                         "it may hold tokens)")
+    return list(x)
+
+
+def _alertmanager_urls(x: Any) -> Any:
+    """notify.alertmanager_urls: http(s) URLs naming a host; errors show them with passwords masked."""
+    from urllib.parse import urlsplit
+
+    from gpuguard.redact import redact_url
+
+    for url in _secret_list(x):
+        try:
+            u = urlsplit(url.strip())
+            u.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:  # urlsplit's message may quote a piece of the URL
+            raise ValueError(f"not a valid URL (host or port does not parse): {redact_url(url)}") from None
+        if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+            raise ValueError(f"expected http(s)://HOST:PORT[/prefix] (no query), got {redact_url(url)}")
+    return [u.strip() for u in x]
+
+
+# keys that existed once: a clear word instead of "unknown key"
+REMOVED_KEYS = {
+    "notify.shared_dir": "removed: fleet-wide grouping is Alertmanager's job now (notify.alertmanager_urls and "
+                         "observability/alertmanager.yml; docs/alerts.md)",
+    "notify.group_threshold": "removed with notify.shared_dir (Alertmanager groups alerts: docs/alerts.md)",
+    "notify.group_window_s": "removed with notify.shared_dir (Alertmanager's group_wait/group_interval)",
+    "notify.trusted_user": "removed: root trusts only root-owned notification state (docs/alerts.md)",
+}
+
+
 # Sections with fixed keys: key -> (validator, default)
 SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
     "node": {
@@ -308,8 +343,17 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
     },
     # @section:notify
     "notify": {
-        # apprise URLs (json://, slack://, mailto://, sns://, ...); none = notifications off, nothing imported
-        "urls": (_str_list, []),
+        # apprise URLs (json://, slack://, mailto://, sns://, ...); none = apprise off, nothing imported
+        "urls": (_secret_list, []),
+        # Alertmanager(s) gpuguard posts its alerts to (POST /api/v2/alerts): every URL gets every alert (an HA
+        # pair: list both). http(s)://[user:password@]HOST:PORT[/route-prefix]
+        "alertmanager_urls": (_alertmanager_urls, []),
+        "cluster": (_str(allow_none=True), None),  # the `cluster` label of every alert (several clusters, one AM)
+        "runbook_url": (_str(allow_none=True), None),  # base URL of docs/runbooks.md: annotation <url>#<check>
+        # a firing alert is re-posted by flush() at most this often; it ends by itself alertmanager_ttl_s after the
+        # last post (null: 4x the longer of this and metrics.healthcheck_interval_s)
+        "alertmanager_resend_s": (_num(), 60.0),
+        "alertmanager_ttl_s": (_num(allow_none=True), None),
         "min_severity": (_choice("info", "warning", "critical"), "info"),
         "kinds": (_str_list, ["drain", "undrain", "prolog_failure", "straggler", "hang", "requeue",
                               "internal_error", "flapping", "resource", "unknown_xid"]),  # resource: monitor thresholds
@@ -320,19 +364,10 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         # at most rate_limit messages per rate_window_s from one state file; the rest go out as one digest
         "rate_limit": (_int(1), 10),
         "rate_window_s": (_num(), 600.0),
-        # fleet-wide aggregation through a directory on a shared filesystem: the same kind + check on more than
-        # group_threshold nodes within group_window_s is summarised in one digest ("one bad rack pages once")
-        "shared_dir": (_str(allow_none=True), None),
-        "group_threshold": (_int(1), 3),
-        "group_window_s": (_num(), 600.0),
         "state_path": (_str(allow_none=True), None),  # SQLite spool + limiter state (default: store.path)
         # the monitor's (run as the job's user) own state; {job_dir} {job_id} {node} {uid}; null =
-        # {job_dir}/gpuguard/notify/{node}.db. It never uses state_path, store.path or shared_dir
+        # {job_dir}/gpuguard/notify/{node}.db. It never uses state_path or store.path
         "user_state_path": (_str(allow_none=True), None),
-        # besides root, the only owner root hooks accept for shared_dir and the files in it (e.g. the uid root is
-        # squashed to on an NFS export with all_squash,anonuid=...); a name or a numeric uid
-        "trusted_user": (lambda x: str(_int(0)(x)) if isinstance(x, int) and not isinstance(x, bool)
-                         else _str(allow_none=True)(x), None),
         "timeout_s": (_num(), 5.0),  # one delivery attempt to one URL
         "spool_max_age_h": (_num(), 72.0),  # undeliverable messages are retried by flush() this long
         "title_prefix": (_str(), "gpuguard"),
@@ -536,6 +571,9 @@ def _parse_section(cfg: Config, section: str, value: Located, issues: _Issues) -
     for key, raw in value.value.items():
         kline = value.lines.get(str(key))
         path = f"{section}.{key}"
+        if path in REMOVED_KEYS:
+            issues.report(kline, path, REMOVED_KEYS[path])
+            continue
         if key not in schema:
             meant = _closest(str(key), list(schema))
             issues.report(kline, path, f"unknown key{_suggest(str(key), list(schema))}; known: {', '.join(schema)}",

@@ -3,7 +3,10 @@
 - a hung 3-node job (`gpuguard monitor` on every node, as the torchrun template starts it) pages once, and is
   resolved once, with the same dedupe key, when the job ends (slurmd's SIGTERM to the monitors);
 - a prolog drain names the faulty GPU by UUID and serial; when an admin resumes the node by hand, the health
-  check resolves the drain's alert."""
+  check resolves the drain's alert;
+- the same through a real Alertmanager (Debian's prometheus-alertmanager, observability/alertmanager.yml): the
+  installed prolog's drain is an alert with the node, check, keyword and GPU labels within seconds, and pages
+  through Alertmanager's receiver; the health check after the admin's resume ends it."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from alertmanager_server import BINARY, Alertmanager, routed_config  # noqa: E402 - a real Alertmanager
 from test_notify_servers import WebhookServer  # noqa: E402 - the real local webhook server of the unit tests
 
 from gpuguard.devsite import DevSite  # noqa: E402
@@ -98,3 +102,46 @@ def test_a_prolog_drain_names_the_gpu_and_an_admin_resume_resolves_it(site, hook
     assert hc.returncode == 0, hc.stderr
     resolved = pages(hook, "RESOLVED undrained node2", 1)
     assert resolved and resolved[0]["dedup_key"] == "gpuguard/node2/drain" and resolved[0]["type"] == "success"
+
+
+@pytest.mark.skipif(not BINARY, reason="prometheus-alertmanager missing: make deps")
+def test_a_prolog_drain_reaches_alertmanager_and_the_health_check_ends_it(site, hook, tmp_path):
+    am = Alertmanager(tmp_path / "am", routed_config(f"http://127.0.0.1:{hook.port}/am"))
+    try:
+        site.write_config({"notify": {"alertmanager_urls": [am.url], "cluster": "dev"}})
+        site.set_scenario("node3", "ecc-dbe")
+        job = site.cluster.sbatch("#!/bin/sh\ntrue\n", "-N1", "-w", "node3", "--gres=gpu:8")
+        try:
+            alerts = am.wait_alerts(1, timeout=60, filter='node="node3"')
+        finally:
+            site.cluster.run(["scancel", job])
+        assert alerts, site.log_lines()
+        labels = alerts[0]["labels"]
+        assert (labels["alertname"], labels["cluster"], labels["severity"]) == ("GpuguardDrain", "dev", "critical")
+        assert labels["check"] == "gpu.xid" and labels["keyword"].startswith("XID")
+        assert labels["gpu_uuid"].startswith("GPU-") and labels["gpu_serial"]
+        reason = site.cluster.run(["scontrol", "show", "node", "node3"]).stdout
+        assert alerts[0]["annotations"]["reason"] in reason  # the drain reason, as Slurm shows it
+        page = pages_at(hook, "/am/page", lambda b: b["status"] == "firing")
+        assert page and page[0]["alerts"][0]["labels"]["node"] == "node3"
+        site.set_scenario("node3", "healthy-p5")
+        site.cluster.resume("node3", wait=False)  # the admin, by hand
+        hc = site.run_hook("healthcheck", "node3")
+        assert hc.returncode == 0, hc.stderr
+        end = time.monotonic() + 15
+        while am.alerts(active="true", filter='node="node3"') and time.monotonic() < end:
+            time.sleep(0.1)
+        assert am.alerts(active="true", filter='node="node3"') == []
+        assert pages_at(hook, "/am/page", lambda b: b["status"] == "resolved")
+    finally:
+        am.stop()
+
+
+def pages_at(hook, path: str, pred, timeout: float = 30.0) -> list[dict]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = [r["body"] for r in hook.requests if r["path"] == path and pred(r["body"])]
+        if got:
+            return got
+        time.sleep(0.1)
+    return []

@@ -1,6 +1,7 @@
 """Notifications through apprise, delivered to REAL local servers (HTTP webhook, Slack-style webhook, SMTP):
-content, de-duplication, rate limiting, fleet-wide grouping ("one bad rack pages once"), the spool and retries,
-the time budget, and zero cost when not configured."""
+content, de-duplication, rate limiting, the spool and retries, the time budget, and zero cost when not
+configured. Time is passed explicitly (`now=`): no test waits for a window to pass. (Fleet-wide grouping is
+Alertmanager's: test_notify_alertmanager.py.)"""
 
 from __future__ import annotations
 
@@ -118,51 +119,31 @@ def test_kind_and_severity_filters(tmp_path, hook):
 def test_repeats_are_suppressed_then_counted(tmp_path, hook):
     """An episode nothing repeated or resolved for dedup_window_s is over (the fallback for alerts that never
     resolve): the next one is sent and says how many repeats the last one folded."""
-    cfg = make_cfg(tmp_path, urls=[hook.url()], dedup_window_s=0.6)
+    cfg = make_cfg(tmp_path, urls=[hook.url()], dedup_window_s=600)
     failure = dict(kind="prolog_failure")
-    assert emit(cfg, xid_drain(**failure)) == "sent"
-    assert [emit(cfg, xid_drain(**failure)) for _ in range(4)] == ["suppressed"] * 4
+    t0 = 1_800_000_000.0
+    assert emit(cfg, xid_drain(**failure), now=t0) == "sent"
+    assert [emit(cfg, xid_drain(**failure), now=t0 + i) for i in range(1, 5)] == ["suppressed"] * 4
     # another check on the same node is another key
-    assert emit(cfg, xid_drain(check_id="gpu.ecc", **failure)) == "sent"
-    time.sleep(0.7)
-    assert emit(cfg, xid_drain(**failure)) == "sent"
+    assert emit(cfg, xid_drain(check_id="gpu.ecc", **failure), now=t0 + 5) == "sent"
+    assert emit(cfg, xid_drain(**failure), now=t0 + 4 + 599) == "suppressed"  # inside the window of the last one
+    assert emit(cfg, xid_drain(**failure), now=t0 + 4 + 599 + 601) == "sent"  # 601 s of nothing: a new episode
     last = hook.wait_for(3)[-1]["body"]["message"]
-    assert "also happened 4 more time(s)" in last
+    assert "also happened 5 more time(s)" in last
 
 
 def test_rate_limit_holds_the_rest_for_one_digest(tmp_path, hook):
-    cfg = make_cfg(tmp_path, urls=[hook.url()], rate_limit=3, rate_window_s=1.0, state_path=str(tmp_path / "one.db"))
-    results = [emit(cfg, xid_drain(node=f"node{i:03d}")) for i in range(1, 11)]
+    cfg = make_cfg(tmp_path, urls=[hook.url()], rate_limit=3, rate_window_s=600, state_path=str(tmp_path / "one.db"))
+    t0 = 1_800_000_000.0
+    results = [emit(cfg, xid_drain(node=f"node{i:03d}"), now=t0 + i) for i in range(1, 11)]
     assert results == ["sent"] * 3 + ["suppressed"] * 7
     assert len(hook.wait_for(3)) == 3
-    assert flush(cfg) == 0  # the window is still full: nothing more goes out yet
-    time.sleep(1.1)
-    assert flush(cfg) == 1
+    assert flush(cfg, now=t0 + 300) == 0  # the window is still full: nothing more goes out yet
+    assert flush(cfg, now=t0 + 604) == 1  # the first message is 600 s old: room for the digest
     digest = hook.wait_for(4)[3]["body"]
     assert "7 events on 7 node(s): node[004-010]" in digest["title"]
     assert "drain gpu.xid x7" in digest["message"] and "reboot the node" in digest["message"]
-    assert flush(cfg) == 0  # sent once
-
-
-def test_one_bad_rack_pages_once(tmp_path, hook):
-    """50 nodes of a rack drain for the same reason within minutes; each node has its own state (its own
-    prolog), they share a directory. 3 pages + 1 digest naming all 50, whichever node flushes first."""
-    shared = tmp_path / "shared"
-    window = 3.0
-    cfg = make_cfg(tmp_path, urls=[hook.url()], shared_dir=str(shared), group_threshold=3, group_window_s=window)
-    nodes = [f"gpu-r12-{i:03d}" for i in range(1, 51)]
-    time.sleep(window - time.time() % window + 0.05)  # windows are fixed buckets: start at the top of one
-    results = [emit(cfg, xid_drain(node=n)) for n in nodes]
-    assert results.count("sent") == 3 and results.count("suppressed") == 47
-    assert len(hook.wait_for(3)) == 3
-    time.sleep(window - time.time() % window + 0.05)  # let the group's window close
-    flushed = [flush(make_cfg(tmp_path, urls=[hook.url()], shared_dir=str(shared), group_threshold=3,
-                              group_window_s=window, state_path=str(tmp_path / f"flusher{i}.db")))
-               for i in range(3)]
-    assert flushed == [1, 0, 0]  # one node claims the digest, the others do not repeat it
-    digest = hook.wait_for(4)[3]["body"]
-    assert "50 events on 50 node(s): gpu-r12-[001-050]" in digest["title"]
-    assert len(hook.requests) == 4
+    assert flush(cfg, now=t0 + 1300) == 0  # sent once
 
 
 # --------------------------------------------------------------------------- spool, retries, budget
@@ -218,11 +199,25 @@ def test_bad_url_and_unwritable_state_never_raise(tmp_path, hook):
 def test_config_rejects_bad_values(tmp_path):
     from gpuguard.config import ConfigError
 
-    for bad in ({"urls": "json://x"}, {"rate_limit": 0}, {"min_severity": "loud"}, {"sharde_dir": "/x"},
-                {"send_resolved": "yes"}, {"trusted_user": -1}, {"trusted_user": True}, {"user_state_path": ""}):
+    for bad in ({"urls": "json://x"}, {"rate_limit": 0}, {"min_severity": "loud"}, {"statepath": "/x"},
+                {"send_resolved": "yes"}, {"user_state_path": ""}, {"alertmanager_urls": ["am:9093"]},
+                {"alertmanager_urls": ["ftp://am:9093"]}, {"alertmanager_urls": ["http://am:port"]},
+                {"alertmanager_urls": ["http://am:9093/?x=1"]}, {"alertmanager_resend_s": 0}):
         with pytest.raises(ConfigError, match="notify"):
             make_cfg(tmp_path, **bad)
-    assert make_cfg(tmp_path, trusted_user=65534).sections["notify"]["trusted_user"] == "65534"  # a uid
+    # the fleet-wide shared directory is gone: its keys say where grouping went
+    for gone in ("shared_dir", "group_threshold", "group_window_s", "trusted_user"):
+        with pytest.raises(ConfigError, match=f"notify.{gone}: removed"):
+            make_cfg(tmp_path, **{gone: 3})
+    # an error quotes no token: apprise URLs are not echoed, an Alertmanager URL has its password masked
+    with pytest.raises(ConfigError) as e:
+        make_cfg(tmp_path, urls="slack://T0KEN/B0KEN/S3CRET")
+    assert "S3CRET" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        make_cfg(tmp_path, alertmanager_urls=["http://gg:pa/ss?S3CRET@am:port"])
+    assert "S3CRET" not in str(e.value) and "***" in str(e.value)
+    ok = make_cfg(tmp_path, alertmanager_urls=["http://am1:9093", "https://u:p@am2.example/alertmanager/"])
+    assert len(ok.sections["notify"]["alertmanager_urls"]) == 2
 
 
 # --------------------------------------------------------------------------- pure helpers

@@ -76,8 +76,8 @@ def job(tmp_path, hook):
         j.close()
 
 
-def hang_pages(hook, n=None, timeout=10.0):
-    got = hook.wait_for(n, timeout) if n else (time.sleep(0.5) or hook.requests)
+def hang_pages(hook, n, timeout=10.0):
+    got = hook.wait_for(n, timeout)
     return [r["body"] for r in got if "job hang" in r["body"]["title"]]
 
 

@@ -1,29 +1,13 @@
-"""`store.url`: validate a PostgreSQL URL and redact it for messages. Pure (no psycopg import): config.py calls
+"""`store.url`: validate a PostgreSQL URL (redaction: gpuguard.redact). Pure (no psycopg import): config.py calls
 `validate_url` only when a url is configured."""
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from gpuguard.redact import redact_url  # noqa: F401 - re-exported: fleet modules print store.url through it
 
 SCHEMES = ("postgresql", "postgres")
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password (user:PASSWORD@ or ?password=) replaced by ***: safe for logs and errors."""
-    try:
-        u = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    netloc = u.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user, colon, _pw = userinfo.partition(":")
-        netloc = f"{user}{':***' if colon else ''}@{hostport}"
-    query = u.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="/:,*")
-    return urlunsplit((u.scheme, netloc, u.path, query, ""))
 
 
 def validate_url(value: object) -> str:
@@ -32,12 +16,17 @@ def validate_url(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a postgresql://USER@HOST[:PORT]/DATABASE URL or null, got {type(value).__name__}")
     shown = redact_url(value)
+    rest = value.strip().partition("://")[2]
+    if rest.count("@") > 1 or any(c in rest.rpartition("@")[0] for c in "/?#"):
+        # libpq (and urlsplit) take such a password for the host, path or query and quote pieces of it in errors
+        raise ValueError(f"the user or password holds an unencoded '/', '?', '#' or '@': percent-encode them "
+                         f"(%2f %3f %23 %40) or keep the password in ~/.pgpass: {shown}")
     try:
         u = urlsplit(value.strip())
         u.port  # noqa: B018 - raises ValueError for a port that is not a number
         params = dict(parse_qsl(u.query, keep_blank_values=True))
-    except ValueError as e:
-        raise ValueError(f"not a valid URL ({e}): {shown}") from None
+    except ValueError:  # urlsplit's message may quote a piece of the URL
+        raise ValueError(f"not a valid URL (host or port does not parse): {shown}") from None
     if u.scheme not in SCHEMES:
         raise ValueError(f"expected a postgresql:// URL (central history is PostgreSQL), got {shown}")
     if not (u.hostname or params.get("host")):

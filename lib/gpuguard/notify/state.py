@@ -1,0 +1,270 @@
+"""Where notification state lives (SQLite: episodes, the rate limiter, the spool, the alerts posted to
+Alertmanager) and how root opens it without trusting anything a user could have put there.
+
+Root hooks keep their state in the history store (`notify.state_path`, default `store.path`). Before using it,
+root walks the path from `/` one component at a time with O_NOFOLLOW (a symlink anywhere is refused; missing
+directories are created 0755): every directory must be owned by root (or this process's user) and not writable by
+others. A sticky world-writable directory such as /tmp may be on the way, never the state's own directory:
+SQLite creates its journal and WAL next to the database by name, and a user who can create entries there could
+plant them. The file itself must be a regular file with a trusted owner that others cannot write; when it is
+missing it is created here (O_CREAT|O_EXCL|O_NOFOLLOW, 0644). Once that holds, no other user can change what the
+path leads to, so SQLite may open it by name. When it does not hold, root does not use the state (and delivers
+directly: better a duplicate page than a silenced one).
+
+The monitor (the job's user) keeps its own small state in the job directory (`user_state_path`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import stat
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from gpuguard.config import Config
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS notify_keys (key TEXT PRIMARY KEY, last_sent REAL, suppressed INTEGER NOT NULL DEFAULT 0,
+    first_suppressed REAL);
+CREATE TABLE IF NOT EXISTS notify_sent (ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS notify_spool (
+    id INTEGER PRIMARY KEY, created REAL NOT NULL, kind TEXT, node TEXT, check_id TEXT, severity TEXT,
+    title TEXT NOT NULL, body TEXT NOT NULL,
+    targets TEXT NOT NULL,          -- JSON list of target ids (URL hashes) still to deliver to
+    status TEXT NOT NULL,           -- pending | held | digested | sent | expired
+    attempts INTEGER NOT NULL DEFAULT 0, next_try REAL NOT NULL DEFAULT 0, last_error TEXT,
+    event TEXT                      -- the Event as JSON (digests are built from these)
+);
+CREATE INDEX IF NOT EXISTS notify_spool_status ON notify_spool(status, next_try);
+CREATE TABLE IF NOT EXISTS notify_am_alerts (
+    key TEXT PRIMARY KEY,           -- the dedupe key of the incident
+    labels TEXT NOT NULL, annotations TEXT NOT NULL,   -- JSON, as last posted
+    starts_at REAL NOT NULL, ends_at REAL,             -- ends_at NULL: firing
+    last_posted REAL,               -- the last time every Alertmanager took it (keep-alive)
+    superseded TEXT                 -- JSON {labels, annotations, starts_at, ends_at}: an alert this one replaced
+);
+"""
+# Columns added since the first release (ALTER TABLE on an existing state file)
+ADDED_COLUMNS = {
+    "notify_keys": (("opened", "REAL"), ("last_seen", "REAL"), ("is_open", "INTEGER"),
+                    ("announced", "INTEGER NOT NULL DEFAULT 0")),
+    "notify_spool": (("dedup_key", "TEXT"), ("state", "TEXT")),
+}
+
+
+def log_warning(msg: str) -> None:
+    """Notification trouble must be visible somewhere even when it cannot be notified (syslog, escaped)."""
+    try:
+        import syslog
+
+        from gpuguard.log import escape_text
+
+        syslog.syslog(syslog.LOG_WARNING, escape_text(f"gpuguard notify: {msg}"))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def local_node(cfg: "Config", fallback: Optional[str] = None) -> str:
+    return (cfg.sections["node"].get("name") or os.environ.get("SLURMD_NODENAME") or fallback
+            or socket.gethostname().split(".")[0])
+
+
+def state_path(cfg: "Config", node: str) -> str:
+    n = cfg.sections["notify"]
+    return str(n["state_path"] or cfg.sections["store"]["path"]).replace("{node}", node)
+
+
+def user_state_path(cfg: "Config", job_dir: str, job_id: Optional[str], node: str) -> str:
+    """Where the monitor (the job's user) keeps its own notification state: `notify.user_state_path` or
+    `<job dir>/gpuguard/notify/<node>.db`. Never the hooks' state (root's history store)."""
+    template = (cfg.sections.get("notify") or {}).get("user_state_path") or \
+        os.path.join("{job_dir}", "gpuguard", "notify", "{node}.db")
+    safe_node = re.sub(r"[^A-Za-z0-9_.-]", "_", node) or "_"
+    return (template.replace("{job_dir}", job_dir).replace("{job_id}", str(job_id or "nojob"))
+            .replace("{node}", safe_node).replace("{uid}", str(os.geteuid())))
+
+
+# --------------------------------------------------------------------------- trust (root)
+
+
+class Untrusted(OSError):
+    """A path root must not use for its state: a symlink, or writable / owned by someone else."""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def trusted_uids() -> set[int]:
+    return {0, os.geteuid()}
+
+
+def _check(st: os.stat_result, what: str, uids: set[int], allow_sticky: bool) -> None:
+    if st.st_uid not in uids:
+        raise Untrusted(f"{what} is owned by uid {st.st_uid}, not by root")
+    if st.st_mode & 0o022 and not (allow_sticky and st.st_mode & stat.S_ISVTX):
+        raise Untrusted(f"{what} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
+MAX_LINKS = 16
+
+
+def _child_dir(parent_fd: int, name: str, what: str, uids: set[int], allow_sticky: bool) -> int:
+    """`name` below an open trusted directory (created 0755 when missing), never through a symlink."""
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Untrusted(f"{what} is a symlink or not a directory (not followed)") from e
+        raise
+    try:
+        _check(os.fstat(fd), what, uids, allow_sticky)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _trusted_link(parent_fd: int, name: str, what: str, uids: set[int]) -> Optional[str]:
+    """The target of `name` when it is a symlink root made (in a directory already found trustworthy, so that
+    nobody else can replace it: /var/run -> /run); None when it is no symlink. Raises Untrusted for a link
+    someone else owns."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISLNK(st.st_mode):
+        return None
+    if st.st_uid not in uids:
+        raise Untrusted(f"{what} is a symlink owned by uid {st.st_uid} (not followed)")
+    return os.readlink(name, dir_fd=parent_fd)
+
+
+def open_trusted_dir(path: str, uids: Optional[set[int]] = None) -> int:
+    """An fd on directory `path`, walked from / one component at a time, creating what is missing (0755).
+    Every directory must be owned by a trusted uid and not writable by others (a sticky one may be on the way,
+    not at the end); a symlink on the way is followed only when a trusted uid owns it. Raises Untrusted /
+    OSError."""
+    uids = trusted_uids() if uids is None else uids
+    if not os.path.isabs(path):
+        raise Untrusted(f"{path}: not an absolute path")
+    parts = [p for p in os.path.normpath(path).split("/") if p]
+    links = 0
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        _check(os.fstat(fd), "/", uids, allow_sticky=bool(parts))
+        i = 0
+        while i < len(parts):
+            here = "/" + "/".join(parts[:i + 1])
+            target = _trusted_link(fd, parts[i], here, uids)
+            if target is not None:  # resolve it lexically (everything before it is resolved) and walk again
+                links += 1
+                if links > MAX_LINKS:
+                    raise Untrusted(f"{path}: too many symlinks")
+                resolved = os.path.normpath(os.path.join("/" + "/".join(parts[:i]), target))
+                parts = [p for p in resolved.split("/") if p] + parts[i + 1:]
+                os.close(fd)
+                fd = os.open("/", _DIR_FLAGS)
+                i = 0
+                continue
+            nfd = _child_dir(fd, parts[i], here, uids, allow_sticky=i < len(parts) - 1)
+            os.close(fd)
+            fd = nfd
+            i += 1
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def ensure_trusted_state(path: str, uids: Optional[set[int]] = None) -> Optional[str]:
+    """Why root must not keep its state at `path` (None: it may; the file then exists, created here if it was
+    missing, as a regular root-owned file). See the module docstring."""
+    uids = trusted_uids() if uids is None else uids
+    directory, name = os.path.split(os.path.abspath(path))
+    try:
+        dfd = open_trusted_dir(directory, uids)
+    except OSError as e:
+        return f"state directory {directory}: {e}"
+    try:
+        try:
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=dfd)
+        except FileExistsError:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    return f"state file {path} is a symlink (not followed)"
+                return f"state file {path}: {e.strerror or e}"
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"state file {path} is not a regular file"
+        try:
+            _check(st, f"state file {path}", uids, allow_sticky=False)
+        except Untrusted as e:
+            return str(e)
+        return None
+    except OSError as e:
+        return f"state file {path}: {e.strerror or e}"
+    finally:
+        os.close(dfd)
+
+
+# --------------------------------------------------------------------------- opening
+
+
+def migrate(conn: Any) -> None:
+    conn.executescript(SCHEMA)
+    for table, cols in ADDED_COLUMNS.items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        for name, decl in cols:
+            if name not in have:
+                try:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+                except Exception as e:  # noqa: BLE001 - another process added it between our look and ours
+                    if "duplicate column" not in str(e):
+                        raise
+
+
+def connect_hooks(path: str, timeout_s: float) -> Any:
+    """The hooks' state: the history store (WAL, busy timeout, a corrupt file is moved aside). The caller has
+    checked the path with ensure_trusted_state."""
+    from gpuguard.store import Store
+
+    store = Store(path, timeout_s=timeout_s)
+    migrate(store.conn)
+    return store.conn
+
+
+def connect_user(path: str, timeout_s: float) -> Any:
+    """The monitor's own state: a small SQLite file of its own (rollback journal, not WAL: it may sit on the job
+    directory's network filesystem, where WAL does not work), created private (0700 directory, 0600 file)."""
+    import sqlite3
+
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    for attempt in (1, 2):
+        conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout=%d" % int(timeout_s * 1000))
+            migrate(conn)
+            return conn
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            if attempt == 2 or "malformed" not in str(e) and "not a database" not in str(e):
+                raise
+            os.replace(path, f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+            log_warning(f"notification state {path} was corrupt ({e}); moved aside, starting a new one")
+    raise AssertionError("unreachable")
