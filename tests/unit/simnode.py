@@ -3,6 +3,7 @@ on a temp dir, a scenario written on the fly, and an in-memory Slurm that takes 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,6 +52,12 @@ def make_cfg(tmp_path: Path, store_path: Optional[str] = None, **sections: Any) 
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return parse_config(yaml.safe_dump(data), source="test")
+
+
+def gpuguard_dirs() -> dict[str, str]:
+    """The test's private state and runtime directories (tests/conftest.py), for a hook started with its own bare
+    environment: without them it would share /var/lib/gpuguard and /run/gpuguard with every other test."""
+    return {k: os.environ[k] for k in ("GPUGUARD_STATE_DIR", "GPUGUARD_RUNTIME_DIR") if k in os.environ}
 
 
 def run_sim(ctx: RunContext, cfg: Config, simulate: Optional[str] = None, **kw: Any) -> Any:

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from gpuguard.log import HookLog, escape_text
 
+from simnode import gpuguard_dirs
+
 SCENARIOS = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 RAW = set(map(chr, range(0x20))) | {"\x7f"} | set(map(chr, range(0x80, 0xa0))) | {"\u202e", "\u2066", "\u200b"}
 
@@ -75,7 +77,8 @@ def test_a_hostile_process_name_reaches_the_prolog_log_escaped(tmp_path):
             "store": {"path": str(tmp_path / "state" / "{node}.db")}, "logging": {"syslog": False, "file": str(log)},
             "simulation": {"workdir": str(tmp_path / "sim"), "fake_nvml": str(build_fake_nvml())},
             "slurm": {"scontrol": "/bin/true"}}))
-        env = {"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "77", "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0",
+        env = {**gpuguard_dirs(), "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "77", "SLURM_JOB_GPUS": "0",
+               "CUDA_VISIBLE_DEVICES": "0",
                "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "PATH": "/usr/bin:/bin"}
         p = subprocess.run([sys.executable, "-m", "gpuguard", "prolog", "--config", str(conf), "--simulate",
                             str(scenario)], capture_output=True, text=True, timeout=120, env=env)

@@ -186,12 +186,12 @@ def test_a_hung_alertmanager_delays_no_hook_and_loses_no_alert(tmp_path, hook):
     at that address."""
     from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg as sim_cfg
 
-    from gpuguard.runner import execute
+    from simnode import run_sim
 
     def prolog(cfg, node):
         slurm = MemorySlurm()
         start = time.monotonic()
-        result = execute(ctx("prolog", node), cfg, simulate=str(SCENARIOS / "ecc-dbe.yaml"), slurm_client=slurm)
+        result = run_sim(ctx("prolog", node), cfg, simulate=str(SCENARIOS / "ecc-dbe.yaml"), slurm_client=slurm)
         assert result.drain and result.drain["outcome"] == "done" and slurm.reason.startswith("gpuguard: ")
         return time.monotonic() - start
 

@@ -144,12 +144,21 @@ def test_an_ambiguous_store_url_is_refused_with_advice_and_without_the_password(
 
 
 def test_a_config_error_in_the_hooks_log_quotes_no_secret(tmp_path):
-    """A hook that cannot load its config logs why (fail-open): the reason must not carry the password."""
+    """A hook whose config has a bad store.url logs what is wrong (and runs with the rest of the file): the line
+    must not carry the password."""
+    from gpuguard.simulate.build import build_fake_nvml
+
+    from simnode import SCENARIOS, gpuguard_dirs
+
     conf = tmp_path / "config.yaml"
-    conf.write_text(yaml.safe_dump({"store": {"url": "postgresql://gg:S3C/R3T@db/fleet"}}))
+    conf.write_text(yaml.safe_dump({
+        "store": {"path": str(tmp_path / "state" / "{node}.db"), "url": "postgresql://gg:S3C/R3T@db/fleet"},
+        "simulation": {"scenario": str(SCENARIOS / "healthy-p5.yaml"), "workdir": str(tmp_path / "sim"),
+                       "fake_nvml": str(build_fake_nvml())}, "logging": {"syslog": False}}))
     p = subprocess.run([sys.executable, "-m", "gpuguard", "prolog", "--config", str(conf)], capture_output=True,
-                       text=True, timeout=60, env={"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "1", "PATH": "/usr/bin"})
-    assert p.returncode == 0 and "INTERNAL ERROR (config)" in p.stderr, p.stderr
+                       text=True, timeout=60, env={**gpuguard_dirs(), "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "1",
+                                                    "PATH": "/usr/bin"})
+    assert p.returncode == 0 and "config broken" in p.stderr and "store.url" in p.stderr, p.stderr
     assert "S3C" not in p.stderr and "R3T" not in p.stderr
 
 
