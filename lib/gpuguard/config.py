@@ -102,16 +102,21 @@ def _any_mapping(x: Any) -> Any:
 
 
 def _disk_paths(x: Any) -> Any:
+    """sys.disk paths: [{path, min_free_gib, root_owned}]; `root_owned: true` (only users cannot write there) is
+    what lets a full filesystem drain the node."""
     if not isinstance(x, list):
-        raise ValueError(f"expected a list of {{path, min_free_gib}}, got {x!r}")
+        raise ValueError(f"expected a list of {{path, min_free_gib, root_owned}}, got {x!r}")
     out = []
     for i, item in enumerate(x):
-        if not isinstance(item, dict) or set(item) - {"path", "min_free_gib"} or "path" not in item:
-            raise ValueError(f"item {i}: expected {{path: ..., min_free_gib: ...}}, got {item!r}")
+        if not isinstance(item, dict) or set(item) - {"path", "min_free_gib", "root_owned"} or "path" not in item:
+            raise ValueError(f"item {i}: expected {{path: ..., min_free_gib: ..., root_owned: ...}}, got {item!r}")
         if not isinstance(item["path"], str) or not item["path"].startswith("/"):
             raise ValueError(f"item {i}: path must be absolute, got {item['path']!r}")
         _num(0, strict=False)(item.get("min_free_gib", 1))
-        out.append({"path": item["path"], "min_free_gib": item.get("min_free_gib", 1)})
+        if not isinstance(item.get("root_owned", False), bool):
+            raise ValueError(f"item {i}: root_owned must be true or false, got {item['root_owned']!r}")
+        out.append({"path": item["path"], "min_free_gib": item.get("min_free_gib", 1),
+                    "root_owned": item.get("root_owned", False)})
     return out
 
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from gpuguard.checks import CheckInput, CheckSpec, param_defaults, registry, run_check
+from gpuguard.checks import CheckInput, CheckSpec, param_defaults, probe_options, registry, run_check
 from gpuguard.config import Config
 from gpuguard.context import RunContext
 from gpuguard.model import (Finding, KernelLogObservation, NvmlObservation, Observations, ProbeStatus,
@@ -191,6 +191,7 @@ def _timed_out(cls: type, **extra: Any) -> Callable[[str], Any]:
 def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: Sources, profile: Profile,
                  kernel_cursor: Optional[dict[str, Any]], store: Any = None) -> list[_Probe]:
     needs = {s.needs for s in specs}
+    opts = probe_options(specs, cfg, profile)  # what the planned checks need each probe to read
     dl = cfg.sections["deadlines"]
     probes: list[_Probe] = []
     tier_needs = needs & {"nccl", "dcgm", "efa_counters"}
@@ -209,7 +210,7 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
     if "nvml" in needs:
         from gpuguard.probes.nvml import read_nvml
 
-        want_procs = any(s.id in ("gpu.processes", "gpu.leftovers", "gpu.memory_released") for s in specs)
+        want_procs = bool(opts["nvml"].get("with_processes"))
         # every GPU of the node: node-level faults are judged on all of them whatever the job asked for, and
         # Slurm's GPU ids are mapped to NVML's afterwards (gpuguard.gpumap)
         probes.append(_Probe("nvml", lambda: read_nvml(
@@ -225,18 +226,14 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
     if "fabric" in needs:
         from gpuguard.probes.fabric import read_fabric
 
-        want_fi = bool(profile.libfabric_provider) and any(
-            s.id == "fabric.efa" and cfg.check_params(s.id, param_defaults(s)).get("check_provider", True)
-            for s in specs)
+        want_fi = bool(opts["fabric"].get("fi_info"))
         probes.append(_Probe("fabric", lambda: read_fabric(
             sysfs_root=sources.sysfs_root, fi_info=sources.fi_info if want_fi else None,
             timeout_s=dl["fabric_s"]), dl["fabric_s"] + 0.5, _timed_out(FabricObservation)))
     if "system" in needs:
         from gpuguard.probes.system import read_system
 
-        disk_spec = next((s for s in specs if s.id == "sys.disk"), None)
-        paths = [p["path"] for p in cfg.check_params("sys.disk", param_defaults(disk_spec))["paths"]] \
-            if disk_spec else []
+        paths = list(opts["system"].get("disk_paths") or [])
         probes.append(_Probe("system", lambda: read_system(paths, procfs_root=sources.procfs_root,
                                                            sysfs_root=sources.sysfs_root),
                              dl["system_s"], _timed_out(SystemObservation)))
@@ -248,8 +245,6 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
 
 def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunContext, profile: Profile,
              mapping: Any = None) -> list[Finding]:
-    from gpuguard.checks import NODE_SCOPE
-
     catalog = None
     if any(s.needs == "kernel_log" for s in specs):
         from gpuguard.xid import load_catalog
@@ -258,7 +253,7 @@ def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunCon
     findings: list[Finding] = []
     for spec in specs:
         inp = CheckInput(profile=profile, params=cfg.check_params(spec.id, param_defaults(spec)),
-                         job_gpus=None if spec.id in NODE_SCOPE else ctx.gpu_indices, kind=ctx.kind,
+                         job_gpus=None if spec.scope == "node" else ctx.gpu_indices, kind=ctx.kind,
                          xid_catalog=catalog, unmapped_gpus=mapping.unmapped if mapping else (),
                          gpu_map_notes=mapping.notes if mapping else ())
         findings.extend(run_check(spec, obs, inp))
@@ -396,6 +391,8 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
     obs.now = time.time()
     replay_cursor = f"pcie_replay:{ctx.node}"
     obs.previous["pcie_replay"] = store.get_cursor(replay_cursor) or {}
+    inventory_cursor = f"inventory:{ctx.node}"  # the most this node was ever seen with (checks.inventory)
+    obs.previous["inventory"] = store.get_cursor(inventory_cursor) or {}
     findings = evaluate(specs, obs, cfg, ctx, profile, mapping)
     if recovered:
         findings.append(Finding("gpu.xid", Severity.WARN, recovered, keyword="XID",
@@ -479,6 +476,11 @@ def _run_locked(ctx: RunContext, cfg: Config, sources: Sources, profile: Profile
         replays = pcie_replay_baseline(obs.previous.get("pcie_replay") or {}, obs)
         if replays is not None:
             store.set_cursor(replay_cursor, replays)
+        from gpuguard.checks.inventory import update_inventory
+
+        seen = update_inventory(obs.previous.get("inventory"), obs, profile)
+        if seen is not None:
+            store.set_cursor(inventory_cursor, seen)
     # Cursors move only after the run is recorded (an Xid is judged at least once), never in a read-only run.
     kl = obs.kernel_log
     if kl is not None and kl.cursor is not None and kl.status.complete and not read_only:
@@ -694,17 +696,13 @@ def reset_evidence(drain: dict[str, Any], store: Any, findings: list[Finding], b
     drained_for = {drain.get("check_id")}
     if drain.get("run_id") is not None:
         drained_for |= {f["check_id"] for f in store.findings_for(drain["run_id"]) if f["severity"] == "fail"}
-    for check_id, what in _CLEARED_ONLY_BY_RESET.items():
+    from gpuguard.checks import cleared_only_by_reset
+
+    for check_id, what in cleared_only_by_reset().items():
         now = [f for f in findings if f.check_id == check_id]
         if check_id in drained_for and now and all(f.severity is Severity.OK for f in now):
             return what
     return None
-
-
-_CLEARED_ONLY_BY_RESET = {"gpu.recovery_action": "the recovery action back to NONE",
-                          "gpu.ecc": "the volatile ECC error count cleared",  # volatile counters reset with the GPU
-                          "gpu.row_remap": "the pending row remap applied",
-                          "gpu.retired_pages": "the pending page retirement applied"}
 
 
 def maybe_undrain(store: Any, slurm: Callable[[], Any], node: str, verdict: str, boot_id: Optional[str],

@@ -40,7 +40,7 @@ def bad_gpu(i: int, **kw) -> Observations:
 def run(check_id: str, obs: Observations, job_gpus=None, params=None, profile=P5):
     spec = get_check(check_id)
     p = {**param_defaults(spec), **(params or {})}
-    return spec.func(obs, CheckInput(profile=profile, params=p, job_gpus=job_gpus, kind="prolog"))
+    return spec(obs, CheckInput(profile=profile, params=p, job_gpus=job_gpus, kind="prolog"))
 
 
 def sev(findings):
@@ -89,7 +89,7 @@ def test_missing_gpu():
 
 def test_slurm_gpu_id_that_matches_no_gpu_warns():
     spec = get_check("gpu.count")
-    f = spec.func(node(), CheckInput(profile=P5, params={}, kind="prolog", unmapped_gpus=("12",),
+    f = spec(node(), CheckInput(profile=P5, params={}, kind="prolog", unmapped_gpus=("12",),
                                      gpu_map_notes=("GPU id 12 is a MIG GRES index (MIG is on): not mapped to a GPU",)))
     assert [x.severity for x in f] == [Severity.WARN] and "Slurm GPU id 12 matches no GPU" in f[0].message
     assert "MIG GRES index" in f[0].message
@@ -213,12 +213,35 @@ def test_pcie_idle_readings_are_never_drained_on():
     assert sev(f) == {Severity.OK} and "GPU 6 x8 (expected x16)" in f[0].message and "not judged" in f[0].message
 
 
-def test_pcie_link_degraded_under_load_drains():
-    f = run("gpu.pcie", bad_gpu(6, pcie_width_current=8, pcie_gen_current=5, **BUSY))[0]
+def had(**inventory) -> dict:
+    """What the node's remembered inventory (checks.inventory) says it was seen with before."""
+    return {"inventory": inventory}
+
+
+def test_pcie_link_degraded_under_load_drains_when_it_trained_wider_before():
+    """Under load at x8 on a GPU that trained x16 under load on this node before: the link degraded (reboot)."""
+    obs = bad_gpu(6, pcie_width_current=8, pcie_gen_current=5, **BUSY)
+    obs.previous = had(pcie={"GPU-6": [5, 16]})
+    f = run("gpu.pcie", obs)[0]
     assert (f.severity, f.action) == (Severity.FAIL, Action.REBOOT) and "x8 (expected x16) under load" in f.message
-    f = run("gpu.pcie", bad_gpu(6, pcie_width_current=16, pcie_gen_current=3, **BUSY))[0]
+    assert "trained at Gen5 x16 under load before" in f.message
+    obs = bad_gpu(6, pcie_width_current=16, pcie_gen_current=3, **BUSY)
+    obs.previous = had(pcie={"GPU-6": [5, 16]})
+    f = run("gpu.pcie", obs)[0]
     assert f.severity is Severity.FAIL and "Gen3 (expected Gen5) under load" in f.message
     assert sev(run("gpu.pcie", bad_gpu(6, pcie_gen_current=5, **BUSY))) == {Severity.OK}
+
+
+def test_pcie_link_below_the_profile_that_never_trained_higher_warns():
+    """The same x8 on a node whose GPU never trained wider under load (a platform/slot limit on every node of the
+    fleet, or a first look) warns: draining for it would drain the fleet."""
+    f = run("gpu.pcie", bad_gpu(6, pcie_width_current=8, pcie_gen_current=5, **BUSY))[0]
+    assert (f.severity, f.action) == (Severity.WARN, Action.NONE) and f.evidence["launch_choice"]
+    assert f.evidence["first_seen"] is True and "never trained higher under load" in f.message
+    obs = bad_gpu(6, pcie_width_current=8, pcie_gen_current=5, **BUSY)
+    obs.previous = had(pcie={"GPU-6": [5, 8]})  # remembered: this GPU always trained x8
+    f = run("gpu.pcie", obs)[0]
+    assert f.severity is Severity.WARN and f.evidence["first_seen"] is False
 
 
 def test_pcie_max_generation_is_a_capability_not_a_fault():
@@ -244,8 +267,30 @@ def test_nvlink_down():
     links = [True] * 18
     links[3] = links[7] = False
     f = run("gpu.nvlink", bad_gpu(2, nvlink_active=links))[0]
-    assert f.severity is Severity.FAIL and "link 3,7 down (16/18 active)" in f.message
-    assert run("gpu.nvlink", bad_gpu(2, nvlink_active=None))[0].severity is Severity.FAIL
+    assert f.severity is Severity.FAIL and "NVLink 3,7 down (16/18 active)" in f.message
+
+
+def test_nvlink_state_nvml_cannot_read_is_unknown_never_no_nvlinks():
+    """NOT_SUPPORTED for a link's state (what NVML answers a GPU/driver that cannot say) used to read as "no
+    NVLinks" and reboot-drain the node: it is incomplete, marked unsupported (never escalated to a drain)."""
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=[None] * 18, unsupported=["nvlink"]))[0]
+    assert (f.severity, f.gpu, f.evidence["unsupported"]) == (Severity.INCOMPLETE, 2, True)
+    assert "NOT_SUPPORTED" in f.message
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=[True] * 17 + [None], errors={"nvlink": "UNKNOWN"}))[0]
+    assert f.severity is Severity.INCOMPLETE and "unsupported" not in f.evidence and f.evidence["unknown"] == [17]
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=None, unsupported=["nvlink"]))[0]  # no NVLink API at all
+    assert f.severity is Severity.INCOMPLETE and f.evidence["unsupported"]
+
+
+def test_nvlinks_fewer_than_the_profile_judged_against_the_node_history():
+    # NVML says the GPU has no NVLink (link count 0) on a node never seen with more: a platform, not a fault
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=[]))[0]
+    assert (f.severity, f.evidence["launch_choice"], f.evidence["first_seen"]) == (Severity.WARN, True, True)
+    # the same GPU had 18 links before: they disappeared, a hardware fault
+    obs = bad_gpu(2, nvlink_active=[True] * 12)
+    obs.previous = had(nvlinks={"GPU-2": 18})
+    f = run("gpu.nvlink", obs)[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.REBOOT) and "6 gone (this node had 18)" in f.message
 
 
 def test_leftover_processes():
