@@ -98,7 +98,7 @@ def test_a_launch_with_fewer_efa_interfaces_warns(site_factory, efa):
     run = hc(site)
     assert not drained(site), reason(site)
     (f,) = findings(run, "fabric.efa")
-    assert f["severity"] == "warn" and f"{efa} EFA" in f["message"], f
+    assert f["severity"] == "warn" and f"32 EFA devices expected, {efa} found" in f["message"], f
     hc(site)
     assert not drained(site)
     job = site.cluster.sbatch(JOB, "-N1", "-w", "node1", "--gres=gpu:8")

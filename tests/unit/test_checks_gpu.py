@@ -165,6 +165,86 @@ def test_recovery_action_not_reported_by_old_driver_is_skipped():
     assert run("gpu.recovery_action", obs)[0].severity is Severity.SKIP
 
 
+# --------------------------------------------------------------------------- unknown is never clear (issue 14)
+
+
+@pytest.mark.parametrize("check_id, fields, attrs", [
+    ("gpu.ecc", {"errors": {"ecc_volatile_uncorrected": "UNKNOWN"}}, {"ecc_volatile_uncorrected": None}),
+    ("gpu.recovery_action", {"errors": {"recovery_action": "UNKNOWN"}}, {"recovery_action": None}),
+    ("gpu.row_remap", {"errors": {"remapped_rows": "TIMEOUT"}},
+     {"remapped_rows_pending": None, "remapped_rows_failure": None}),
+    ("gpu.temperature", {"errors": {"temperature": "CORRUPTED_INFOROM"}}, {"temperature_c": None}),
+    ("gpu.throttle", {"errors": {"clock_event_reasons": "UNKNOWN"}}, {"clock_event_reasons": None}),
+    ("gpu.fabric", {"errors": {"fabric": "UNKNOWN"}}, {"fabric_state": None}),
+    ("gpu.memory_released", {"errors": {"memory": "UNKNOWN"}}, {"memory_used_mib": None}),
+    ("gpu.processes", {"errors": {"processes": "UNKNOWN"}}, {}),
+    ("gpu.model", {"errors": {"name": "UNKNOWN"}}, {"name": None}),
+])
+def test_a_value_nvml_answered_an_error_for_is_incomplete_never_ok(check_id, fields, attrs):
+    """An error for one GPU's field (UNKNOWN, TIMEOUT, ...): that check cannot judge the GPU. It used to report OK
+    for gpu.ecc and gpu.recovery_action, and the health check took that for "cleared" and undrained."""
+    profile = replace(P5, nvswitch=True)
+    found = run(check_id, bad_gpu(3, **attrs, **fields), job_gpus=tuple(range(8)), profile=profile)
+    bad = [f for f in found if f.severity is not Severity.OK]
+    assert [(f.severity, f.gpu) for f in bad] == [(Severity.INCOMPLETE, 3)], found
+    assert "unsupported" not in bad[0].evidence  # an error may escalate when it keeps coming back
+    assert bad[0].keyword == get_check(check_id).keyword
+
+
+def test_ecc_counter_not_supported_while_ecc_is_on_is_unknown():
+    f = run("gpu.ecc", bad_gpu(5, ecc_volatile_uncorrected=None, unsupported=["ecc_volatile_uncorrected"]))
+    assert [(x.severity, x.gpu, x.evidence.get("unsupported")) for x in f] == [(Severity.INCOMPLETE, 5, True)]
+    assert "ecc_volatile_uncorrected (NOT_SUPPORTED)" in f[0].message
+    # a GPU without ECC at all (mode and counters NOT_SUPPORTED on every GPU): not applicable, skipped
+    no_ecc = node(*[h100(i, ecc_enabled=None, ecc_pending_enabled=None, ecc_volatile_uncorrected=None,
+                         ecc_aggregate_uncorrected=None) for i in range(8)])
+    assert run("gpu.ecc", no_ecc)[0].severity is Severity.SKIP
+    # ... but one such GPU among GPUs that report ECC: unknown, never clear
+    f = run("gpu.ecc", bad_gpu(4, ecc_enabled=None, ecc_volatile_uncorrected=None))
+    assert [(x.severity, x.gpu) for x in f] == [(Severity.INCOMPLETE, 4)]
+
+
+def test_recovery_action_not_supported_on_one_gpu_is_unknown():
+    """The issue's case: recovery action GPU_RESET on GPU 2, then NVML answers NOT_SUPPORTED for that field on
+    GPU 2 while the other GPUs report NONE. That is not "back to NONE"."""
+    f = run("gpu.recovery_action", bad_gpu(2, recovery_action=None, unsupported=["recovery_action"]))
+    assert [(x.severity, x.gpu, x.evidence.get("unsupported")) for x in f] == [(Severity.INCOMPLETE, 2, True)]
+    assert f[0].evidence["unread"] == {"recovery_action": "NOT_SUPPORTED"}
+
+
+def test_retired_pages_not_supported_on_every_h100_is_not_applicable():
+    """Real H100s answer NOT_SUPPORTED for page retirement (tests/fixtures/nvml/): not incomplete on every node."""
+    obs = node(*[h100(i, unsupported=["retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending"])
+                 for i in range(8)])
+    assert run("gpu.retired_pages", obs)[0].severity is Severity.SKIP
+    obs = bad_gpu(3, errors={"retired_pages_pending": "UNKNOWN"})  # an error is not "not supported"
+    assert [(x.severity, x.gpu) for x in run("gpu.retired_pages", obs)] == [(Severity.INCOMPLETE, 3)]
+
+
+def test_a_gpu_without_a_handle_is_unknown_for_every_node_check():
+    obs = node(*[h100(i) for i in range(7)], GpuInfo(index=7, errors={"handle": "NO_PERMISSION"}))
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.recovery_action"):
+        f = [x for x in run(cid, obs) if x.severity is not Severity.OK]
+        assert [(x.severity, x.gpu) for x in f] == [(Severity.INCOMPLETE, 7)], cid
+
+
+def test_real_h100_readings_are_judged_clear():
+    """The readings of a real H100 SXM (driver 580, tests/fixtures/nvml/): fields NVML does not support there
+    (retired pages, fabric state on a GPU without NVSwitch) never make a check incomplete."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+                       / "h100_gpuguard_observations.json").read_text())
+    fields = set(GpuInfo.__dataclass_fields__)
+    g = GpuInfo(**{k: v for k, v in data["idle"].items() if k in fields and k != "processes"})
+    g.unsupported = ["retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "fabric"]
+    obs = node(*[replace(g, index=i, uuid=f"GPU-{i}") for i in range(8)])
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.recovery_action", "gpu.retired_pages", "gpu.temperature",
+                "gpu.throttle", "gpu.fabric", "gpu.model", "gpu.memory"):
+        assert sev(run(cid, obs, job_gpus=tuple(range(8)))) <= {Severity.OK, Severity.SKIP}, cid
+
+
 def test_temperature_limits_are_the_gpus_own():
     """An H100/H200 fails at its own slowdown temperature (89 C, from NVML), not at a profile's 85 C, which is 2 C
     below its max operating temperature and would drain healthy GPUs under load."""

@@ -11,7 +11,7 @@ import re
 
 from gpuguard.checks import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, skip, spec_of
-from gpuguard.checks.inventory import count_finding, efa_devices, ib_devices, remembered
+from gpuguard.checks.inventory import count_finding, efa_devices, had_count, ib_devices
 from gpuguard.model import Action, Finding, Observations, RdmaDevice
 
 _REMEDIATE_EFA = ("check `fi_info -p efa` and `ls /sys/class/infiniband`; the EFA driver or a device failed: "
@@ -35,7 +35,7 @@ def check_efa(obs: Observations, inp: CheckInput) -> list[Finding]:
     findings: list[Finding] = []
     # A device that is gone: a failed card, drained for an admin (a reboot cannot attach an interface, and a
     # reboot action would escalate to "replace" after two). Fewer on a node that never had more: a launch choice.
-    count = count_finding(s, "EFA devices", len(efa), expected, remembered(obs).get("efa"), _REMEDIATE_EFA,
+    count = count_finding(s, "EFA devices", len(efa), expected, had_count(obs, "efa"), _REMEDIATE_EFA,
                           Action.DRAIN, devices=[d.name for d in efa]) if fab.devices_read else None
     if count:
         findings.append(count)
@@ -78,7 +78,7 @@ def check_ib(obs: Observations, inp: CheckInput) -> list[Finding]:
     findings: list[Finding] = []
     missing = sorted(set(names) - {d.name for d in ib}) if names else []
     count = count_finding(s, "InfiniBand HCAs" + (f" (missing {','.join(missing[:4])})" if missing else ""), len(ib),
-                          expected, remembered(obs).get("ib"), _REMEDIATE_IB, Action.DRAIN,
+                          expected, had_count(obs, "ib"), _REMEDIATE_IB, Action.DRAIN,
                           devices=[d.name for d in ib]) if fab.devices_read else None
     if count:
         findings.append(count)

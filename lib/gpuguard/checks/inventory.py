@@ -42,6 +42,29 @@ def remembered(obs: Observations) -> dict[str, Any]:
     return prev if isinstance(prev, dict) else {}
 
 
+def _count(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def had_count(obs: Observations, item: str) -> Optional[int]:
+    """The remembered device count of `item` (efa | ib); None when unknown (or unusable: a store written by hand)."""
+    return _count(remembered(obs).get(item))
+
+
+def had_nvlinks(obs: Observations, g: GpuInfo) -> Optional[int]:
+    per_gpu = remembered(obs).get("nvlinks")
+    return _count(per_gpu.get(gpu_key(g))) if isinstance(per_gpu, dict) else None
+
+
+def had_pcie(obs: Observations, g: GpuInfo) -> Optional[tuple[int, int]]:
+    """(generation, width) this GPU trained to under load before, at most."""
+    per_gpu = remembered(obs).get("pcie")
+    link = per_gpu.get(gpu_key(g)) if isinstance(per_gpu, dict) else None
+    if isinstance(link, list) and len(link) == 2 and all(_count(x) is not None for x in link):
+        return link[0], link[1]
+    return None
+
+
 def efa_devices(fab: FabricObservation) -> list[RdmaDevice]:
     return [d for d in fab.devices if d.kind == "efa"]
 
@@ -99,10 +122,10 @@ def _merge(old: Any, new: Any) -> Any:
             base[k] = _merge(base.get(k), v)
         return base
     if isinstance(new, list):
-        if isinstance(old, list) and len(old) == len(new):
+        if isinstance(old, list) and len(old) == len(new) and all(_count(x) is not None for x in old):
             return [max(a, b) for a, b in zip(old, new)]
         return list(new)
-    return new if not isinstance(old, int) or isinstance(old, bool) else max(old, new)
+    return max(old, new) if _count(old) is not None and _count(new) is not None else new
 
 
 def update_inventory(previous: Optional[Mapping[str, Any]], obs: Observations,

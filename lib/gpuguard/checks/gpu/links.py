@@ -11,7 +11,7 @@ from typing import Any, Optional
 from gpuguard.checks import CheckInput, CheckSpec
 from gpuguard.checks._util import (fail, gpu_label, incomplete, job_gpus, mismatch, nvml_unavailable, ok, skip,
                                    spec_of, unread_fields, unread_finding, warn)
-from gpuguard.checks.inventory import GPU_IDLE, count_finding, gpu_busy, gpu_key, remembered
+from gpuguard.checks.inventory import GPU_IDLE, count_finding, gpu_busy, had_nvlinks, had_pcie
 from gpuguard.model import Action, Finding, GpuInfo, Observations
 
 __all__ = ["GPU_IDLE", "gpu_busy", "check_pcie", "check_nvlink", "check_fabric", "decode_fabric_health",
@@ -35,7 +35,6 @@ def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
     p = inp.params
     findings: list[Finding] = []
     idle_low: list[str] = []
-    had_links = remembered(obs).get("pcie") or {}
     for g in job_gpus(obs.nvml, inp.job_gpus):
         if gen or width:
             unread = unread_fields(g, [("pcie_gen_current", "pcie_gen_current"),
@@ -44,7 +43,7 @@ def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
                 findings.append(unread_finding(s, g, unread))
         low = _below_profile(g, gen, width)
         if low and gpu_busy(g, p.get("busy_util_pct", 5.0)):
-            findings.append(_low_under_load(s, g, low, gen, width, had_links.get(gpu_key(g))))
+            findings.append(_low_under_load(s, g, low, gen, width, had_pcie(obs, g)))
         elif low:
             idle_low.append(f"GPU {g.index} {' '.join(low)}")
         if gen and g.pcie_gen_max is not None and g.pcie_gen_max < gen:
@@ -76,14 +75,12 @@ def _below_profile(g: GpuInfo, gen: Optional[int], width: Optional[int]) -> list
 
 
 def _low_under_load(s: CheckSpec, g: GpuInfo, low: list[str], gen: Optional[int], width: Optional[int],
-                    had: Any) -> Finding:
+                    had: Optional[tuple[int, int]]) -> Finding:
     cur_g, cur_w = g.pcie_gen_current, g.pcie_width_current
     ev = dict(gpu=g.index, width=cur_w, gen=cur_g, expected_width=width, expected_gen=gen,
-              utilization_pct=g.utilization_gpu_pct, had=had)
+              utilization_pct=g.utilization_gpu_pct, had=list(had) if had else None)
     what = f"{gpu_label(g)} PCIe link at {' '.join(low)} under load ({g.utilization_gpu_pct}% busy)"
-    lost = isinstance(had, list) and len(had) == 2 and (
-        (cur_g is not None and cur_g < had[0]) or (cur_w is not None and cur_w < had[1]))
-    if lost:
+    if had and ((cur_g is not None and cur_g < had[0]) or (cur_w is not None and cur_w < had[1])):
         return fail(s, f"{what}; it trained at Gen{had[0]} x{had[1]} under load before", _PCIE_REBOOT,
                     Action.REBOOT, **ev)
     return warn(s, f"{what}; never trained higher under load on this node (a platform or slot limit?)",
@@ -129,7 +126,6 @@ def check_nvlink(obs: Observations, inp: CheckInput) -> list[Finding]:
     if bad:
         return [bad]
     assert obs.nvml is not None
-    had_links = remembered(obs).get("nvlinks") or {}
     findings: list[Finding] = []
     for g in job_gpus(obs.nvml, inp.job_gpus):
         links = g.nvlink_active
@@ -150,7 +146,7 @@ def check_nvlink(obs: Observations, inp: CheckInput) -> list[Finding]:
             findings.append(incomplete(s, f"{gpu_label(g)}: state of NVLink {_links(unknown)} not readable ({why}): "
                                        "not judged", unsupported=why == "NOT_SUPPORTED", gpu=g.index, unknown=unknown))
             continue
-        missing = count_finding(s, f"NVLinks on {gpu_label(g)}", len(links), expected, had_links.get(gpu_key(g)),
+        missing = count_finding(s, f"NVLinks on {gpu_label(g)}", len(links), expected, had_nvlinks(obs, g),
                                 _NVLINK_REMEDY, Action.REBOOT, gpu=g.index)
         if missing:
             findings.append(missing)
