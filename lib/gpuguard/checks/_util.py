@@ -64,7 +64,8 @@ def incomplete(spec: "CheckSpec", message: str, *, keyword: Optional[str] = None
 NO_DRIVER = ("LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED")
 
 
-def nvml_unavailable(spec: "CheckSpec", nvml: Optional[NvmlObservation], expects_gpus: bool = True) -> Optional[Finding]:
+def nvml_unavailable(spec: "CheckSpec", nvml: Optional[NvmlObservation],
+                     expects_gpus: bool = True) -> Optional[Finding]:
     """A finding that stands in for the check when NVML gave no usable data: `skip` on a node that has no
     NVIDIA driver and is not expected to have GPUs (a CPU node), else `incomplete` (gpu.nvml reports why)."""
     if nvml is None:

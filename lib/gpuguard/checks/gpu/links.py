@@ -49,9 +49,10 @@ def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
         if gen and g.pcie_gen_max is not None and g.pcie_gen_max < gen:
             findings.append(mismatch(s, f"{gpu_label(g)} PCIe link can train at most Gen{g.pcie_gen_max} in this "
                                      f"system, expected Gen{gen}",
-                                     "a BIOS or slot setting limits the link (NVML's max generation is what device and "
-                                     "system allow): check the BIOS PCIe settings", p.get("capability_severity", "warn"),
-                                     gpu=g.index, gen_max=g.pcie_gen_max, expected_gen=gen))
+                                     "a BIOS or slot setting limits the link (NVML's max generation is what device "
+                                     "and system allow): check the BIOS PCIe settings",
+                                     p.get("capability_severity", "warn"), gpu=g.index, gen_max=g.pcie_gen_max,
+                                     expected_gen=gen))
         replay = _replay_rate(s, g, obs, p)
         if replay:
             findings.append(replay)
