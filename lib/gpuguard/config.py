@@ -102,7 +102,7 @@ def _any_mapping(x: Any) -> Any:
 
 
 def _disk_paths(x: Any) -> Any:
-    """sys.disk paths: [{path, min_free_gib, root_owned}]; `root_owned: true` (only users cannot write there) is
+    """sys.disk paths: [{path, min_free_gib, root_owned}]; `root_owned: true` (only root writes there) is
     what lets a full filesystem drain the node."""
     if not isinstance(x, list):
         raise ValueError(f"expected a list of {{path, min_free_gib, root_owned}}, got {x!r}")
