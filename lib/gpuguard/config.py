@@ -103,16 +103,21 @@ def _any_mapping(x: Any) -> Any:
 
 
 def _disk_paths(x: Any) -> Any:
+    """sys.disk paths: [{path, min_free_gib, root_owned}]; `root_owned: true` (only root writes there) is
+    what lets a full filesystem drain the node."""
     if not isinstance(x, list):
-        raise ValueError(f"expected a list of {{path, min_free_gib}}, got {x!r}")
+        raise ValueError(f"expected a list of {{path, min_free_gib, root_owned}}, got {x!r}")
     out = []
     for i, item in enumerate(x):
-        if not isinstance(item, dict) or set(item) - {"path", "min_free_gib"} or "path" not in item:
-            raise ValueError(f"item {i}: expected {{path: ..., min_free_gib: ...}}, got {item!r}")
+        if not isinstance(item, dict) or set(item) - {"path", "min_free_gib", "root_owned"} or "path" not in item:
+            raise ValueError(f"item {i}: expected {{path: ..., min_free_gib: ..., root_owned: ...}}, got {item!r}")
         if not isinstance(item["path"], str) or not item["path"].startswith("/"):
             raise ValueError(f"item {i}: path must be absolute, got {item['path']!r}")
         _num(0, strict=False)(item.get("min_free_gib", 1))
-        out.append({"path": item["path"], "min_free_gib": item.get("min_free_gib", 1)})
+        if not isinstance(item.get("root_owned", False), bool):
+            raise ValueError(f"item {i}: root_owned must be true or false, got {item['root_owned']!r}")
+        out.append({"path": item["path"], "min_free_gib": item.get("min_free_gib", 1),
+                    "root_owned": item.get("root_owned", False)})
     return out
 
 
@@ -356,7 +361,7 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "alertmanager_ttl_s": (_num(allow_none=True), None),
         "min_severity": (_choice("info", "warning", "critical"), "info"),
         "kinds": (_str_list, ["drain", "undrain", "prolog_failure", "straggler", "hang", "requeue",
-                              "internal_error", "flapping", "resource", "unknown_xid"]),  # resource: monitor thresholds
+                              "internal_error", "flapping", "resource", "unknown_xid", "storm", "mismatch"]),  # resource: monitor thresholds
         # one message per episode (node/GPU + check, until resolved); an episode nothing has repeated or resolved
         # for this long is over (the fallback for alerts that never resolve)
         "dedup_window_s": (_num(0, strict=False), 3600.0),

@@ -136,12 +136,18 @@ class GpuInfo:
     #                                     3 completed (NVSwitch systems: Fabric Manager registered the GPU)
     fabric_status: Optional[int] = None  # nvmlReturn of the fabric registration (0 = success)
     fabric_health_mask: Optional[int] = None  # NVML_GPU_FABRIC_HEALTH_MASK_* fields (v2+ drivers)
-    nvlink_active: Optional[list[bool]] = None  # one entry per link that exists; None = no NVLink
+    # One entry per NVLink the GPU has: True active, False down, None = NVML could not say (NOT_SUPPORTED or an
+    # error for that link: unknown, never "no link"). [] = the GPU has no NVLink (NVML's link count is 0, or link 0
+    # does not exist). None = not read.
+    nvlink_active: Optional[list[Optional[bool]]] = None
     power_mw: Optional[int] = None
     utilization_gpu_pct: Optional[int] = None
     processes: list[GpuProcess] = field(default_factory=list)
     # NVML errors other than NOT_SUPPORTED, by query name -> NVML error name, e.g. {"temperature": "GPU_IS_LOST"}
     errors: dict[str, str] = field(default_factory=dict)
+    # queries NVML answered NOT_SUPPORTED (or FUNCTION_NOT_FOUND: an older driver): their values are None. A check
+    # whose GPU should have the value (its peers on the node report it, or a mode says it is on) is incomplete.
+    unsupported: list[str] = field(default_factory=list)
     # set when NVML says the GPU is gone or needs a reset (GPU_IS_LOST, RESET_REQUIRED, ...)
     fatal_error: Optional[str] = None
 
@@ -221,6 +227,12 @@ class FabricObservation:
     status: ProbeStatus = field(default_factory=ProbeStatus)
     devices: list[RdmaDevice] = field(default_factory=list)
     fi_info: Optional[FiInfo] = None
+    # the sysfs device list was read in full (fi_info may still have failed); None = as status.complete
+    devices_complete: Optional[bool] = None
+
+    @property
+    def devices_read(self) -> bool:
+        return self.status.complete if self.devices_complete is None else self.devices_complete
 
 
 # --------------------------------------------------------------------------- system
@@ -232,6 +244,8 @@ class DiskUsage:
     total_mib: Optional[int] = None
     free_mib: Optional[int] = None
     error: Optional[str] = None
+    owner_uid: Optional[int] = None  # owner of the path itself (lstat)
+    world_writable: Optional[bool] = None  # the path's mode lets every user write (S_IWOTH, e.g. /tmp's 1777)
 
 
 @dataclass

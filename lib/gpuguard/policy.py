@@ -11,23 +11,23 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from gpuguard.model import Action, Finding, Severity, Verdict
-from gpuguard.reason import format_reason
+from gpuguard.reason import format_reason, safe_keyword
 
-# When several checks fail, the reason names the most actionable one: root causes first.
-CHECK_PRIORITY = [
-    "gpu.xid", "gpu.nvml", "gpu.count", "gpu.recovery_action", "gpu.row_remap", "gpu.retired_pages", "gpu.ecc",
-    "gpu.nvlink", "gpu.fabric", "gpu.pcie", "gpu.temperature", "gpu.throttle", "fabric.efa", "fabric.ib", "dcgm.diag",
-    "nccl.busbw", "fabric.efa_counters", "gpu.model",
-    "gpu.memory", "gpu.leftovers", "gpu.memory_released", "gpu.processes", "sys.memory", "sys.disk", "sys.cpu",
-]
+
+def __getattr__(name: str) -> object:
+    # When several checks fail, the reason names the most actionable one: root causes first. The order is each
+    # check's CheckSpec.priority (gpuguard.checks.check_priority()).
+    if name == "CHECK_PRIORITY":
+        from gpuguard.checks import check_priority
+
+        return check_priority()
+    raise AttributeError(name)
 
 
 def _priority(f: Finding) -> tuple[int, int]:
-    try:
-        idx = CHECK_PRIORITY.index(f.check_id)
-    except ValueError:
-        idx = len(CHECK_PRIORITY)
-    return (-f.action.rank, idx)
+    from gpuguard.checks import priority_of
+
+    return (-f.action.rank, priority_of(f.check_id))
 
 
 def escalate_recurring(findings: list[Finding], recurrences: Mapping[tuple[str, str], int],
@@ -92,7 +92,7 @@ def decide(
         if f.evidence.get("internal_error"):
             continue  # our own bug: governed by on_internal_error, never a hardware verdict
         if f.evidence.get("unsupported") or f.evidence.get("no_escalation"):
-            continue  # a capability this driver/GPU lacks is the same on every node: never a drain
+            continue  # the driver/GPU cannot answer it, the same on every node: never drains (nor counts as clear)
         runs = history.get(f.check_id, 0) + 1
         if on_incomplete == "drain" or (incomplete_escalate_after and runs >= incomplete_escalate_after):
             escalated.append(Finding(
@@ -110,7 +110,9 @@ def decide(
         others = len({f.check_id for f in drainers}) - 1
         if others > 0:
             detail += f" +{others} more"
-        reason = format_reason(primary.check_id, primary.keyword or "INTERNAL", detail, kind, action.value)
+        # a keyword the check did not declare falls back to its default: deciding never raises
+        reason = format_reason(primary.check_id, safe_keyword(primary.check_id, primary.keyword), detail, kind,
+                               action.value)
         if on_failure == "report":
             return Verdict("warn", action, primary, drainers, reason, [f.check_id for f in escalated],
                            reported_only=True)

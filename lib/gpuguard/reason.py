@@ -22,19 +22,35 @@ from typing import Optional
 PREFIX = "gpuguard:"
 MAX_LEN = 120
 
-# Fixed vocabulary so tooling can act on reasons. A keyword may carry a numeric suffix (XID79).
-KEYWORDS = frozenset(
-    {
-        "XID", "ECC", "ROWREMAP", "RETIRED", "RECOVERY", "THERMAL", "CLOCKS", "PCIE", "NVLINK", "FABRIC",
-        "GPUCOUNT", "GPUMODEL", "GPUMEM", "NVML", "GPUPROC", "EFA", "IB", "NCCL", "DISK", "MEM",
-        "CPU", "TIMEOUT", "FLAPPING", "INTERNAL", "DCGM",
-    }
-)
+# Fixed vocabulary so tooling can act on reasons. A keyword may carry a numeric suffix (XID79). Each check declares
+# its own keywords in its CheckSpec (gpuguard.checks); these are the ones no single check owns.
+BASE_KEYWORDS = frozenset({"TIMEOUT", "FLAPPING", "INTERNAL"})
+_keywords: Optional[frozenset[str]] = None
+
+
+def keywords() -> frozenset[str]:
+    """BASE_KEYWORDS plus every keyword a registered check declares (the check registry is imported on first use,
+    so importing this module stays cheap)."""
+    global _keywords
+    if _keywords is None:
+        from gpuguard.checks import check_keywords
+
+        _keywords = BASE_KEYWORDS | check_keywords()
+    return _keywords
+
+
+def __getattr__(name: str) -> object:  # `reason.KEYWORDS`, derived on first use
+    if name == "KEYWORDS":
+        return keywords()
+    raise AttributeError(name)
+
 
 _KEYWORD_RE = re.compile(r"^([A-Z]+)(\d*)$")
-# Characters that must never reach Slurm's reason field: quotes (break naive parsers and shell users),
-# '=' (makes `scontrol show node -o` ambiguous), brackets other than our context, control chars.
-_UNSAFE = re.compile(r"[\"'`=\[\]\\\x00-\x1f\x7f]")
+# Characters that must never reach Slurm's reason field: double quotes and backquotes (break naive parsers and
+# shell users), '=' (makes `scontrol show node -o` ambiguous), brackets other than our context, backslashes,
+# control chars. A single quote is kept inside a word ("the GPU's slowdown temperature"), nowhere else.
+_UNSAFE = re.compile(r"[\"`=\[\]\\\x00-\x1f\x7f]")
+_STRAY_QUOTE = re.compile(r"(?<![A-Za-z0-9])'|'(?![A-Za-z0-9])")
 _SPACES = re.compile(r"\s+")
 _TAIL = r": (?P<detail>.*?)(?: \[(?P<context>[^\]]*)\])?$"
 # The keyword is upper case and the check id lower case, so the two grammars can never be confused.
@@ -43,15 +59,36 @@ _LEGACY_REASON_RE = re.compile(r"^gpuguard: (?P<check>[a-z0-9_.]+) (?P<keyword>[
 
 
 def sanitize(text: str) -> str:
-    """Single line, printable ASCII, no quotes/'='/brackets, collapsed spaces."""
+    """Single line, printable ASCII, no double quotes/backquotes/'='/brackets/backslashes, an apostrophe only
+    inside a word, collapsed spaces."""
     text = text.encode("ascii", "replace").decode("ascii")
     text = _UNSAFE.sub(" ", text)
-    return _SPACES.sub(" ", text).strip()
+    text = _SPACES.sub(" ", text)
+    # after the spaces are collapsed: a quote next to a removed character must not end up inside a "word"
+    return _SPACES.sub(" ", _STRAY_QUOTE.sub(" ", text)).strip()
 
 
 def valid_keyword(keyword: str) -> bool:
     m = _KEYWORD_RE.match(keyword)
-    return bool(m) and m.group(1) in KEYWORDS
+    return bool(m) and m.group(1) in keywords()
+
+
+def safe_keyword(check_id: str, keyword: Optional[str]) -> str:
+    """The keyword a reason for `check_id` may carry: `keyword` when the check declares it (or it is one of
+    BASE_KEYWORDS), else the check's default keyword, else INTERNAL. Never raises: a check that emits a keyword it
+    did not declare must not make the decision fail (the hook would fail open)."""
+    try:
+        from gpuguard.checks import find_check
+
+        spec = find_check(check_id)
+        if keyword and valid_keyword(keyword) and (spec is None or spec.declares(keyword)
+                                                   or keyword.rstrip("0123456789") in BASE_KEYWORDS):
+            return keyword
+        if spec is not None and valid_keyword(spec.keyword):
+            return spec.keyword
+    except Exception:  # noqa: BLE001 - a broken registry still yields a reason
+        pass
+    return "INTERNAL"
 
 
 def format_reason(check_id: str, keyword: str, detail: str, context: str, action: str = "drain") -> str:
@@ -67,7 +104,7 @@ def format_reason(check_id: str, keyword: str, detail: str, context: str, action
     room = MAX_LEN - len(head) - len(tail)
     body = sanitize(detail) or "failed"
     if len(body) > room:
-        body = body[: max(room - 3, 1)].rstrip() + "..."
+        body = body[: max(room - 3, 1)].rstrip(" '") + "..."  # a cut word keeps no dangling apostrophe
     return head + body + tail
 
 

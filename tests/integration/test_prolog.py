@@ -52,7 +52,8 @@ def test_faulty_node_is_drained_and_job_lands_on_healthy_nodes(site_factory):
 def test_ecc_and_missing_efa_reasons(site_factory):
     site = site_factory(nodes=3)
     site.set_scenario("node1", "ecc-dbe")
-    site.set_scenario("node2", "missing-efa")
+    assert site.run_hook("healthcheck", "node2").returncode == 0  # node2 is seen with its 32 EFA devices ...
+    site.set_scenario("node2", "missing-efa")  # ... then 4 are gone (a node first seen with 28 only warns)
     job = site.cluster.sbatch(JOB, "-N1", "--gres=gpu:8")
     job2 = site.cluster.sbatch(JOB, "-N1", "--gres=gpu:8")
     for j in (job, job2):

@@ -40,7 +40,7 @@ def bad_gpu(i: int, **kw) -> Observations:
 def run(check_id: str, obs: Observations, job_gpus=None, params=None, profile=P5):
     spec = get_check(check_id)
     p = {**param_defaults(spec), **(params or {})}
-    return spec.func(obs, CheckInput(profile=profile, params=p, job_gpus=job_gpus, kind="prolog"))
+    return spec(obs, CheckInput(profile=profile, params=p, job_gpus=job_gpus, kind="prolog"))
 
 
 def sev(findings):
@@ -89,7 +89,7 @@ def test_missing_gpu():
 
 def test_slurm_gpu_id_that_matches_no_gpu_warns():
     spec = get_check("gpu.count")
-    f = spec.func(node(), CheckInput(profile=P5, params={}, kind="prolog", unmapped_gpus=("12",),
+    f = spec(node(), CheckInput(profile=P5, params={}, kind="prolog", unmapped_gpus=("12",),
                                      gpu_map_notes=("GPU id 12 is a MIG GRES index (MIG is on): not mapped to a GPU",)))
     assert [x.severity for x in f] == [Severity.WARN] and "Slurm GPU id 12 matches no GPU" in f[0].message
     assert "MIG GRES index" in f[0].message
@@ -165,6 +165,86 @@ def test_recovery_action_not_reported_by_old_driver_is_skipped():
     assert run("gpu.recovery_action", obs)[0].severity is Severity.SKIP
 
 
+# --------------------------------------------------------------------------- unknown is never clear (issue 14)
+
+
+@pytest.mark.parametrize("check_id, fields, attrs", [
+    ("gpu.ecc", {"errors": {"ecc_volatile_uncorrected": "UNKNOWN"}}, {"ecc_volatile_uncorrected": None}),
+    ("gpu.recovery_action", {"errors": {"recovery_action": "UNKNOWN"}}, {"recovery_action": None}),
+    ("gpu.row_remap", {"errors": {"remapped_rows": "TIMEOUT"}},
+     {"remapped_rows_pending": None, "remapped_rows_failure": None}),
+    ("gpu.temperature", {"errors": {"temperature": "CORRUPTED_INFOROM"}}, {"temperature_c": None}),
+    ("gpu.throttle", {"errors": {"clock_event_reasons": "UNKNOWN"}}, {"clock_event_reasons": None}),
+    ("gpu.fabric", {"errors": {"fabric": "UNKNOWN"}}, {"fabric_state": None}),
+    ("gpu.memory_released", {"errors": {"memory": "UNKNOWN"}}, {"memory_used_mib": None}),
+    ("gpu.processes", {"errors": {"processes": "UNKNOWN"}}, {}),
+    ("gpu.model", {"errors": {"name": "UNKNOWN"}}, {"name": None}),
+])
+def test_a_value_nvml_answered_an_error_for_is_incomplete_never_ok(check_id, fields, attrs):
+    """An error for one GPU's field (UNKNOWN, TIMEOUT, ...): that check cannot judge the GPU. It used to report OK
+    for gpu.ecc and gpu.recovery_action, and the health check took that for "cleared" and undrained."""
+    profile = replace(P5, nvswitch=True)
+    found = run(check_id, bad_gpu(3, **attrs, **fields), job_gpus=tuple(range(8)), profile=profile)
+    bad = [f for f in found if f.severity is not Severity.OK]
+    assert [(f.severity, f.gpu) for f in bad] == [(Severity.INCOMPLETE, 3)], found
+    assert "unsupported" not in bad[0].evidence  # an error may escalate when it keeps coming back
+    assert bad[0].keyword == get_check(check_id).keyword
+
+
+def test_ecc_counter_not_supported_while_ecc_is_on_is_unknown():
+    f = run("gpu.ecc", bad_gpu(5, ecc_volatile_uncorrected=None, unsupported=["ecc_volatile_uncorrected"]))
+    assert [(x.severity, x.gpu, x.evidence.get("unsupported")) for x in f] == [(Severity.INCOMPLETE, 5, True)]
+    assert "ecc_volatile_uncorrected (NOT_SUPPORTED)" in f[0].message
+    # a GPU without ECC at all (mode and counters NOT_SUPPORTED on every GPU): not applicable, skipped
+    no_ecc = node(*[h100(i, ecc_enabled=None, ecc_pending_enabled=None, ecc_volatile_uncorrected=None,
+                         ecc_aggregate_uncorrected=None) for i in range(8)])
+    assert run("gpu.ecc", no_ecc)[0].severity is Severity.SKIP
+    # ... but one such GPU among GPUs that report ECC: unknown, never clear
+    f = run("gpu.ecc", bad_gpu(4, ecc_enabled=None, ecc_volatile_uncorrected=None))
+    assert [(x.severity, x.gpu) for x in f] == [(Severity.INCOMPLETE, 4)]
+
+
+def test_recovery_action_not_supported_on_one_gpu_is_unknown():
+    """The issue's case: recovery action GPU_RESET on GPU 2, then NVML answers NOT_SUPPORTED for that field on
+    GPU 2 while the other GPUs report NONE. That is not "back to NONE"."""
+    f = run("gpu.recovery_action", bad_gpu(2, recovery_action=None, unsupported=["recovery_action"]))
+    assert [(x.severity, x.gpu, x.evidence.get("unsupported")) for x in f] == [(Severity.INCOMPLETE, 2, True)]
+    assert f[0].evidence["unread"] == {"recovery_action": "NOT_SUPPORTED"}
+
+
+def test_retired_pages_not_supported_on_every_h100_is_not_applicable():
+    """Real H100s answer NOT_SUPPORTED for page retirement (tests/fixtures/nvml/): not incomplete on every node."""
+    obs = node(*[h100(i, unsupported=["retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending"])
+                 for i in range(8)])
+    assert run("gpu.retired_pages", obs)[0].severity is Severity.SKIP
+    obs = bad_gpu(3, errors={"retired_pages_pending": "UNKNOWN"})  # an error is not "not supported"
+    assert [(x.severity, x.gpu) for x in run("gpu.retired_pages", obs)] == [(Severity.INCOMPLETE, 3)]
+
+
+def test_a_gpu_without_a_handle_is_unknown_for_every_node_check():
+    obs = node(*[h100(i) for i in range(7)], GpuInfo(index=7, errors={"handle": "NO_PERMISSION"}))
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.recovery_action"):
+        f = [x for x in run(cid, obs) if x.severity is not Severity.OK]
+        assert [(x.severity, x.gpu) for x in f] == [(Severity.INCOMPLETE, 7)], cid
+
+
+def test_real_h100_readings_are_judged_clear():
+    """The readings of a real H100 SXM (driver 580, tests/fixtures/nvml/): fields NVML does not support there
+    (retired pages, fabric state on a GPU without NVSwitch) never make a check incomplete."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+                       / "h100_gpuguard_observations.json").read_text())
+    fields = set(GpuInfo.__dataclass_fields__)
+    g = GpuInfo(**{k: v for k, v in data["idle"].items() if k in fields and k != "processes"})
+    g.unsupported = ["retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "fabric"]
+    obs = node(*[replace(g, index=i, uuid=f"GPU-{i}") for i in range(8)])
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.recovery_action", "gpu.retired_pages", "gpu.temperature",
+                "gpu.throttle", "gpu.fabric", "gpu.model", "gpu.memory"):
+        assert sev(run(cid, obs, job_gpus=tuple(range(8)))) <= {Severity.OK, Severity.SKIP}, cid
+
+
 def test_temperature_limits_are_the_gpus_own():
     """An H100/H200 fails at its own slowdown temperature (89 C, from NVML), not at a profile's 85 C, which is 2 C
     below its max operating temperature and would drain healthy GPUs under load."""
@@ -213,12 +293,35 @@ def test_pcie_idle_readings_are_never_drained_on():
     assert sev(f) == {Severity.OK} and "GPU 6 x8 (expected x16)" in f[0].message and "not judged" in f[0].message
 
 
-def test_pcie_link_degraded_under_load_drains():
-    f = run("gpu.pcie", bad_gpu(6, pcie_width_current=8, pcie_gen_current=5, **BUSY))[0]
+def had(**inventory) -> dict:
+    """What the node's remembered inventory (checks.inventory) says it was seen with before."""
+    return {"inventory": inventory}
+
+
+def test_pcie_link_degraded_under_load_drains_when_it_trained_wider_before():
+    """Under load at x8 on a GPU that trained x16 under load on this node before: the link degraded (reboot)."""
+    obs = bad_gpu(6, pcie_width_current=8, pcie_gen_current=5, **BUSY)
+    obs.previous = had(pcie={"GPU-6": [5, 16]})
+    f = run("gpu.pcie", obs)[0]
     assert (f.severity, f.action) == (Severity.FAIL, Action.REBOOT) and "x8 (expected x16) under load" in f.message
-    f = run("gpu.pcie", bad_gpu(6, pcie_width_current=16, pcie_gen_current=3, **BUSY))[0]
+    assert "trained at Gen5 x16 under load before" in f.message
+    obs = bad_gpu(6, pcie_width_current=16, pcie_gen_current=3, **BUSY)
+    obs.previous = had(pcie={"GPU-6": [5, 16]})
+    f = run("gpu.pcie", obs)[0]
     assert f.severity is Severity.FAIL and "Gen3 (expected Gen5) under load" in f.message
     assert sev(run("gpu.pcie", bad_gpu(6, pcie_gen_current=5, **BUSY))) == {Severity.OK}
+
+
+def test_pcie_link_below_the_profile_that_never_trained_higher_warns():
+    """The same x8 on a node whose GPU never trained wider under load (a platform/slot limit on every node of the
+    fleet, or a first look) warns: draining for it would drain the fleet."""
+    f = run("gpu.pcie", bad_gpu(6, pcie_width_current=8, pcie_gen_current=5, **BUSY))[0]
+    assert (f.severity, f.action) == (Severity.WARN, Action.NONE) and f.evidence["launch_choice"]
+    assert f.evidence["first_seen"] is True and "never trained higher under load" in f.message
+    obs = bad_gpu(6, pcie_width_current=8, pcie_gen_current=5, **BUSY)
+    obs.previous = had(pcie={"GPU-6": [5, 8]})  # remembered: this GPU always trained x8
+    f = run("gpu.pcie", obs)[0]
+    assert f.severity is Severity.WARN and f.evidence["first_seen"] is False
 
 
 def test_pcie_max_generation_is_a_capability_not_a_fault():
@@ -244,8 +347,30 @@ def test_nvlink_down():
     links = [True] * 18
     links[3] = links[7] = False
     f = run("gpu.nvlink", bad_gpu(2, nvlink_active=links))[0]
-    assert f.severity is Severity.FAIL and "link 3,7 down (16/18 active)" in f.message
-    assert run("gpu.nvlink", bad_gpu(2, nvlink_active=None))[0].severity is Severity.FAIL
+    assert f.severity is Severity.FAIL and "NVLink 3,7 down (16/18 active)" in f.message
+
+
+def test_nvlink_state_nvml_cannot_read_is_unknown_never_no_nvlinks():
+    """NOT_SUPPORTED for a link's state (what NVML answers a GPU/driver that cannot say) used to read as "no
+    NVLinks" and reboot-drain the node: it is incomplete, marked unsupported (never escalated to a drain)."""
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=[None] * 18, unsupported=["nvlink"]))[0]
+    assert (f.severity, f.gpu, f.evidence["unsupported"]) == (Severity.INCOMPLETE, 2, True)
+    assert "NOT_SUPPORTED" in f.message
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=[True] * 17 + [None], errors={"nvlink": "UNKNOWN"}))[0]
+    assert f.severity is Severity.INCOMPLETE and "unsupported" not in f.evidence and f.evidence["unknown"] == [17]
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=None, unsupported=["nvlink"]))[0]  # no NVLink API at all
+    assert f.severity is Severity.INCOMPLETE and f.evidence["unsupported"]
+
+
+def test_nvlinks_fewer_than_the_profile_judged_against_the_node_history():
+    # NVML says the GPU has no NVLink (link count 0) on a node never seen with more: a platform, not a fault
+    f = run("gpu.nvlink", bad_gpu(2, nvlink_active=[]))[0]
+    assert (f.severity, f.evidence["launch_choice"], f.evidence["first_seen"]) == (Severity.WARN, True, True)
+    # the same GPU had 18 links before: they disappeared, a hardware fault
+    obs = bad_gpu(2, nvlink_active=[True] * 12)
+    obs.previous = had(nvlinks={"GPU-2": 18})
+    f = run("gpu.nvlink", obs)[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.REBOOT) and "6 gone (this node had 18)" in f.message
 
 
 def test_leftover_processes():

@@ -1,5 +1,7 @@
 """Xid, fabric and host checks."""
 
+import os
+
 import pytest
 
 from gpuguard.checks import CheckInput, get_check, param_defaults
@@ -25,7 +27,7 @@ def run(check_id, obs, profile=P5, params=None, job_gpus=None):
     spec = get_check(check_id)
     inp = CheckInput(profile=profile, params={**param_defaults(spec), **(params or {})}, job_gpus=job_gpus,
                      kind="prolog", xid_catalog=CATALOG)
-    return spec.func(obs, inp)
+    return spec(obs, inp)
 
 
 def klog(*events, **kw):
@@ -64,7 +66,7 @@ def test_unreadable_log_is_incomplete():
 def test_xid_override_to_fatal():
     cat = load_catalog(overrides={13: {"severity": "fatal", "action": "reset"}})
     spec = get_check("gpu.xid")
-    f = spec.func(klog(XID13), CheckInput(profile=P5, xid_catalog=cat))
+    f = spec(klog(XID13), CheckInput(profile=P5, xid_catalog=cat))
     assert f[0].severity is Severity.FAIL and f[0].action is Action.RESET
 
 
@@ -76,11 +78,13 @@ def efa_obs(n=32, down=(), fi=None):
 
 def test_efa_healthy_missing_down_provider():
     assert run("fabric.efa", efa_obs())[0].severity is Severity.OK
-    f = run("fabric.efa", efa_obs(31, fi=FiInfo(ran=True, provider_found=True, devices=31)))
-    assert f[0].keyword == "EFA" and "32 EFA devices expected, 31 found" in f[0].message
-    # a missing interface (failed card, or a launch template with fewer EFAs) drains for an admin: a reboot
-    # cannot attach it, and a reboot action would escalate to replace
-    assert f[0].action is Action.DRAIN
+    # an interface this node had is gone (failed card): drains for an admin: a reboot cannot attach it, and a
+    # reboot action would escalate to replace
+    lost = efa_obs(31, fi=FiInfo(ran=True, provider_found=True, devices=31))
+    lost.previous = {"inventory": {"efa": 32}}
+    f = run("fabric.efa", lost)
+    assert f[0].keyword == "EFA" and "32 EFA devices expected, 31 found: 1 gone (this node had 32)" in f[0].message
+    assert (f[0].severity, f[0].action) == (Severity.FAIL, Action.DRAIN)
     down = run("fabric.efa", efa_obs(down=(5,)))[0]
     assert "rdmap21s27/1:DOWN" in down.message and down.action is Action.REBOOT  # a link down: hardware
     f = run("fabric.efa", efa_obs(fi=FiInfo(ran=True, provider_found=False, error="fi_getinfo: -61")))
@@ -89,6 +93,33 @@ def test_efa_healthy_missing_down_provider():
     assert run("fabric.efa", efa_obs(fi=FiInfo(ran=False, error="fi_info not found")))[0].severity is Severity.INCOMPLETE
     assert run("fabric.efa", efa_obs(fi=FiInfo(ran=False)), params={"check_provider": False})[0].severity is Severity.OK
     assert run("fabric.efa", efa_obs(), profile=DGX)[0].severity is Severity.SKIP
+    # libfabric sees fewer devices than sysfs: software or a device libfabric cannot open, on this node
+    f = run("fabric.efa", efa_obs(fi=FiInfo(ran=True, provider_found=True, devices=30)))[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.DRAIN) and "libfabric sees 30 of the 32" in f.message
+
+
+@pytest.mark.parametrize("count", [4, 0])
+def test_efa_fewer_than_the_profile_on_a_node_that_never_had_more_warns(count):
+    """A p5 launched with 4 of its 32 EFA interfaces, or none (single-node work): the launch template's choice, the
+    same on every node it launched; draining for it drains the fleet. It warns, once per node as news
+    (first_seen), and never counts the missing libfabric provider of a node without EFA against it."""
+    fi = FiInfo(ran=True, provider_found=True, devices=count) if count else FiInfo(ran=True, error="fi_getinfo: -61")
+    (f,) = run("fabric.efa", efa_obs(count, fi=fi))
+    assert (f.severity, f.action, f.evidence["launch_choice"], f.evidence["first_seen"]) == (
+        Severity.WARN, Action.NONE, True, True)
+    assert f"32 EFA devices expected, {count} found: this node never had more" in f.message
+    later = efa_obs(count, fi=fi)
+    later.previous = {"inventory": {"efa": count}}
+    (f,) = run("fabric.efa", later)
+    assert f.severity is Severity.WARN and f.evidence["first_seen"] is False
+
+
+def test_efa_count_not_judged_when_sysfs_was_not_read():
+    obs = efa_obs(0)
+    obs.fabric.status = ProbeStatus(complete=False, error="fabric probe timed out after 5s", timed_out=True)
+    obs.previous = {"inventory": {"efa": 32}}
+    (f,) = run("fabric.efa", obs)
+    assert f.severity is Severity.INCOMPLETE and "timed out" in f.message
 
 
 def ib_obs(names, down=(), rate="400 Gb/sec (4X NDR)"):
@@ -101,7 +132,11 @@ def test_ib_uses_compute_hcas_only():
     storage_down = ib_obs(compute + ["mlx5_1", "mlx5_2"], down=("mlx5_1", "mlx5_2"))
     assert run("fabric.ib", storage_down, profile=DGX)[0].severity is Severity.OK
     f = run("fabric.ib", ib_obs(compute[1:]), profile=DGX)[0]
-    assert f.severity is Severity.FAIL and "missing mlx5_0" in f.message
+    assert f.severity is Severity.WARN and "missing mlx5_0" in f.message  # never seen with it: a cabling choice
+    lost = ib_obs(compute[1:])
+    lost.previous = {"inventory": {"ib": len(compute)}}
+    f = run("fabric.ib", lost, profile=DGX)[0]
+    assert (f.severity, f.action) == (Severity.FAIL, Action.DRAIN) and "missing mlx5_0" in f.message
     assert "mlx5_4/1:DOWN" in run("fabric.ib", ib_obs(compute, down=("mlx5_4",)), profile=DGX)[0].message
     f = run("fabric.ib", ib_obs(compute, rate="200 Gb/sec (4X HDR)"), profile=DGX)[0]
     assert f.severity is Severity.FAIL and "below 400 Gb/s" in f.message
@@ -126,11 +161,45 @@ def test_system_checks():
     assert f.keyword == "MEM" and "need 64 GiB" in f.message
     assert run("sys.cpu", sysobs(cpus_online=96))[0].keyword == "CPU"
     assert run("sys.cpu", sysobs(cpus_online=96))[0].severity is Severity.WARN
-    f = run("sys.disk", sysobs(disks=[DiskUsage("/", 100_000, 50_000), DiskUsage("/tmp", 100_000, 500)]))[0]
-    assert f.severity is Severity.FAIL and "/tmp has 0.5 GiB free" in f.message
+    # a full /tmp (any user can fill it) warns: users must not be able to drain the node their job ran on
+    tmp = DiskUsage("/tmp", 100_000, 500, owner_uid=0, world_writable=True)
+    f = run("sys.disk", sysobs(disks=[DiskUsage("/", 100_000, 50_000), tmp]))[0]
+    assert (f.severity, f.action) == (Severity.WARN, Action.NONE) and "/tmp has 0.5 GiB free" in f.message
+    assert f.evidence["user_writable"] is True
     f = run("sys.disk", sysobs(disks=[DiskUsage("/", error="Stale file handle")]), params={"paths": [{"path": "/", "min_free_gib": 1}]})
     assert f[0].severity is Severity.FAIL and "Stale file handle" in f[0].message
     assert run("sys.memory", sysobs(), profile=load_profile("generic"))[0].severity is Severity.SKIP
+
+
+ROOT_OWNED = {"paths": [{"path": "/var/lib/slurm", "min_free_gib": 1, "root_owned": True}]}
+
+
+@pytest.mark.parametrize("owner, world, severity, says", [
+    (0, False, Severity.FAIL, "need 1"),  # what the site says: only root writes there -> a full disk drains
+    (0, True, Severity.WARN, "marked root_owned but world-writable"),  # the claim does not hold: warn, say so
+    (1000, False, Severity.WARN, "marked root_owned but owned by uid 1000"),
+    (None, None, Severity.FAIL, "need 1"),  # ownership unknown: the site's word stands
+])
+def test_disk_drains_only_for_root_owned_paths(owner, world, severity, says):
+    disk = DiskUsage("/var/lib/slurm", 100_000, 100, owner_uid=owner, world_writable=world)
+    (f,) = run("sys.disk", sysobs(disks=[disk]), params=ROOT_OWNED)
+    assert f.severity is severity and says in f.message
+    (f,) = run("sys.disk", sysobs(disks=[disk]), params={"paths": [{"path": "/var/lib/slurm", "min_free_gib": 1}]})
+    assert f.severity is Severity.WARN and "root_owned paths drain" in f.message
+
+
+def test_disk_probe_reads_owner_and_mode(tmp_path):
+    from gpuguard.probes.system import read_disk
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    d = read_disk(str(shared))
+    assert d.world_writable is True and d.owner_uid == os.getuid() and d.free_mib is not None
+    shared.chmod(0o755)
+    assert read_disk(str(shared)).world_writable is False
+    gone = read_disk(str(tmp_path / "absent"))
+    assert gone.error and gone.free_mib is None and gone.owner_uid is None
 
 
 MEMINFO_P5 = """MemTotal:       2113399188 kB

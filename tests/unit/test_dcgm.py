@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.checks import CheckInput
-from gpuguard.checks.dcgm import check_dcgm_diag
+from gpuguard.checks import CheckInput, get_check
 from gpuguard.model import Action, Observations, Severity
 from gpuguard.probes.dcgm import DcgmParseError, normalise_status, parse_dcgm_diag, run_dcgm_diag
 from gpuguard.profiles import load_profile
+
+check_dcgm_diag = get_check("dcgm.diag")  # the check, with its spec bound
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
 

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.checks import CheckInput
-from gpuguard.checks.efa_counters import check_efa_counters
+from gpuguard.checks import CheckInput, get_check
 from gpuguard.model import Observations, Severity
 from gpuguard.probes.efa_counters import (counter_deltas, cursor_name, parse_counter_value, read_counter_tree,
                                           read_efa_counters)
 from gpuguard.profiles import load_profile
 from gpuguard.simulate.sysfs import write_fake_infiniband
 from gpuguard.store import Store
+
+check_efa_counters = get_check("fabric.efa_counters")  # the check, with its spec bound
 
 # the counter files the efa driver creates per port (kernel efa_com_cmd.h stats; prometheus/procfs)
 EFA_FILES = ["alloc_pd_err", "alloc_ucontext_err", "cmds_err", "completed_cmds", "create_ah_err", "create_cq_err",

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.checks import CheckInput
-from gpuguard.checks.nccl import check_nccl_busbw
+from gpuguard.checks import CheckInput, get_check
 from gpuguard.model import Action, Observations, Severity
 from gpuguard.nccl.probe import nccl_tests_argv, run_single_node_nccl, run_torch_probe
 from gpuguard.nccl.tier import job_is_exclusive, tier_cursor, tier_due
 from gpuguard.profiles import apply_overrides, load_profile
 from gpuguard.simulate.nccl_tests_stub import install_stub
+
+check_nccl_busbw = get_check("nccl.busbw")  # the check, with its spec bound
 
 HAS_TORCH = __import__("importlib").util.find_spec("torch") is not None
 

@@ -245,7 +245,7 @@ def test_the_health_checks_undrain_resolves_the_drain(tmp_path, hook):
     from simnode import run_sim
 
     full = sim_cfg(tmp_path, notify={"urls": [hook.url()]},
-                   checks={"sys.disk": {"paths": [{"path": "/", "min_free_gib": 10**7}]}})
+                   checks={"sys.disk": {"paths": [{"path": "/", "min_free_gib": 10**7, "root_owned": True}]}})
     slurm = MemorySlurm()
     result = run_sim(ctx("prolog", "n1"), full, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
     assert result.drain and result.drain["outcome"] == "done", result.verdict

@@ -70,9 +70,16 @@ def h100_gpu(i: int) -> str:
         """)
 
 
+# What NVML answers NOT_SUPPORTED for on these H100s (in query order): no page retirement, no GPU-max / HBM-max
+# thresholds, replay counter, persistence or MIG mode in this fake scenario, no fabric state (no NVSwitch).
+H100_UNSUPPORTED = ["retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "temperature_gpu_max",
+                    "temperature_mem_max", "pcie_replay", "persistence", "mig_mode", "fabric"]
+
+
 def expected_gpu(i: int) -> GpuInfo:
     """What read_nvml must report for h100_gpu(i)."""
     return GpuInfo(
+        unsupported=list(H100_UNSUPPORTED),
         index=i,
         uuid=f"GPU-{i:08x}-aaaa-bbbb-cccc-ddddeeeeffff",
         pci_bus_id=f"0000:{BUSES[i].lower()}:00.0",
@@ -221,7 +228,11 @@ def test_job_gpu_that_nvml_does_not_have(read: ReadFn) -> None:
 def test_not_supported_everywhere_gives_none_and_no_errors(read: ReadFn) -> None:
     obs = read("device_count=1\ngpu.0.name=Tesla T4\n")
     assert obs.driver_version is None
-    assert obs.gpus == [GpuInfo(index=0, name="Tesla T4")]  # every other field None, errors {}
+    (g,) = obs.gpus
+    # every other field None, errors {}; the NVLink states NVML could not give are unknown, never "no NVLink"
+    assert g == GpuInfo(index=0, name="Tesla T4", nvlink_active=[None] * 18, unsupported=g.unsupported)
+    assert {"ecc_mode", "ecc_volatile_uncorrected", "remapped_rows", "recovery_action", "temperature",
+            "nvlink"} <= set(g.unsupported)
 
 
 @pytest.mark.parametrize("code, name", [(15, "GPU_IS_LOST"), (16, "RESET_REQUIRED"), (28, "GPU_NOT_FOUND")])
@@ -253,7 +264,7 @@ def test_other_errors_are_recorded_and_reading_goes_on(read: ReadFn) -> None:
     want.ecc_volatile_uncorrected = want.ecc_volatile_corrected = None
     want.ecc_aggregate_uncorrected = want.ecc_aggregate_corrected = None
     want.temperature_c = None
-    want.nvlink_active = [False] * 18  # links whose state could not be read count as not active
+    want.nvlink_active = [None] * 18  # links whose state could not be read are unknown (neither up nor down)
     want.errors = {
         "ecc_volatile_uncorrected": "UNKNOWN", "ecc_volatile_corrected": "UNKNOWN",
         "ecc_aggregate_uncorrected": "UNKNOWN", "ecc_aggregate_corrected": "UNKNOWN",
@@ -277,6 +288,7 @@ def test_function_not_found_falls_back_to_the_older_entry_point(read: ReadFn) ->
     assert obs.gpus[1] == expected_gpu(1)
     want = expected_gpu(2)
     want.clock_event_reasons = None  # neither entry point: not supported, not an error
+    want.unsupported.insert(5, "clock_event_reasons")
     assert obs.gpus[2] == want
 
 
@@ -285,24 +297,42 @@ def test_recovery_action_field(read: ReadFn) -> None:
     obs = read(text)
     assert obs.gpus[6].recovery_action == 2
     assert obs.gpus[7].recovery_action is None and obs.gpus[7].errors == {}
+    assert "recovery_action" in obs.gpus[7].unsupported and "recovery_action" not in obs.gpus[6].unsupported
     assert obs.gpus[5].recovery_action == 0
+
+
+def test_one_field_error_is_recorded_for_that_field(read: ReadFn) -> None:
+    """nvmlDeviceGetFieldValues succeeds as a whole while one field carries its own error (per-field nvmlReturn):
+    the recovery action is then an error, not a value and not 'not supported'."""
+    obs = read(h100_scenario("gpu.6.field_error.230=999", "gpu.5.field_error.230=3"))
+    assert obs.gpus[6].recovery_action is None and obs.gpus[6].errors == {"recovery_action": "UNKNOWN"}
+    assert obs.gpus[5].recovery_action is None and "recovery_action" in obs.gpus[5].unsupported
+    assert obs.gpus[6].temperature_c == 36  # the other fields and queries are read as usual
 
 
 # --------------------------------------------------------------------------- NVLink and processes
 
 
 def test_nvlink_states(read: ReadFn) -> None:
-    text = h100_scenario("gpu.4.nvlink_down=3,5", "gpu.5.nvlink_count=12").replace("gpu.6.nvlink_count=18\n", "")
+    text = h100_scenario("gpu.4.nvlink_down=3,5", "gpu.5.nvlink_count=12", "gpu.7.nvlink_count=0",
+                         "gpu.3.error.nvmlDeviceGetNvLinkState=3").replace("gpu.6.nvlink_count=18\n", "")
     obs = read(text)
     assert obs.gpus[4].nvlink_active == [i not in (3, 5) for i in range(18)]
-    assert obs.gpus[5].nvlink_active == [True] * 12  # links 12..17 do not exist on this GPU
-    assert obs.gpus[6].nvlink_active is None  # no NVLink at all
-    assert obs.gpus[4].errors == obs.gpus[5].errors == obs.gpus[6].errors == {}
+    assert obs.gpus[5].nvlink_active == [True] * 12  # NVML's link count (field 91) says 12: no links 12..17
+    assert obs.gpus[7].nvlink_active == []  # NVML says the GPU has no NVLink at all
+    # every state NOT_SUPPORTED (and no link count): unknown, which a check must never read as "no NVLinks"
+    assert obs.gpus[6].nvlink_active == [None] * 18 and "nvlink" in obs.gpus[6].unsupported
+    assert obs.gpus[3].nvlink_active == [None] * 18 and "nvlink" in obs.gpus[3].unsupported
+    assert obs.gpus[4].errors == obs.gpus[5].errors == obs.gpus[6].errors == obs.gpus[3].errors == {}
 
-    limited = read(text, nvlinks=4, gpu_indices=[4, 5])
+    # NVML's link count decides how many links are read; without it (older drivers), `nvlinks` bounds the probe
+    assert read(text, nvlinks=4, gpu_indices=[5]).gpus[0].nvlink_active == [True] * 12
+    no_count = text + "gpu.4.field_error.91=3\ngpu.5.field_error.91=3\n"
+    limited = read(no_count, nvlinks=4, gpu_indices=[4, 5])
     assert [g.nvlink_active for g in limited.gpus] == [[True, True, True, False], [True] * 4]
-    asked_more = read(text, nvlinks=18, gpu_indices=[5])
-    assert asked_more.gpus[0].nvlink_active == [True] * 12
+    asked_more = read(no_count, nvlinks=18, gpu_indices=[5])
+    # links 12..17 answer NOT_SUPPORTED below the driver's bound: without a link count they are unknown
+    assert asked_more.gpus[0].nvlink_active == [True] * 12 + [None] * 6
 
 
 def test_processes(read: ReadFn) -> None:

@@ -1,5 +1,7 @@
 """PCIe judged on the trained link (issue 9), in whole runs on simulated p5.48xlarge nodes: a link at x8 under load
-drains for a reboot, the same reading at idle never does, and the replay rate is measured between runs."""
+drains for a reboot once the node's own history shows it trained x16 under load (issue 14: a link that never
+trained wider on this node warns), the same reading at idle never does, and the replay rate is measured between
+runs."""
 
 from __future__ import annotations
 
@@ -19,11 +21,21 @@ def _run(tmp_path, body, kind):
 
 
 def test_x8_link_under_load_drains_in_the_health_check(tmp_path):
-    body = {"gpus": {"defaults": {"throttle": [], "utilization_pct": 100},
-                     "overrides": {3: {"pcie_width": 8}}}}
+    busy = {"throttle": [], "utilization_pct": 100}
+    healthy, slurm, _ = _run(tmp_path, {"gpus": {"defaults": busy}}, "healthcheck")  # seen at x16 under load
+    assert healthy.verdict.outcome == "pass" and not slurm.calls
+    body = {"gpus": {"defaults": busy, "overrides": {3: {"pcie_width": 8}}}}
     result, slurm, _ = _run(tmp_path, body, "healthcheck")
     assert result.verdict.outcome == "drain" and result.verdict.action.value == "reboot"
     assert "x8 (expected x16) under load" in slurm.calls[0][1]
+
+
+def test_x8_link_under_load_on_a_node_never_seen_wider_warns(tmp_path):
+    body = {"gpus": {"defaults": {"throttle": [], "utilization_pct": 100}, "overrides": {3: {"pcie_width": 8}}}}
+    result, slurm, _ = _run(tmp_path, body, "healthcheck")
+    assert result.verdict.outcome == "warn" and not slurm.calls
+    f = next(f for f in result.findings if f.check_id == "gpu.pcie")
+    assert f.gpu == 3 and f.evidence["launch_choice"] and "never trained higher under load" in f.message
 
 
 def test_x8_link_at_idle_is_not_a_drain(tmp_path):
@@ -71,10 +83,11 @@ def test_real_h100_idle_and_loaded_readings():
     spec = get_check("gpu.pcie")
     for g, busy in ((idle, []), (load, [0])):
         obs = Observations(nvml=NvmlObservation(device_count=1, gpus=[g]))
-        (f,) = spec.func(obs, CheckInput(profile=load_profile("p5.48xlarge"), params={}))
+        (f,) = spec(obs, CheckInput(profile=load_profile("p5.48xlarge"), params={}))
         assert f.severity is Severity.OK and f.evidence["busy"] == busy
-        # the same GPU at x8: drained only on the loaded reading
+        # the same GPU at x8, on a node that saw it train x16 under load: drained only on the loaded reading
         g8 = GpuInfo(**{**g.__dict__, "pcie_width_current": 8})
-        (f8,) = spec.func(Observations(nvml=NvmlObservation(device_count=1, gpus=[g8])),
-                          CheckInput(profile=load_profile("p5.48xlarge"), params={}))
+        seen_x16 = {"inventory": {"pcie": {g.uuid: [5, 16]}}}
+        (f8,) = spec(Observations(nvml=NvmlObservation(device_count=1, gpus=[g8]), previous=seen_x16),
+                     CheckInput(profile=load_profile("p5.48xlarge"), params={}))
         assert f8.severity is (Severity.FAIL if busy else Severity.OK)

@@ -47,6 +47,17 @@ def test_incomplete_warns_then_escalates():
     assert decide(inc, "prolog", on_incomplete="drain").outcome == "drain"
 
 
+def test_unsupported_incompletes_never_escalate_to_a_drain():
+    """NOT_SUPPORTED from the driver or GPU is the same on every node of a platform: escalating it would drain the
+    fleet. It stays a warning however often it repeats (and never counts as clear: see test_reset_undrain)."""
+    inc = [F("gpu.nvlink", Severity.INCOMPLETE, "NVLINK", msg="NVLink state not readable (NOT_SUPPORTED)",
+             unsupported=True)]
+    assert decide(inc, "healthcheck", incomplete_history={"gpu.nvlink": 50}).outcome == "warn"
+    assert decide(inc, "healthcheck", on_incomplete="drain").outcome == "warn"
+    plain = [F("gpu.ecc", Severity.INCOMPLETE, "ECC", msg="NVML could not read ecc_volatile_uncorrected (UNKNOWN)")]
+    assert decide(plain, "healthcheck", incomplete_history={"gpu.ecc": 2}).outcome == "drain"
+
+
 def test_internal_errors_never_escalate_to_a_hardware_drain():
     inc = [F("gpu.ecc", Severity.INCOMPLETE, "INTERNAL", internal_error=True)]
     assert decide(inc, "prolog", on_incomplete="drain", incomplete_history={"gpu.ecc": 9}).outcome == "warn"

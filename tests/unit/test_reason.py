@@ -1,6 +1,8 @@
-"""Drain reasons: grammar (keyword first, for `sinfo -R`), sanitising (hostile detail text), length, ownership,
-and the old grammar (`<check-id> <KEYWORD>:`) still recognised so a fleet being upgraded keeps undraining."""
+"""Drain reasons: grammar (keyword first, for `sinfo -R`), sanitising (hostile detail text, while ordinary punctuation
+such as the apostrophe in "the GPU's slowdown temperature" stays), length, ownership, and the old grammar
+(`<check-id> <KEYWORD>:`) still recognised so a fleet being upgraded keeps undraining."""
 
+import re
 import string
 
 import pytest
@@ -52,8 +54,50 @@ def test_long_detail_truncated_but_context_kept():
     assert r.endswith("... [prolog reboot]")
 
 
+_STRAY_QUOTE = re.compile(r"(?<![A-Za-z0-9])'|'(?![A-Za-z0-9])")
+
+
+def _clean_text(t: str) -> bool:
+    """Single line, printable, no double quote/backquote/backslash/'='/brackets, an apostrophe only inside a word."""
+    return (all(c in string.printable and c not in "\r\n\t\x0b\x0c\"`\\=[]" for c in t)
+            and not _STRAY_QUOTE.search(t))
+
+
 def _safe(r: str) -> bool:
-    return len(r) <= MAX_LEN and all(c in string.printable and c not in "\r\n\t\x0b\x0c\"'`\\=" for c in r)
+    """A whole reason: short, and brackets only around the context at the end."""
+    head, sep, tail = r.rpartition(" [")
+    return (len(r) <= MAX_LEN and bool(sep) and tail.endswith("]") and _clean_text(head)
+            and _clean_text(tail[:-1]))
+
+
+def test_apostrophe_inside_a_word_is_kept():
+    r = format_reason("gpu.temperature", "THERMAL", "GPU 6 (0000:b9:00.0) at 91C (limit 89C, the GPU's slowdown "
+                      "temperature)", "healthcheck")
+    assert r == ("gpuguard: THERMAL gpu.temperature: GPU 6 (0000:b9:00.0) at 91C (limit 89C, the GPU's slowdown "
+                 "temperature) [healthcheck]")
+    assert parse_reason(r).detail.endswith("the GPU's slowdown temperature)")
+    # quotes that are not an apostrophe inside a word still go, as do the other unsafe characters
+    assert sanitize("name='x' it's \"y\" a ' b 'c x'=y") == "name x it's y a b c x y"
+    assert sanitize("don`'t") == "don t"
+
+
+@given(st.text())
+def test_sanitize_output_is_always_clean_and_stable(text):
+    out = sanitize(text)
+    assert _clean_text(out) and out == out.strip() and "  " not in out
+    assert sanitize(out) == out
+
+
+@given(st.lists(st.from_regex(r"[A-Za-z0-9]{1,8}('[A-Za-z0-9]{1,4})?", fullmatch=True), min_size=1, max_size=8))
+def test_words_with_apostrophes_survive(words):
+    text = " ".join(words)
+    assert sanitize(text) == text
+
+
+@given(st.from_regex(r"[A-Za-z ]{60,120}'[a-z]{1,3}[A-Za-z ]{0,40}", fullmatch=True))
+def test_truncation_never_leaves_a_dangling_apostrophe(detail):
+    r = format_reason("gpu.temperature", "THERMAL", detail, "healthcheck", "drain")
+    assert _safe(r), r
 
 
 @given(st.text(), st.sampled_from(sorted(KEYWORDS)), st.sampled_from(CONTEXTS), st.sampled_from(ACTIONS),

@@ -64,3 +64,33 @@ def test_first_fingerprint_is_never_taken_for_a_reload(tmp_path):
     for _ in range(3):
         r = _hc(tmp_path, {"kernel_log": [XID119]}, slurm)
     assert r.undrain["decision"] == "wait" and slurm.reason
+
+
+def test_reset_evidence_needs_a_value_read_as_clear():
+    """Only a check that failed at drain time and now reads clear (every finding ok) is evidence of a reset; a value
+    NVML could not read (incomplete, whether an error or NOT_SUPPORTED) never is."""
+    from gpuguard.model import Finding, Severity
+    from gpuguard.runner import reset_evidence
+
+    class NoRuns:
+        def findings_for(self, run_id):
+            return []
+
+    drain = {"check_id": "gpu.recovery_action", "ts": 1000.0, "run_id": None}
+    clear = [Finding("gpu.recovery_action", Severity.OK, "recovery action NONE on every GPU")]
+    assert reset_evidence(drain, NoRuns(), clear, False, None) == "the recovery action back to NONE"
+    unknown = [Finding("gpu.recovery_action", Severity.INCOMPLETE, "GPU 2: NVML could not read recovery_action "
+                       "(NOT_SUPPORTED)", evidence={"unsupported": True})]
+    assert reset_evidence(drain, NoRuns(), unknown, False, None) is None
+    assert reset_evidence(drain, NoRuns(), [], False, None) is None  # the check did not even run
+
+
+def test_recovery_action_unreadable_keeps_the_reset_drain(tmp_path):
+    slurm = MemorySlurm()
+    _hc(tmp_path, {"gpus": {"overrides": {2: {"recovery_action": 1}}}}, slurm)  # NVML: GPU_RESET
+    assert slurm.reason and "RECOVERY" in slurm.reason
+    for _ in range(3):  # the field now answers UNKNOWN for GPU 2 (the call succeeds, that one field fails)
+        r = _hc(tmp_path, {"gpus": {"overrides": {2: {"field_errors": {"recovery_action": "UNKNOWN"}}}}}, slurm)
+        # waits; or, once the unknown has lasted incomplete_escalate_after runs, the verdict itself is a drain
+        assert r.verdict.outcome == "drain" or r.undrain["decision"] == "wait"
+    assert ("undrain", None) not in slurm.calls and slurm.reason

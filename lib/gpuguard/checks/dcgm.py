@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import CheckInput
-from gpuguard.checks._util import fail, incomplete, ok, warn
+from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
 from gpuguard.model import Action, Finding, Observations
 
-CHECK_ID = "dcgm.diag"
 SEV_MONITOR, SEV_ISOLATE, SEV_UNKNOWN, SEV_TRIAGE, SEV_CONFIG, SEV_RESET = 1, 2, 3, 4, 5, 6
 _ACTION = {SEV_RESET: Action.RESET, SEV_ISOLATE: Action.REPLACE}
 _REMEDIATE = {
@@ -30,13 +29,14 @@ def _gpus(gpus: list[int]) -> str:
 
 
 def check_dcgm_diag(obs: Observations, inp: CheckInput) -> list[Finding]:
+    s = spec_of(inp)
     d: Any = obs.dcgm
     if d is None:
-        return [incomplete(CHECK_ID, "DCGM", "DCGM diagnostics were not run")]
+        return [incomplete(s, "DCGM diagnostics were not run")]
     if getattr(d, "tool_missing", False):
-        return [incomplete(CHECK_ID, "DCGM", "dcgmi not installed: DCGM diagnostics not run", error=d.status.error)]
+        return [incomplete(s, "dcgmi not installed: DCGM diagnostics not run", error=d.status.error)]
     if not d.tests:
-        return [incomplete(CHECK_ID, "DCGM", f"DCGM diagnostics did not run: {d.error or d.status.error}"[:200],
+        return [incomplete(s, f"DCGM diagnostics did not run: {d.error or d.status.error}"[:200],
                            exit_code=d.exit_code)]
     ignore = {str(t).lower() for t in inp.params.get("ignore_tests", []) or []}
     warn_is_fail = bool(inp.params.get("warn_is_fail", False))
@@ -54,23 +54,23 @@ def check_dcgm_diag(obs: Observations, inp: CheckInput) -> list[Finding]:
             sev = t.severities
             hardware = sev - {SEV_CONFIG, SEV_MONITOR}
             if sev and not hardware:
-                findings.append(warn(CHECK_ID, "DCGM", f"DCGM {level}{t.name} failed{_gpus(t.failed_gpus)} "
+                findings.append(warn(s, f"DCGM {level}{t.name} failed{_gpus(t.failed_gpus)} "
                                      f"(configuration, not hardware): {msg}",
                                      "fix the node setting DCGM names (e.g. `nvidia-smi -pm 1`)", **ev))
                 continue
             top = max(hardware) if hardware else SEV_UNKNOWN
             action = _ACTION.get(top, Action.DRAIN)
-            findings.append(fail(CHECK_ID, "DCGM", f"DCGM {level}{t.name} failed{_gpus(t.failed_gpus)}: {msg}",
+            findings.append(fail(s, f"DCGM {level}{t.name} failed{_gpus(t.failed_gpus)}: {msg}",
                                  _REMEDIATE[action], action, gpu=t.failed_gpus[0] if len(t.failed_gpus) == 1 else None,
                                  **ev))
         elif t.status == "warn":
             if warn_is_fail:
-                findings.append(fail(CHECK_ID, "DCGM", f"DCGM {level}{t.name} warned{_gpus(t.failed_gpus)}: {msg}",
+                findings.append(fail(s, f"DCGM {level}{t.name} warned{_gpus(t.failed_gpus)}: {msg}",
                                      _REMEDIATE[Action.DRAIN], Action.DRAIN, **ev))
             else:
-                findings.append(warn(CHECK_ID, "DCGM", f"DCGM {level}{t.name} warned: {msg}", "", **ev))
+                findings.append(warn(s, f"DCGM {level}{t.name} warned: {msg}", "", **ev))
     if judged == 0:
-        return [incomplete(CHECK_ID, "DCGM", f"DCGM {level}ran but skipped every test: nothing was verified",
+        return [incomplete(s, f"DCGM {level}ran but skipped every test: nothing was verified",
                            tests=[t.name for t in d.tests])]
-    return findings or [ok(CHECK_ID, f"DCGM {level}diagnostics passed ({judged} tests)", dcgm_version=d.version,
+    return findings or [ok(s, f"DCGM {level}diagnostics passed ({judged} tests)", dcgm_version=d.version,
                            tests=[t.name for t in d.tests if t.status == "pass"])]

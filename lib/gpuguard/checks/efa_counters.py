@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import CheckInput
-from gpuguard.checks._util import fail, incomplete, ok, skip
+from gpuguard.checks._util import fail, incomplete, ok, skip, spec_of
 from gpuguard.model import Action, Finding, Observations, Severity
 
-CHECK_ID = "fabric.efa_counters"
 # check parameter -> the hw_counters it limits (summed per port)
 PARAM_COUNTERS: dict[str, tuple[str, ...]] = {
     "max_rx_drops": ("rx_drops",),
@@ -29,23 +28,24 @@ _REMEDIATE = ("look at `rdma statistic show` / the hw_counters of the port and t
 
 
 def check_efa_counters(obs: Observations, inp: CheckInput) -> list[Finding]:
+    s = spec_of(inp)
     if not inp.profile.efa_devices:
-        return [skip(CHECK_ID, "profile expects no EFA devices")]
+        return [skip(s, "profile expects no EFA devices")]
     limits = {p: inp.params.get(p) for p in PARAM_COUNTERS if inp.params.get(p) is not None}
     c: Any = obs.efa_counters
     if not limits:  # nothing to judge against: never incomplete (that would escalate to a drain)
         growth = _growth(c.deltas) if c is not None and c.status.complete and c.deltas else {}
         ports = len(c.ports) if c is not None and c.status.complete else 0
-        return [Finding(CHECK_ID, Severity.SKIP, f"no EFA counter thresholds configured (error counters grew on "
+        return [Finding(s.id, Severity.SKIP, f"no EFA counter thresholds configured (error counters grew on "
                         f"{len(growth)} of {ports} ports)", evidence={"growth": growth})]
     if c is None:
-        return [incomplete(CHECK_ID, "EFA", "EFA counters were not read")]
+        return [incomplete(s, "EFA counters were not read")]
     if not c.status.complete:
-        return [incomplete(CHECK_ID, "EFA", f"EFA counters unreadable: {c.status.error}")]
+        return [incomplete(s, f"EFA counters unreadable: {c.status.error}")]
     if not c.ports:
-        return [incomplete(CHECK_ID, "EFA", "no EFA hw_counters in sysfs (driver too old or not loaded)")]
+        return [incomplete(s, "no EFA hw_counters in sysfs (driver too old or not loaded)")]
     if c.deltas is None:
-        return [ok(CHECK_ID, f"{len(c.ports)} EFA ports: baseline recorded ({c.baseline_reason})",
+        return [ok(s, f"{len(c.ports)} EFA ports: baseline recorded ({c.baseline_reason})",
                    ports=len(c.ports))]
     interval = f" in {c.interval_s:.0f}s" if c.interval_s is not None else ""
     growth = _growth(c.deltas)
@@ -56,10 +56,10 @@ def check_efa_counters(obs: Observations, inp: CheckInput) -> list[Finding]:
             if total > int(limit):
                 over.append(f"{port} {'+'.join(PARAM_COUNTERS[param])} +{total} (limit {limit})")
     if over:
-        return [fail(CHECK_ID, "EFA", f"EFA error counters grew{interval}: {', '.join(over[:3])}"
+        return [fail(s, f"EFA error counters grew{interval}: {', '.join(over[:3])}"
                      + (f" +{len(over) - 3} more" if len(over) > 3 else ""), _REMEDIATE, Action.DRAIN,
                      over=over, growth=growth, interval_s=c.interval_s, reset=c.reset)]
-    return [ok(CHECK_ID, f"EFA error counters within limits on {len(c.ports)} ports{interval}", growth=growth,
+    return [ok(s, f"EFA error counters within limits on {len(c.ports)} ports{interval}", growth=growth,
                interval_s=c.interval_s)]
 
 

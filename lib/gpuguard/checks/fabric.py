@@ -1,12 +1,17 @@
-"""Fabric checks: EFA (AWS) and InfiniBand devices from sysfs, libfabric provider from fi_info."""
+"""Fabric checks: EFA (AWS) and InfiniBand devices from sysfs, libfabric provider from fi_info.
+
+Device counts below the profile are judged against the node's own history (gpuguard.checks.inventory): a device
+this node had and lost drains; fewer than the profile on a node that never had more (a p5 launched with 4 of its
+32 EFA interfaces, or none) warns. A port that is not ACTIVE is hardware and drains either way.
+"""
 
 from __future__ import annotations
 
-import fnmatch
 import re
 
 from gpuguard.checks import CheckInput
-from gpuguard.checks._util import fail, incomplete, ok, skip
+from gpuguard.checks._util import fail, incomplete, ok, skip, spec_of
+from gpuguard.checks.inventory import count_finding, efa_devices, had_count, ib_devices
 from gpuguard.model import Action, Finding, Observations, RdmaDevice
 
 _REMEDIATE_EFA = ("check `fi_info -p efa` and `ls /sys/class/infiniband`; the EFA driver or a device failed: "
@@ -19,40 +24,40 @@ def _down_ports(devs: list[RdmaDevice]) -> list[str]:
 
 
 def check_efa(obs: Observations, inp: CheckInput) -> list[Finding]:
-    cid = "fabric.efa"
+    s = spec_of(inp)
     expected = inp.profile.efa_devices
     if not expected:
-        return [skip(cid, "profile expects no EFA devices")]
+        return [skip(s, "profile expects no EFA devices")]
     fab = obs.fabric
     if fab is None:
-        return [incomplete(cid, "EFA", "fabric not read")]
-    efa = [d for d in fab.devices if d.kind == "efa"]
+        return [incomplete(s, "fabric not read")]
+    efa = efa_devices(fab)
     findings: list[Finding] = []
-    if len(efa) < expected:
-        # A device that is not there: a failed card or an instance launched with fewer EFA interfaces (a launch
-        # template applied to a whole fleet). Drain for an admin; a reboot cannot attach an interface, and a reboot
-        # action would escalate to "replace" after two.
-        findings.append(fail(cid, "EFA", f"{expected} EFA devices expected, {len(efa)} found", _REMEDIATE_EFA,
-                             Action.DRAIN, expected=expected, found=len(efa), devices=[d.name for d in efa]))
+    # A device that is gone: a failed card, drained for an admin (a reboot cannot attach an interface, and a
+    # reboot action would escalate to "replace" after two). Fewer on a node that never had more: a launch choice.
+    count = count_finding(s, "EFA devices", len(efa), expected, had_count(obs, "efa"), _REMEDIATE_EFA,
+                          Action.DRAIN, devices=[d.name for d in efa]) if fab.devices_read else None
+    if count:
+        findings.append(count)
     down = _down_ports(efa)
     if down:
-        findings.append(fail(cid, "EFA", f"EFA port not ACTIVE: {', '.join(down[:4])}"
+        findings.append(fail(s, f"EFA port not ACTIVE: {', '.join(down[:4])}"
                              + (f" +{len(down) - 4} more" if len(down) > 4 else ""), _REMEDIATE_EFA,
                              Action.REBOOT, down=down))
-    if inp.profile.libfabric_provider and inp.params.get("check_provider", True):
+    if efa and inp.profile.libfabric_provider and inp.params.get("check_provider", True):
         fi = fab.fi_info
         if fi is None or not fi.ran:
-            findings.append(incomplete(cid, "EFA", f"fi_info did not run: {fi.error if fi else 'not configured'}"))
+            findings.append(incomplete(s, f"fi_info did not run: {fi.error if fi else 'not configured'}"))
         elif not fi.provider_found:
             # software on the node (libfabric / the EFA installer), not hardware: drain, never reboot-escalate
-            findings.append(fail(cid, "EFA", f"libfabric provider {inp.profile.libfabric_provider} not available",
+            findings.append(fail(s, f"libfabric provider {inp.profile.libfabric_provider} not available",
                                  _REMEDIATE_EFA, Action.DRAIN, error=fi.error))
-        elif fi.devices < expected:
-            findings.append(fail(cid, "EFA", f"libfabric sees {fi.devices} EFA devices, {expected} expected",
-                                 _REMEDIATE_EFA, Action.DRAIN, fi_info_devices=fi.devices))
-    if not fab.status.complete and not findings:
-        findings.append(incomplete(cid, "EFA", f"fabric probe incomplete: {fab.status.error}"))
-    return findings or [ok(cid, f"{len(efa)} EFA devices, ports ACTIVE, provider ok", devices=len(efa))]
+        elif fi.devices < len(efa):
+            findings.append(fail(s, f"libfabric sees {fi.devices} of the {len(efa)} EFA devices in sysfs",
+                                 _REMEDIATE_EFA, Action.DRAIN, fi_info_devices=fi.devices, sysfs_devices=len(efa)))
+    if not fab.devices_read and not findings:
+        findings.append(incomplete(s, f"fabric probe incomplete: {fab.status.error}"))
+    return findings or [ok(s, f"{len(efa)} EFA devices, ports ACTIVE, provider ok", devices=len(efa))]
 
 
 def _rate_gbps(rate: str | None) -> float | None:
@@ -61,28 +66,25 @@ def _rate_gbps(rate: str | None) -> float | None:
 
 
 def check_ib(obs: Observations, inp: CheckInput) -> list[Finding]:
-    cid = "fabric.ib"
+    s = spec_of(inp)
     expected = inp.profile.ib_devices
     if not expected:
-        return [skip(cid, "profile expects no InfiniBand devices")]
+        return [skip(s, "profile expects no InfiniBand devices")]
     fab = obs.fabric
     if fab is None:
-        return [incomplete(cid, "IB", "fabric not read")]
+        return [incomplete(s, "fabric not read")]
     names = inp.profile.ib_compute_devices
-    if names:  # only the compute HCAs: storage ports on the same node may be legitimately uncabled
-        ib = [d for d in fab.devices if d.kind == "ib" and d.name in names]
-    else:
-        pattern = inp.profile.ib_device_pattern or "*"
-        ib = [d for d in fab.devices if d.kind == "ib" and fnmatch.fnmatch(d.name, pattern)]
+    ib = ib_devices(fab, inp.profile)
     findings: list[Finding] = []
-    if len(ib) < expected:
-        missing = sorted(set(names) - {d.name for d in ib}) if names else []
-        what = f" (missing {','.join(missing[:4])})" if missing else ""
-        findings.append(fail(cid, "IB", f"{expected} InfiniBand HCAs expected, {len(ib)} found{what}", _REMEDIATE_IB,
-                             Action.DRAIN, expected=expected, found=[d.name for d in ib]))
+    missing = sorted(set(names) - {d.name for d in ib}) if names else []
+    count = count_finding(s, "InfiniBand HCAs" + (f" (missing {','.join(missing[:4])})" if missing else ""), len(ib),
+                          expected, had_count(obs, "ib"), _REMEDIATE_IB, Action.DRAIN,
+                          devices=[d.name for d in ib]) if fab.devices_read else None
+    if count:
+        findings.append(count)
     down = _down_ports(ib)
     if down:
-        findings.append(fail(cid, "IB", f"IB port not ACTIVE: {', '.join(down[:4])}"
+        findings.append(fail(s, f"IB port not ACTIVE: {', '.join(down[:4])}"
                              + (f" +{len(down) - 4} more" if len(down) > 4 else ""), _REMEDIATE_IB,
                              Action.DRAIN, down=down))
     want = inp.profile.ib_rate_gbps
@@ -90,6 +92,8 @@ def check_ib(obs: Observations, inp: CheckInput) -> list[Finding]:
         slow = [f"{d.name}/{p.port}:{p.rate}" for d in ib for p in d.ports
                 if (p.state or "").upper() == "ACTIVE" and (_rate_gbps(p.rate) or 0) < want]
         if slow:
-            findings.append(fail(cid, "IB", f"IB link below {want} Gb/s: {', '.join(slow[:3])}", _REMEDIATE_IB,
+            findings.append(fail(s, f"IB link below {want} Gb/s: {', '.join(slow[:3])}", _REMEDIATE_IB,
                                  Action.DRAIN, slow=slow))
-    return findings or [ok(cid, f"{len(ib)} InfiniBand HCAs ACTIVE")]
+    if not fab.devices_read and not findings:
+        findings.append(incomplete(s, f"fabric probe incomplete: {fab.status.error}"))
+    return findings or [ok(s, f"{len(ib)} InfiniBand HCAs ACTIVE")]

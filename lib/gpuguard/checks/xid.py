@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from gpuguard.checks import CheckInput
-from gpuguard.checks._util import fail, incomplete, ok, warn
+from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
 from gpuguard.model import Action, Finding, GpuInfo, Observations, XidEvent
 
 if TYPE_CHECKING:
@@ -23,12 +23,12 @@ def _gpu_for(event: XidEvent, gpus: list[GpuInfo]) -> Optional[GpuInfo]:
 
 
 def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
-    cid = "gpu.xid"
+    s = spec_of(inp)
     log = obs.kernel_log
     if log is None:
-        return [incomplete(cid, "XID", "kernel log not read")]
+        return [incomplete(s, "kernel log not read")]
     if inp.xid_catalog is None:
-        return [incomplete(cid, "XID", "Xid catalog not loaded")]
+        return [incomplete(s, "Xid catalog not loaded")]
     gpus = obs.nvml.gpus if obs.nvml else []
     findings: list[Finding] = []
     fatal: list[tuple[XidEvent, "XidInfo"]] = []
@@ -42,8 +42,8 @@ def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
             fatal.append((ev, info))
         elif info.severity == "warn":
             g = _gpu_for(ev, gpus)
-            findings.append(warn(cid, f"XID{ev.code}", f"Xid {ev.code} ({info.name}) on {ev.pci}",
-                                 info.nvidia_action_text or "", gpu=g.index if g else None, xid=entry))
+            findings.append(warn(s, f"Xid {ev.code} ({info.name}) on {ev.pci}", info.nvidia_action_text or "",
+                                 keyword=f"XID{ev.code}", gpu=g.index if g else None, xid=entry))
     if fatal:
         # One finding per GPU (the most invasive action wins); the reason names the first fatal Xid.
         by_pci: dict[str, list[tuple[XidEvent, "XidInfo"]]] = {}
@@ -56,20 +56,21 @@ def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
             g = _gpu_for(ev, gpus)
             where = f"GPU {g.index} {pci}" if g else pci
             extra = f" (also Xid {','.join(map(str, [c for c in codes if c != ev.code]))})" if len(codes) > 1 else ""
-            findings.append(fail(cid, f"XID{ev.code}", f"{info.name} on {where}{extra}",
+            findings.append(fail(s, f"{info.name} on {where}{extra}",
                                  info.nvidia_action_text or "see `gpuguard xid explain %d`" % ev.code,
-                                 action, gpu=g.index if g else None, xids=[e.code for e, _ in items],
+                                 action, keyword=f"XID{ev.code}", gpu=g.index if g else None,
+                                 xids=[e.code for e, _ in items],
                                  first=ev.raw[:300], nvidia_action=info.nvidia_action))
     if log.rejected_non_kernel:
-        findings.append(warn(cid, "XID", f"{log.rejected_non_kernel} Xid-looking line(s) not from the kernel ignored",
+        findings.append(warn(s, f"{log.rejected_non_kernel} Xid-looking line(s) not from the kernel ignored",
                              "someone wrote fake NVRM lines to the log (logger?); investigate, the node is not drained "
                              "for them", rejected=log.rejected_non_kernel))
     if not log.status.complete:
-        findings.append(incomplete(cid, "XID", f"kernel log {log.source} not fully read: {log.status.error}"))
+        findings.append(incomplete(s, f"kernel log {log.source} not fully read: {log.status.error}"))
     if not findings:
         codes = sorted({int(e["code"]) for e in recorded})  # type: ignore[call-overload]
         where = "during the job" if inp.kind == "epilog" else "since the last check"
         msg = f"no Xid {where}" if not codes else \
             f"non-fatal Xid {', '.join(map(str, codes))} {where}: recorded, not a node fault"
-        findings.append(ok(cid, msg, xids=recorded, malformed=log.malformed, source=log.source))
+        findings.append(ok(s, msg, xids=recorded, malformed=log.malformed, source=log.source))
     return findings

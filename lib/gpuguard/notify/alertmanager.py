@@ -38,7 +38,8 @@ from gpuguard.redact import redact_url
 ALERTNAMES = {"drain": "GpuguardDrain", "prolog_failure": "GpuguardPrologFailure",
               "straggler": "GpuguardStragglerDetected", "hang": "GpuguardHangDetected",
               "requeue": "GpuguardJobRequeued", "internal_error": "GpuguardInternalError",
-              "resource": "GpuguardResourceAlarm", "unknown_xid": "GpuguardUnknownXid"}
+              "resource": "GpuguardResourceAlarm", "unknown_xid": "GpuguardUnknownXid",
+              "storm": "GpuguardDrainStormHeld", "mismatch": "GpuguardConfigMismatch"}
 MAX_VALUE = 1024  # a label or annotation value: receivers and the UI show them whole
 MAX_RESPONSE = 65536
 

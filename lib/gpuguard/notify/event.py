@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 KINDS = ("drain", "undrain", "prolog_failure", "straggler", "hang", "requeue", "internal_error", "flapping",
-         "resource", "unknown_xid")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
+         "resource", "unknown_xid", "storm", "mismatch")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 RESOLVING_KINDS = {"undrain"}  # kinds that are, by themselves, the resolution of an episode
@@ -36,6 +36,10 @@ DEFAULT_ACTIONS = {
     "internal_error": "a gpuguard bug or an unreadable config: see the log (nodes were not drained: fail-open)",
     "flapping": "the node keeps failing and recovering: inspect the hardware before undraining it by hand",
     "resource": "look at what the job is doing on the node (memory, disk, data loader workers); the job may fail",
+    "storm": "a human decides: many nodes failing one check at once is usually a configuration or launch choice "
+             "(fix it); if the hardware is really broken, drain the nodes by hand",
+    "mismatch": "the node differs from its profile but has not changed since first seen (a launch choice): fix the "
+                "profile or the launch; nothing was drained",
     "unknown_xid": "look the code up in NVIDIA's Xid catalog (`gpuguard xid explain CODE`) and, if it is a fault, "
                    "add `xid: {overrides: {CODE: {severity: fatal}}}`; the node was not drained for it",
 }

@@ -10,7 +10,8 @@ from gpuguard.notify.event import DEFAULT_ACTIONS, RESOLVING_KINDS, SEVERITY_RAN
 
 TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog failed", "straggler": "straggler",
           "hang": "job hang", "requeue": "job requeued", "internal_error": "internal error",
-          "flapping": "flapping node", "resource": "resource alarm", "unknown_xid": "unknown Xid"}
+          "flapping": "flapping node", "resource": "resource alarm", "unknown_xid": "unknown Xid",
+          "storm": "drain storm held", "mismatch": "config mismatch"}
 
 
 def iso_utc(ts: float) -> str:

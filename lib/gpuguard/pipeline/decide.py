@@ -14,24 +14,13 @@ from gpuguard.context import RunContext
 from gpuguard.model import Finding, Severity, Verdict
 from gpuguard.policy import apply_persistence, decide, escalate_recurring
 
-# Hardware evidence no configuration can make ambiguous: judged even when no config can be read, and never held
-# back by the drain-storm guard (a real Xid 79 on 40 nodes is 40 broken nodes).
-UNAMBIGUOUS_CHECKS = frozenset({"gpu.xid", "gpu.count", "gpu.ecc", "gpu.row_remap", "gpu.recovery_action"})
-
-
 def is_unambiguous(f: Finding) -> bool:
-    """A failing finding that is unambiguous per-node hardware evidence: its check's registry entry says so (or
-    the finding itself, through evidence {"unambiguous": bool})."""
-    flag = f.evidence.get("unambiguous")
-    if isinstance(flag, bool):
-        return flag
-    from gpuguard.checks import get_check
+    """Unambiguous per-node hardware evidence (the registry's `hardware_evidence`, never a mismatch or a launch
+    choice): judged even when no config can be read, and never held back by the drain-storm guard (a real Xid 79
+    on 40 nodes is 40 broken nodes)."""
+    from gpuguard.checks import is_hardware_evidence
 
-    try:
-        spec_flag = getattr(get_check(f.check_id), "unambiguous", None)
-    except KeyError:
-        spec_flag = None
-    return bool(spec_flag) if spec_flag is not None else f.check_id in UNAMBIGUOUS_CHECKS
+    return bool(is_hardware_evidence(f))
 
 
 def judge(findings: list[Finding], ctx: RunContext, cfg: Config, store: Any, boot_id: Optional[str], now: float,

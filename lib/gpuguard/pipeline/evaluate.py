@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 from typing import Any, Optional
 
-from gpuguard.checks import NODE_SCOPE, CheckInput, CheckSpec, param_defaults, run_check
+from gpuguard.checks import CheckInput, CheckSpec, param_defaults, run_check
 from gpuguard.config import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Finding, Observations
@@ -24,7 +24,7 @@ def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunCon
     findings: list[Finding] = []
     for spec in specs:
         inp = CheckInput(profile=profile, params=cfg.check_params(spec.id, param_defaults(spec)),
-                         job_gpus=None if spec.id in NODE_SCOPE else ctx.gpu_indices, kind=ctx.kind,
+                         job_gpus=None if spec.scope == "node" else ctx.gpu_indices, kind=ctx.kind,
                          xid_catalog=catalog, unmapped_gpus=mapping.unmapped if mapping else (),
                          gpu_map_notes=mapping.notes if mapping else ())
         findings.extend(run_check(spec, obs, inp))
@@ -60,7 +60,3 @@ def observations_from(raw: dict[str, Any]) -> Observations:
     return Observations(nvml=raw.get("nvml"), kernel_log=raw.get("kernel_log"), fabric=raw.get("fabric"),
                         system=raw.get("system"), nccl=raw.get("nccl"), dcgm=raw.get("dcgm"),
                         efa_counters=raw.get("efa_counters"))
-
-
-def previous_value(previous: Optional[dict[str, Any]]) -> dict[str, Any]:
-    return previous if isinstance(previous, dict) else {}

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from gpuguard.checks import CheckSpec, param_defaults
+from gpuguard.checks import CheckSpec, probe_options
 from gpuguard.config import Config
 from gpuguard.context import RunContext
 from gpuguard.model import FabricObservation, KernelLogObservation, NvmlObservation, ProbeStatus, SystemObservation
@@ -97,6 +97,7 @@ def _collect(p: Probe, box: dict[str, Any], *, alive: bool, late: bool) -> Any:
 def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: Sources, profile: Profile,
                  kernel_cursor: Optional[dict[str, Any]], store: Any = None) -> list[Probe]:
     needs = {s.needs for s in specs}
+    opts = probe_options(specs, cfg, profile)  # what the planned checks need each probe to read
     dl = cfg.sections["deadlines"]
     probes: list[Probe] = []
     tier_needs = needs & {"nccl", "dcgm", "efa_counters"}
@@ -106,7 +107,7 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
         except Exception as e:  # noqa: BLE001 - a tier that cannot even be set up is incomplete, not a crash
             probes.extend(_failed_tier_probes(tier_needs, f"{type(e).__name__}: {e}"))
     if "nvml" in needs:
-        probes.append(_nvml_probe(specs, dl, sources, profile))
+        probes.append(_nvml_probe(bool(opts["nvml"].get("with_processes")), dl, sources, profile))
     if "kernel_log" in needs:
         from gpuguard.probes.kernel_log import read_xid_events
 
@@ -116,28 +117,23 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
     if "fabric" in needs:
         from gpuguard.probes.fabric import read_fabric
 
-        want_fi = bool(profile.libfabric_provider) and any(
-            s.id == "fabric.efa" and cfg.check_params(s.id, param_defaults(s)).get("check_provider", True)
-            for s in specs)
+        want_fi = bool(opts["fabric"].get("fi_info"))
         probes.append(Probe("fabric", lambda: read_fabric(
             sysfs_root=sources.sysfs_root, fi_info=sources.fi_info if want_fi else None,
             timeout_s=dl["fabric_s"]), dl["fabric_s"] + 0.5, timed_out(FabricObservation)))
     if "system" in needs:
         from gpuguard.probes.system import read_system
 
-        disk_spec = next((s for s in specs if s.id == "sys.disk"), None)
-        paths = [p["path"] for p in cfg.check_params("sys.disk", param_defaults(disk_spec))["paths"]] \
-            if disk_spec else []
+        paths = list(opts["system"].get("disk_paths") or [])
         probes.append(Probe("system", lambda: read_system(paths, procfs_root=sources.procfs_root,
                                                           sysfs_root=sources.sysfs_root),
                             dl["system_s"], timed_out(SystemObservation)))
     return probes
 
 
-def _nvml_probe(specs: list[CheckSpec], dl: dict[str, Any], sources: Sources, profile: Profile) -> Probe:
+def _nvml_probe(want_procs: bool, dl: dict[str, Any], sources: Sources, profile: Profile) -> Probe:
     from gpuguard.probes.nvml import read_nvml
 
-    want_procs = any(s.id in ("gpu.processes", "gpu.leftovers", "gpu.memory_released") for s in specs)
     # every GPU of the node: node-level faults are judged on all of them whatever the job asked for, and Slurm's
     # GPU ids are mapped to NVML's afterwards (gpuguard.gpumap)
     return Probe("nvml", lambda: read_nvml(

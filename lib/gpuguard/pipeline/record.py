@@ -51,7 +51,7 @@ def record_drains(store: Any, result: RunResult) -> None:
 
 
 def save_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs: Observations, boot_id: Optional[str],
-                 kernel_position: Optional[dict[str, Any]], slurm_seen: bool = False) -> None:
+                 kernel_position: Optional[dict[str, Any]], slurm_seen: bool = False, profile: Any = None) -> None:
     """The store's copies of where this run got to (the journal holds the kernel-log position that counts).
     `slurm_seen`: this run read the node's state from Slurm (undrain.resync_s counts from it)."""
     if slurm_seen:
@@ -60,6 +60,12 @@ def save_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs: Obser
     replays = pcie_replay_baseline(obs.previous.get("pcie_replay") or {}, obs)
     if replays is not None:
         store.set_cursor(f"pcie_replay:{ctx.node}", replays)
+    if profile is not None:
+        from gpuguard.checks.inventory import update_inventory
+
+        seen = update_inventory(obs.previous.get("inventory"), obs, profile)
+        if seen is not None:
+            store.set_cursor(f"inventory:{ctx.node}", seen)
     jc = job_cursor(ctx)
     if ctx.kind == "epilog":
         if jc:

@@ -145,6 +145,8 @@ class Run:
                                          self.budget.gather, self.log or _NullLog())
         obs.now = time.time()
         obs.previous["pcie_replay"] = self.store.get_cursor(f"pcie_replay:{self.ctx.node}") or {}
+        # the most this node was ever seen with (gpuguard.checks.inventory): a launch choice warns, a loss drains
+        obs.previous["inventory"] = self.store.get_cursor(f"inventory:{self.ctx.node}") or {}
         return specs, obs, mapping
 
     def kernel_position(self) -> Optional[dict[str, Any]]:
@@ -270,7 +272,8 @@ class Run:
         record_drains(self.store, result)
         if not self.read_only:
             asked = bool(result.drain and result.drain["outcome"] in ("done", "already"))
-            save_cursors(self.store, self.ctx, specs, obs, self.boot_id, position, slurm_seen=asked)
+            save_cursors(self.store, self.ctx, specs, obs, self.boot_id, position, slurm_seen=asked,
+                         profile=self.profile)
         if result.drain is None and self.ctx.kind == "healthcheck" and not self.read_only \
                 and self.cfg.sections["undrain"]["enabled"]:
             result.undrain = self.undrain(result)

@@ -57,8 +57,24 @@ def run_events(result: RunResult) -> list[Any]:
                             check_id="gpu.xid", message=f"Xid {code} on {pci} is not in gpuguard's Xid catalog "
                             "(a newer driver?): recorded and alerted, the node was not drained",
                             evidence={"xid": code, "pci": pci}))
+    events.extend(mismatch_events(result))
     events.extend(result.events)
     return events
+
+
+def mismatch_events(result: RunResult) -> list[Any]:
+    """Warned, never drained, alerted once: a node whose hardware differs from its profile the first time it is
+    seen (a launch choice: fewer EFA interfaces than the instance type has), a disk check on a path users can
+    write (a user filling /tmp must not drain the node, but an admin should know)."""
+    from gpuguard.notify import Event
+
+    out = []
+    for f in result.findings:
+        if f.severity.value != "warn" or not (f.evidence.get("first_seen") or f.evidence.get("user_writable")):
+            continue
+        out.append(Event(kind="mismatch", severity="warning", node=result.context.node, check_id=f.check_id,
+                         gpu=f.gpu, message=f.message, action=f.remediation or None, evidence=dict(f.evidence)))
+    return out
 
 
 def _undrain_events(result: RunResult) -> list[Any]:
@@ -86,7 +102,8 @@ def tell_humans(cfg: Config, result: RunResult, budget: StageBudget) -> None:
 
         write_run_metrics(cfg, result)
         if not (result.drain or result.undrain or result.applied or result.events
-                or result.context.kind == "healthcheck" or unknown_xids(result)):
+                or result.context.kind == "healthcheck" or unknown_xids(result)
+                or any(f.evidence.get("first_seen") or f.evidence.get("user_writable") for f in result.findings)):
             return  # nothing to tell: keep the healthy prolog's path free of the notify import
         events = run_events(result)
         if events or result.context.kind == "healthcheck":

@@ -18,14 +18,6 @@ from gpuguard.policy import UndrainDecision, decide_undrain
 from gpuguard.reason import format_reason, parse_reason
 from gpuguard.slurm import NodeState, SlurmError
 
-# States only a reset clears: one that failed when the node was drained and reads clear now shows the GPU was
-# reset. "Clear" means read and OK: a value NVML could not read is incomplete, never evidence of a reset.
-CLEARED_ONLY_BY_RESET = {"gpu.recovery_action": "the recovery action back to NONE",
-                         "gpu.ecc": "the volatile ECC error count cleared",  # volatile counters reset with the GPU
-                         "gpu.row_remap": "the pending row remap applied",
-                         "gpu.retired_pages": "the pending page retirement applied"}
-
-
 def slurm_seen_cursor(node: str) -> str:
     return f"slurm_seen:{node}"
 
@@ -60,7 +52,11 @@ def reset_evidence(drain: dict[str, Any], store: Any, findings: list[Finding], b
     drained_for = {drain.get("check_id")}
     if drain.get("run_id") is not None:
         drained_for |= {f["check_id"] for f in store.findings_for(drain["run_id"]) if f["severity"] == "fail"}
-    for check_id, what in CLEARED_ONLY_BY_RESET.items():
+    from gpuguard.checks import cleared_only_by_reset
+
+    # States only a reset clears: one that failed when the node was drained and reads clear now shows the GPU was
+    # reset. "Clear" means read and OK: a value NVML could not read is incomplete, never evidence of a reset.
+    for check_id, what in cleared_only_by_reset().items():
         now = [f for f in findings if f.check_id == check_id]
         if check_id in drained_for and now and all(f.severity is Severity.OK for f in now):
             return what

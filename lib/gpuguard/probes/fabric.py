@@ -211,7 +211,9 @@ def read_fabric(sysfs_root: str = "/sys", fi_info: str | None = None, timeout_s:
     obs = FabricObservation(status=status)
     try:
         obs.devices = read_rdma_devices(sysfs_root)
+        obs.devices_complete = True
     except Exception as e:  # noqa: BLE001 - a probe never raises
+        obs.devices_complete = False
         status.complete = False
         status.error = f"sysfs: {type(e).__name__}: {e}"
     if fi_info is not None:

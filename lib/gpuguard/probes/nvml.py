@@ -1,7 +1,9 @@
 """NVML probe: one pass over the GPUs through nvidia-ml-py (`pynvml`), into an `NvmlObservation`.
 
 Errors are classified per query (DESIGN §6):
-  NOT_SUPPORTED, FUNCTION_NOT_FOUND          -> the value is None, not an error
+  NOT_SUPPORTED, FUNCTION_NOT_FOUND          -> the value is None, not an error (the query is listed in
+                                                `gpu.unsupported`: a check decides whether None means "this GPU
+                                                has no such feature" or "unknown", never "clear")
   GPU_IS_LOST, RESET_REQUIRED, GPU_NOT_FOUND -> `gpu.fatal_error`, and that GPU is not queried further
   anything else                              -> `gpu.errors[<query>] = <NVML error name>`, carry on
 The probe never raises and never sleeps; deadlines are the caller's (it runs the probe in a thread).
@@ -21,6 +23,8 @@ MIB = 1024 * 1024
 NVLINK_PROBE_LINKS = 18  # links probed when the caller does not say how many to expect
 FIELD_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R565+)
 FIELD_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP: HBM temperature (read 36 C on an idle H100 SXM, driver 580)
+FIELD_NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT: how many NVLinks the GPU has
+MAX_NVLINKS = 64
 
 # nvmlReturn_t codes (nvml.h) the classification depends on.
 _INVALID_ARGUMENT = 2
@@ -31,9 +35,6 @@ _SKIPPED = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
 _FATAL = frozenset({15, 16, 28})  # GPU_IS_LOST, RESET_REQUIRED, GPU_NOT_FOUND
 # A newer entry point missing from an older driver: try the next (older) one instead.
 _TRY_OLDER = frozenset({_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH})
-# What NVML answers for a link index the GPU does not have: NOT_SUPPORTED below the driver's bound,
-# INVALID_ARGUMENT past it (FUNCTION_NOT_FOUND: no NVLink API at all).
-_NO_SUCH_LINK = frozenset({_NOT_SUPPORTED, _INVALID_ARGUMENT, _FUNCTION_NOT_FOUND})
 
 # c_nvmlValue_t member for each NVML_VALUE_TYPE_*
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
@@ -154,6 +155,8 @@ class _Queries:
     def classify(self, query: str, code: int) -> None:
         """Record a failed query (or raise _GpuGone); skipped codes leave no trace."""
         if code in _SKIPPED:
+            if query not in self.info.unsupported:
+                self.info.unsupported.append(query)
             return
         name = nvml_error_name(self.nv, code)
         if code in _FATAL:
@@ -216,15 +219,25 @@ def _read_memory_health(q: _Queries, h: Any) -> None:
         info.remapped_rows_correctable, info.remapped_rows_uncorrectable = corr, unc
         info.remapped_rows_pending, info.remapped_rows_failure = bool(pending_rows), bool(failure)
 
-    values = q("recovery_action", nv.nvmlDeviceGetFieldValues, h, [FIELD_RECOVERY_ACTION, FIELD_MEMORY_TEMP])
-    if values is not None:
-        # The call succeeds as a whole; whether each field was readable is in its own nvmlReturn.
-        if values[0].nvmlReturn == 0:
-            info.recovery_action = int(field_value(values[0]))
-        else:
-            q.classify("recovery_action", values[0].nvmlReturn)
-        if len(values) > 1 and values[1].nvmlReturn == 0:
-            info.memory_temperature_c = int(field_value(values[1]))
+
+def _read_fields(q: _Queries, h: Any) -> int | None:
+    """Field values in one call: the recovery action (R565+), HBM temperature, and the NVLink count it returns
+    (None when NVML did not say). The call succeeds as a whole; whether each field was readable is in its own
+    nvmlReturn."""
+    nv, info = q.nv, q.info
+    values = q("recovery_action", nv.nvmlDeviceGetFieldValues, h,
+               [FIELD_RECOVERY_ACTION, FIELD_MEMORY_TEMP, FIELD_NVLINK_LINK_COUNT])
+    if values is None:
+        return None
+    if values[0].nvmlReturn == 0:
+        info.recovery_action = int(field_value(values[0]))
+    else:
+        q.classify("recovery_action", values[0].nvmlReturn)
+    if len(values) > 1 and values[1].nvmlReturn == 0:
+        info.memory_temperature_c = int(field_value(values[1]))
+    if len(values) > 2 and values[2].nvmlReturn == 0:
+        return max(0, min(int(field_value(values[2])), MAX_NVLINKS))
+    return None  # an older driver: the links are probed one by one instead
 
 
 def _read_thermal_and_clocks(q: _Queries, h: Any) -> None:
@@ -301,23 +314,28 @@ def _read_fabric(q: _Queries, h: Any) -> None:
         return
 
 
-def _read_nvlinks(q: _Queries, h: Any, nvlinks: int | None) -> list[bool] | None:
-    """States of links 0..n-1; a link NVML says does not exist is left out. None = no link exists."""
+def _read_nvlinks(q: _Queries, h: Any, nvlinks: int | None, count: int | None) -> list[bool | None] | None:
+    """States of links 0..n-1 (position = link number): True active, False down, None unknown. `count`: NVML's
+    own link count when it gave one (0: the GPU has no NVLink, []); otherwise links are probed up to `nvlinks`
+    (18 when not given) and INVALID_ARGUMENT ends the list (no such link). NOT_SUPPORTED for a link is *unknown*:
+    NVML gives it both for a link the GPU lacks and for a state it cannot read, and "no NVLinks" read from it
+    would reboot-drain a node for a driver's limitation. None: the driver has no NVLink API (unknown as well)."""
     nv = q.nv
-    states: list[bool] = []
-    for link in range(NVLINK_PROBE_LINKS if nvlinks is None else nvlinks):
+    if count == 0:
+        return []
+    states: list[bool | None] = []
+    for link in range(count if count is not None else (NVLINK_PROBE_LINKS if nvlinks is None else nvlinks)):
         try:
             states.append(nv.nvmlDeviceGetNvLinkState(h, link) == nv.NVML_FEATURE_ENABLED)
         except nv.NVMLError as exc:
-            if exc.value in _NO_SUCH_LINK:
-                if exc.value != _NOT_SUPPORTED:
-                    break  # past the driver's bound (or no NVLink API): no higher link exists either
-                continue
-            q.classify("nvlink", exc.value)
-            # The link exists but its state is unknown: count it as not active, keeping list positions
-            # equal to link numbers.
-            states.append(False)
-    return states or None
+            if exc.value == _FUNCTION_NOT_FOUND:
+                q.classify("nvlink", exc.value)
+                return None
+            if exc.value == _INVALID_ARGUMENT and count is None:
+                break  # past the driver's bound: no higher link exists either
+            q.classify("nvlink", exc.value)  # NOT_SUPPORTED: listed in `unsupported`; others in `errors`
+            states.append(None)
+    return states
 
 
 def _read_processes(q: _Queries, h: Any) -> list[GpuProcess]:
@@ -352,11 +370,12 @@ def _read_gpu(nv: Any, index: int, nvlinks: int | None, with_processes: bool) ->
             info.memory_total_mib, info.memory_used_mib = _mib(memory.total), _mib(memory.used)
         _read_ecc(q, h)
         _read_memory_health(q, h)
+        nvlink_count = _read_fields(q, h)
         _read_thermal_and_clocks(q, h)
         _read_pcie(q, h)
         _read_identity(q, h)
         _read_fabric(q, h)
-        info.nvlink_active = _read_nvlinks(q, h, nvlinks)
+        info.nvlink_active = _read_nvlinks(q, h, nvlinks, nvlink_count)
         info.power_mw = q("power", nv.nvmlDeviceGetPowerUsage, h)
         utilization = q("utilization", nv.nvmlDeviceGetUtilizationRates, h)
         info.utilization_gpu_pct = None if utilization is None else utilization.gpu

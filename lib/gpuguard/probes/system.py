@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Iterable, Optional
 
 from gpuguard.model import DiskUsage, ProbeStatus, SystemObservation
@@ -56,12 +57,21 @@ def read_driver_fingerprint(sysfs_root: str = "/sys") -> Optional[str]:
 
 
 def read_disk(path: str) -> DiskUsage:
+    """Free space, and who may write the path itself (its owner, and whether every user may: sys.disk drains only
+    for a path the site names root-owned, and checks that claim)."""
     try:
         st = os.statvfs(path)
     except OSError as e:
         return DiskUsage(path, error=e.strerror or str(e))
     mib = 1024 * 1024
-    return DiskUsage(path, total_mib=st.f_blocks * st.f_frsize // mib, free_mib=st.f_bavail * st.f_frsize // mib)
+    usage = DiskUsage(path, total_mib=st.f_blocks * st.f_frsize // mib, free_mib=st.f_bavail * st.f_frsize // mib)
+    try:
+        owner = os.stat(path)
+    except OSError:
+        return usage  # removed between the two calls: ownership unknown, the space figures stand
+    usage.owner_uid = owner.st_uid
+    usage.world_writable = bool(owner.st_mode & stat.S_IWOTH)
+    return usage
 
 
 def parse_meminfo(text: str) -> dict[str, int]:

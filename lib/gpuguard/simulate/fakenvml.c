@@ -53,7 +53,8 @@
  *   gpu.<i>.clocks_event_reasons_supported=0x...  (default 0x1FF when clocks_event_reasons is set)
  *   gpu.<i>.pcie.gen_current=N  gpu.<i>.pcie.gen_max=N  gpu.<i>.pcie.gpu_gen_max=N
  *   gpu.<i>.pcie.width_current=N  gpu.<i>.pcie.width_max=N
- *   gpu.<i>.nvlink_count=18             links 0..count-1 exist (count at most 64); a link index at or past
+ *   gpu.<i>.nvlink_count=18             links 0..count-1 exist (count at most 64), also field 91
+ *                                       (NVML_FI_DEV_NVLINK_LINK_COUNT); a link index at or past
  *                                       max(18, count) -> INVALID_ARGUMENT (what the driver answers for
  *                                       indices past the bound), any other missing link -> NOT_SUPPORTED
  *   gpu.<i>.nvlink_down=3,5             these links report NVML_FEATURE_DISABLED (0), others ENABLED (1)
@@ -78,6 +79,8 @@
  *   gpu.<i>.error.<function>=<nvmlReturn>     that call on this GPU returns the error; error.* = every
  *                                       call on this GPU, nvmlDeviceGetHandleByIndex_v2 included
  *   gpu.<i>.hang.<function>=<seconds>   that call on this GPU sleeps first (adds to a global hang)
+ *   gpu.<i>.field_error.<field id>=<nvmlReturn>  nvmlDeviceGetFieldValues succeeds but that one field carries
+ *                                       this error (NVML reports per-field errors in each value's nvmlReturn)
  *
  * <function> is the exported symbol name, versions included (nvmlDeviceGetHandleByIndex_v2,
  * nvmlDeviceGetComputeRunningProcesses_v3, ...). <i> is the NVML index, 0..63.
@@ -119,7 +122,12 @@ enum {
 };
 
 enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3 };
-enum { NVML_FI_DEV_MEMORY_TEMP = 82, NVML_FI_DEV_PCIE_REPLAY_COUNTER = 94, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230 };
+enum {
+    NVML_FI_DEV_MEMORY_TEMP = 82,
+    NVML_FI_DEV_NVLINK_LINK_COUNT = 91,
+    NVML_FI_DEV_PCIE_REPLAY_COUNTER = 94,
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230,
+};
 #define MAX_MIG 7 /* at most 7 MIG devices per GPU (A100/H100) */
 #define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
 
@@ -360,6 +368,7 @@ struct fake_gpu {
     struct process procs[MAX_PROCS];
     struct text mig_uuid[MAX_MIG]; /* a MIG device handle points at one of these */
     struct override_list errors, hangs;
+    struct override_list field_errors; /* "<field id>" -> nvmlReturn of that field in nvmlDeviceGetFieldValues */
 };
 
 struct scenario {
@@ -634,7 +643,11 @@ static void parse_gpu_key(struct scenario *sc, const char *key, char *value) {
         parse_process(g, rest + 8, value);
     else if (strncmp(rest, "mig.", 4) == 0 && rest[4] >= '0' && rest[4] < '0' + MAX_MIG && rest[5] == '\0')
         set_text(&g->mig_uuid[rest[4] - '0'], value);
-    else
+    else if (strncmp(rest, "field_error.", 12) == 0) {
+        int code;
+        if (parse_int(value, &code))
+            add_override(&g->field_errors, rest + 12, (double)code);
+    } else
         parse_override_key(&g->errors, &g->hangs, rest, value);
 }
 
@@ -1267,8 +1280,17 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvmlFie
         fv->latencyUsec = 0;
         enum gpu_field f = F_COUNT;
         unsigned type = NVML_VALUE_TYPE_UNSIGNED_INT;
+        char id[16];
+        double code;
+        snprintf(id, sizeof id, "%u", fv->fieldId);
+        if (find_override(&g->field_errors, id, false, &code) && code != 0) {
+            fv->nvmlReturn = (nvmlReturn_t)code;
+            continue;
+        }
         if (fv->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
             f = F_RECOVERY_ACTION;
+        else if (fv->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT)
+            f = F_NVLINK_COUNT;
         else if (fv->fieldId == NVML_FI_DEV_MEMORY_TEMP)
             f = F_TEMP_MEM;
         else if (fv->fieldId == NVML_FI_DEV_PCIE_REPLAY_COUNTER) {

@@ -50,7 +50,11 @@ GPU_KEYS = {
     # issue 9: the GPU's own limits, HBM, PCIe replays, identity (minor number, MIG) and NVSwitch fabric state
     "temp_gpu_max_c", "temp_mem_max_c", "memory_temperature_c", "pcie_replay", "persistence_mode", "minor",
     "mig_enabled", "mig_devices", "fabric_state", "fabric_status", "fabric_health_mask",
+    # issue 14: one nvmlDeviceGetFieldValues field answering an error while the call itself succeeds
+    "field_errors",
 }
+# `field_errors:` names -> NVML field ids (nvml.h NVML_FI_DEV_*)
+NVML_FIELDS = {"memory_temperature": 82, "nvlink_count": 91, "pcie_replay": 94, "recovery_action": 230}
 FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
 TOP_KEYS = {"description", "profile", "instance_type", "boot_id", "driver_version", "gpus", "nvml", "kernel_log",
             "fabric", "system",
@@ -226,8 +230,8 @@ def _gpu_lines(i: int, g: dict[str, Any]) -> list[str]:
             raise ScenarioError(f"GPU {i}: unknown throttle reasons {unknown}; known: {sorted(THROTTLE_BITS)}")
         mask = sum(THROTTLE_BITS[t] for t in throttle)
     out.append(f"{p}clocks_event_reasons={hex(mask)}")
-    if g.get("nvlinks"):
-        out.append(f"{p}nvlink_count={int(g['nvlinks'])}")
+    if g.get("nvlinks") is not None:  # 0: the GPU has no NVLink (field 91 says 0)
+        out.append(f"{p}nvlink_count={_as_int(g['nvlinks'], 'nvlinks')}")
         if g.get("nvlink_down"):
             out.append(f"{p}nvlink_down={','.join(str(int(x)) for x in g['nvlink_down'])}")
     for n, proc in enumerate(g.get("processes") or []):
@@ -240,6 +244,10 @@ def _gpu_lines(i: int, g: dict[str, Any]) -> list[str]:
         out.append(f"{p}error.{fn}={_as_int(code, f'errors.{fn}')}")
     for fn, secs in (g.get("hang") or {}).items():
         out.append(f"{p}hang.{fn}={_as_int(secs, f'hang.{fn}')}")
+    for name, err in (g.get("field_errors") or {}).items():
+        if name not in NVML_FIELDS:
+            raise ScenarioError(f"GPU {i}: unknown field_errors entry {name!r}; known: {sorted(NVML_FIELDS)}")
+        out.append(f"{p}field_error.{NVML_FIELDS[name]}={_as_int(NVML_ERRORS.get(str(err), err), f'field_errors.{name}')}")
     return out
 
 

@@ -13,6 +13,7 @@ so that the probe reading the fake tree exercises exactly the code path it uses 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -73,6 +74,9 @@ def write_fake_infiniband(root: Path, devices: Sequence[Mapping[str, Any]]) -> N
     the kind's defaults; a key set to None is not written (a missing sysfs file).
     """
     root = Path(root)
+    # the devices of a previous scenario go: a device the new one lacks must look gone, as on a real node
+    for old in (root / "class" / "infiniband", root / "devices" / "pci0000:00"):
+        shutil.rmtree(old, ignore_errors=True)
     for index, dev in enumerate(devices):
         name = str(dev["name"])
         kind = str(dev.get("kind", "other"))
