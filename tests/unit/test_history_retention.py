@@ -1,5 +1,5 @@
 """Store retention (`store.retention_days`, pruned by the health check in bounded batches) and the schema migration
-that adds the history indexes. Real SQLite files; a real health check run (runner.execute on a simulated node)."""
+that adds the history indexes. Real SQLite files; a real health check run (the pipeline on a simulated node)."""
 
 from __future__ import annotations
 

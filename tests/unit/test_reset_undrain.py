@@ -70,7 +70,7 @@ def test_reset_evidence_needs_a_value_read_as_clear():
     """Only a check that failed at drain time and now reads clear (every finding ok) is evidence of a reset; a value
     NVML could not read (incomplete, whether an error or NOT_SUPPORTED) never is."""
     from gpuguard.model import Finding, Severity
-    from gpuguard.runner import reset_evidence
+    from gpuguard.pipeline.undrain import reset_evidence
 
     class NoRuns:
         def findings_for(self, run_id):

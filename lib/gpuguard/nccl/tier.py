@@ -73,7 +73,7 @@ def tier_probes(nccl_cfg: Mapping[str, Any], *, needs: set[str], gpus: int, sysf
                 env: Optional[Mapping[str, str]] = None, binary: Optional[str] = None,
                 dcgmi: Optional[str] = None) -> list[ProbeEntry]:
     """(probe name, zero-argument callable, timeout_s, observation class for a timed-out result) for each of
-    "nccl", "dcgm", "efa_counters" in `needs`: what runner.build_probes wraps in its _Probe. `binary` / `dcgmi`
+    "nccl", "dcgm", "efa_counters" in `needs`: what gpuguard.pipeline.gather wraps in its Probe. `binary` / `dcgmi`
     override the config's tools (simulation: gpuguard.simulate.sources). Nothing heavy is imported here."""
     from gpuguard.nccl.probe import NcclObservation, run_single_node_nccl
     from gpuguard.probes.dcgm import DcgmObservation, run_dcgm_diag

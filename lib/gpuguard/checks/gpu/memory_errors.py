@@ -3,7 +3,7 @@ gpu.recovery_action.
 
 A value NVML could not read on a GPU that has the feature (an error for that query, NOT_SUPPORTED while the
 GPU's peers report it, ECC counters unreadable while ECC is on) makes the check incomplete for that GPU, never
-ok: the health check lifts a reset-class drain only on a value read as clear (runner.reset_evidence), and
+ok: the health check lifts a reset-class drain only on a value read as clear (gpuguard.pipeline.undrain.reset_evidence), and
 "unreadable" must never pass for "cleared".
 """
 
