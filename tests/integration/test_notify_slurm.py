@@ -108,7 +108,8 @@ def test_a_prolog_drain_names_the_gpu_and_an_admin_resume_resolves_it(site, hook
 def test_a_prolog_drain_reaches_alertmanager_and_the_health_check_ends_it(site, hook, tmp_path):
     am = Alertmanager(tmp_path / "am", routed_config(f"http://127.0.0.1:{hook.port}/am"))
     try:
-        site.write_config({"notify": {"alertmanager_urls": [am.url], "cluster": "dev"}})
+        # undrain.resync_s 0: the health check reads Slurm every run, so it sees the admin's resume at once
+        site.write_config({"notify": {"alertmanager_urls": [am.url], "cluster": "dev"}, "undrain": {"resync_s": 0}})
         site.set_scenario("node3", "ecc-dbe")
         job = site.cluster.sbatch("#!/bin/sh\ntrue\n", "-N1", "-w", "node3", "--gres=gpu:8")
         try:
