@@ -175,6 +175,9 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "retention_days": (_num(allow_none=True), 90.0),
         "ship_budget_s": (_num(), 2.0),  # the health check ships and prunes for at most this long after its verdict
         "ship_interval_s": (_num(), 60.0),  # how often the watch daemon ships
+        # central history (store.url): `gpuguard fleet prune` drops months that ended longer ago than this (whole
+        # months: up to a month more is kept); null = keep everything
+        "fleet_retention_days": (_num(allow_none=True), 400.0),
     },
     "slurm": {
         "backend": (_choice("auto", "cli", "pyslurm"), "auto"),
