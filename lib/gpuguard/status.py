@@ -5,7 +5,8 @@ the cluster:
       state: 380 drained (idle), 30 draining (jobs still running), 2 down
       fault          check            nodes  hostlist                                    action
       XID79          gpu.xid            301  gpu-[0012,0088-0090,...] (+287 more)       reboot
-      oldest drains: gpu-0012 3d4h (XID79 gpu.xid), ...
+      oldest drains:
+        3d4h     gpu-0012     XID79 gpu.xid
 
 then, for a few drained nodes (up to DETAIL_AUTO), with `--details`, or for `--node HOSTLIST`, each fault with its
 nodes: how long each has been drained, the last health check its store recorded (time and verdict; "never" means
@@ -250,9 +251,9 @@ def _summary_lines(summary: dict[str, Any], show_foreign: bool) -> list[str]:
             lines.append(f"  {f['keyword']:<10} {f['check_id']:<18} {f['count']:>6}  "
                          f"{f['hostlist']:<{HOSTLIST_WIDTH}}  {'/'.join(f['actions'])}")
     if summary["oldest"]:
-        lines.append("  oldest drains: " + ", ".join(
-            f"{o['node']} {format_duration(o['drained_for_s'])} ({o['keyword']} {o['check_id']})"
-            for o in summary["oldest"]))
+        lines.append("  oldest drains:")
+        for o in summary["oldest"]:
+            lines.append(f"    {format_duration(o['drained_for_s']):<8} {o['node']:<12} {o['keyword']} {o['check_id']}")
     return lines
 
 
