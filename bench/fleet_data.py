@@ -41,7 +41,8 @@ def _fault_table() -> str:
 
 
 def _warn_table() -> str:
-    return "(VALUES " + ", ".join(f"({i}, '{kw}', '{c}')" for i, (kw, c) in enumerate(WARNS)) + ") AS w(i, kw, check_id)"
+    values = ", ".join(f"({i}, '{kw}', '{c}')" for i, (kw, c) in enumerate(WARNS))
+    return f"(VALUES {values}) AS w(i, kw, check_id)"
 
 
 def window_end(now: float) -> float:
@@ -59,6 +60,7 @@ def statements(nodes: int, days: int, end_ts: float) -> list[tuple[str, str]]:
     day_ts = f"('{first_day.isoformat()}'::date + d)::timestamp AT TIME ZONE 'UTC'"
     hours = ", ".join(f"12 + CASE WHEN {h} % 4 = n % 4 THEN 2 ELSE 0 END" for h in range(24))  # + a prolog, an epilog
     now_sql = f"'{end.isoformat()}'::timestamptz"
+    reason = "'gpuguard: ' || kw || ' ' || check_id || ': generated fault on GPU ' || gpu || ' [healthcheck reboot]'"
     return [
         ("seed", "SELECT setseed(0.4242)"),
         ("nodes", f"INSERT INTO gpuguard.nodes SELECT {node}, {now_sql} - interval '400 days', {now_sql} "
@@ -92,11 +94,11 @@ def statements(nodes: int, days: int, end_ts: float) -> list[tuple[str, str]]:
             FROM ep e, generate_series(0, 2) k
             WHERE date_trunc('day', e.t0 AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + make_interval(days => k)
                   < LEAST(e.t1, {now_sql})"""),
-        ("drained runs", """
+        ("drained runs", f"""
             INSERT INTO gpuguard.runs (origin, local_id, node, started, duration_ms, kind, job_id, verdict, action,
                                        reason, exit_code, boot_id, repeats, last_started, upto_local_id)
             SELECT origin, e * 10 + k, node, s, 900.0, 'healthcheck', NULL, 'drain', 'reboot',
-                   'gpuguard: ' || kw || ' ' || check_id || ': generated fault on GPU ' || gpu || ' [healthcheck reboot]',
+                   {reason},
                    0, 'b' || n, GREATEST(0, floor(extract(epoch FROM f - s) / 300)::int - 1),
                    f - interval '5 minutes', e * 10 + k
             FROM epd"""),
@@ -115,13 +117,13 @@ def statements(nodes: int, days: int, end_ts: float) -> list[tuple[str, str]]:
             INSERT INTO gpuguard.drains (origin, local_id, node, ts, op, outcome, reason, check_id, keyword, action,
                                          run_local_id, detail, repeats, last_ts, upto_local_id)
             SELECT origin, e * 10 + k, node, s, 'drain', CASE k WHEN 0 THEN 'done' ELSE 'already' END,
-                   'gpuguard: ' || kw || ' ' || check_id || ': generated fault on GPU ' || gpu || ' [healthcheck reboot]',
+                   {reason},
                    check_id, kw, 'reboot', e * 10 + k, '', GREATEST(0, floor(extract(epoch FROM f - s) / 300)::int - 1),
                    f - interval '5 minutes', e * 10 + k
             FROM epd
             UNION ALL
             SELECT origin, e * 10 + 9, node, t1, 'undrain', 'done',
-                   'gpuguard: ' || kw || ' ' || check_id || ': generated fault on GPU ' || gpu || ' [healthcheck reboot]',
+                   {reason},
                    check_id, kw, 'reboot', NULL, 'passed again', 0, NULL, e * 10 + 9
             FROM ep WHERE t1 < {now_sql}
             UNION ALL

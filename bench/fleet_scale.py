@@ -34,7 +34,7 @@ from fleet_data import generate, sizes  # noqa: E402
 from gpuguard.fleet.pgquery import drains_query, findings_query, healthy_runs_query, runs_query  # noqa: E402
 from gpuguard.fleet.pgsource import PgHistory  # noqa: E402
 from gpuguard.fleet.query import Filters, build_filters  # noqa: E402
-from gpuguard.fleet.report import report_pg, report_statements  # noqa: E402
+from gpuguard.fleet.report import report_pg  # noqa: E402
 from gpuguard.history import write_history  # noqa: E402
 
 Row = Callable[[str, str, str, Optional[bool]], None]
@@ -60,11 +60,12 @@ def history_forms(nodes: int) -> list[tuple[str, dict[str, Any]]]:
 
 
 def report_forms(nodes: int) -> list[tuple[str, dict[str, Any]]]:
+    many = f"gpu-[00001-{min(nodes, 500):05d}]"
     return [
         ("report (--since 28d)", {"since": "28d"}),
         ("report --since 7d", {"since": "7d"}),
         ("report --keyword XID --since 28d", {"since": "28d", "keyword": ["XID"]}),
-        (f"report --node gpu-[00001-{min(nodes, 500):05d}]", {"since": "28d", "node": f"gpu-[00001-{min(nodes, 500):05d}]"}),
+        (f"report --node {many}", {"since": "28d", "node": many}),
     ]
 
 

@@ -1,5 +1,5 @@
-"""`gpuguard fleet init-db | ship | prune | history | report`. Imports are lazy (gpuguard.cli builds every feature's parser
-for `--help`); psycopg is imported only by commands that talk to PostgreSQL."""
+"""`gpuguard fleet init-db | ship | prune | history | report`. Imports are lazy (gpuguard.cli builds every
+feature's parser for `--help`); psycopg is imported only by commands that talk to PostgreSQL."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from datetime import date, datetime, timedelta, timezone
-from typing import Any, Optional
+from typing import Optional
 
 from gpuguard.fleet.query import Filters, Query, SqlBuilder
 from gpuguard.fleet.schema import HOUR_COLUMNS

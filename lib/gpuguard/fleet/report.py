@@ -4,9 +4,9 @@ The aggregations are SQL over two relations:
 - `ev`: drain records (node, t epoch seconds, seq, op, outcome, check_id, keyword, week) up to the window's end
   (earlier ones too: a node drained before the window is drained at its start);
 - `seen`: per node, its first run in the window.
-On PostgreSQL both are CTEs that read only what the window needs (`pg_ctes`). Over SQLite stores (the embedded default, the
-demo) the few drain rows and one first-seen row per node are copied from each store into an in-memory database
-(rows streamed, runs aggregated in each store), so the same SQL answers across per-node files.
+On PostgreSQL both are CTEs that read only what the window needs (`pg_ctes`). Over SQLite stores (the embedded
+default, the demo) the few drain rows and one first-seen row per node are copied from each store into an in-memory
+database (rows streamed, runs aggregated in each store), so the same SQL answers across per-node files.
 
 Definitions (also in docs/fleet.md):
 - a *failure* is a drain gpuguard applied (op=drain, outcome=done) in the window;
