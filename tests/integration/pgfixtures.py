@@ -62,7 +62,7 @@ def write_cfg(tmp_path: Path, url: str, **extra: Any) -> Path:
         "slurm": {"scontrol": "/bin/false"}}  # no cluster here: a drain is attempted and recorded as failed
     for k, v in extra.items():
         data.setdefault(k, {}).update(v)
-    (tmp_path / "scenarios").mkdir(exist_ok=True)
+    (tmp_path / "scenarios").mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump(data))
     return cfg

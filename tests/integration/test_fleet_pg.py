@@ -518,8 +518,8 @@ def ship_as_version_1(path, url):
                                     f["severity"], f["keyword"], f["gpu"], f["action"], f["message"],
                                     f["remediation"], Jsonb(json.loads(f["evidence"] or "{}"))))
         for d in st.rows_after("drains", 0, 10**6):
-            c.execute("INSERT INTO gpuguard.drains (origin, local_id, node, ts, op, outcome, reason, check_id, keyword, "
-                      "action, run_local_id, detail) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+            c.execute("INSERT INTO gpuguard.drains (origin, local_id, node, ts, op, outcome, reason, check_id, "
+                      "keyword, action, run_local_id, detail) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                       (origin, d["id"], d["node"], ts(d["ts"]), d["op"], d["outcome"], d["reason"], d["check_id"],
                        keyword_of_reason(d["reason"]), d["action"], d["run_id"], d["detail"]))
         for table, ids in (("runs", list(runs)), ("drains", [d["id"] for d in st.rows_after("drains", 0, 10**6)])):
@@ -572,6 +572,57 @@ def _exec(url, sql):
 
     with psycopg.connect(url) as c:
         c.execute(sql)
+
+
+# --------------------------------------------------------------------------- least privilege
+
+
+def test_least_privilege_roles_as_docs_fleet_md_grants_them(pg, db, tmp_path):
+    """The nodes ship as a role that may only read, insert and update (repeat counts, day counts) the gpuguard
+    tables; readers only read. Neither may create months: rows of a month nobody created land in the DEFAULT
+    partition and stay readable."""
+    import psycopg
+    from psycopg import sql
+
+    owner = write_cfg(tmp_path, db)
+    assert gg(owner, "fleet", "init-db").returncode == 0
+    tag = db.rsplit("_", 1)[1][:8]
+    ship_role, read_role = f"gg_ship_{tag}", f"gg_read_{tag}"
+    with psycopg.connect(pg.admin_url, autocommit=True) as c:
+        for role in (ship_role, read_role):
+            c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+            c.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'pw-{}'").format(sql.Identifier(role), sql.SQL(tag)))
+    grants = [f"GRANT USAGE ON SCHEMA gpuguard TO {ship_role}, {read_role}",
+              f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA gpuguard TO {ship_role}",
+              f"GRANT SELECT ON ALL TABLES IN SCHEMA gpuguard TO {read_role}"]
+    for stmt in grants:
+        _exec(db, stmt)
+    _exec(db, "DROP TABLE gpuguard.runs_p" + datetime.now(timezone.utc).strftime("%Y_%m"))  # a month nobody made
+
+    def url(role):
+        return db.replace(f"{pg.user}:{pg.password}@", f"{role}:pw-{tag}@")
+
+    fleet_stores(tmp_path / "state")
+    with Store(str(tmp_path / "state" / "n7.db")) as st:
+        record(st, "n7", drained_node_timeline(1))
+    with Store(str(tmp_path / "state" / "n8.db")) as st:
+        st.record_run(started=time.time() - 60, duration_ms=90.0, node="n8", kind="healthcheck", job_id=None,
+                      profile="p5", verdict="warn", action=None, reason=None, exit_code=0, error=None, boot_id="b",
+                      findings=[Finding("gpu.temperature", Severity.WARN, "warm", "THERMAL", gpu=2)])
+    shipper = write_cfg(tmp_path / "s", url(ship_role), store={"path": str(tmp_path / "state" / "{node}.db")})
+    p = gg(shipper, "fleet", "ship")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert ("n8",) in q(db, "SELECT node FROM gpuguard.runs_default")
+    reader = write_cfg(tmp_path / "r", url(read_role), store={"path": str(tmp_path / "state" / "{node}.db")})
+    assert gg(reader, "fleet", "history", "--since", "60d").returncode == 0
+    assert gg(reader, "fleet", "report", "--since", "60d").returncode == 0
+    with Store(str(tmp_path / "state" / "n8.db")) as st:
+        st.record_run(started=time.time() - 30, duration_ms=90.0, node="n8", kind="healthcheck", job_id=None,
+                      profile="p5", verdict="pass", action=None, reason=None, exit_code=0, error=None, boot_id="b",
+                      findings=[])
+    p = gg(reader, "fleet", "ship")
+    assert p.returncode == 1 and "permission denied" in p.stdout, p.stdout
+    assert gg(reader, "fleet", "prune").returncode == 1  # only the owner drops months
 
 
 # --------------------------------------------------------------------------- retention
