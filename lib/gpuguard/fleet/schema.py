@@ -141,47 +141,6 @@ TABLES_V2 = [
     "CREATE TABLE gpuguard.run_days_default PARTITION OF gpuguard.run_days DEFAULT",
 ]
 
-# Version 1 (one row per run, no partitions) -> 2: the old tables move to schema gpuguard_v1, the new ones are
-# created, every row is copied (healthy runs become per-day counts), the old schema is dropped. One transaction.
-_V1_HEALTHY = ("r.verdict = 'pass' AND r.reason IS NULL AND r.error IS NULL AND NOT EXISTS (SELECT 1 FROM "
-               "gpuguard_v1.findings f WHERE f.origin = r.origin AND f.run_local_id = r.local_id)")
-_KIND_HOURS = ", ".join(f"COUNT(*) FILTER (WHERE hr = {h}) AS {c}" for h, c in enumerate(HOUR_COLUMNS))
-_SUM_HOURS = ", ".join(f"SUM({c})" for c in HOUR_COLUMNS)
-UPGRADE_MOVE_V1 = ["CREATE SCHEMA gpuguard_v1",
-                   *[f"ALTER TABLE gpuguard.{t} SET SCHEMA gpuguard_v1" for t in ("runs", "findings", "drains")]]
-UPGRADE_COPY_V1 = [
-    """INSERT INTO gpuguard.nodes (node, first_seen, last_seen)
-        SELECT node, MIN(started), MAX(started) FROM gpuguard_v1.runs GROUP BY node""",
-    """INSERT INTO gpuguard.nodes (node, first_seen, last_seen)
-        SELECT node, MIN(ts), MAX(ts) FROM gpuguard_v1.drains GROUP BY node ON CONFLICT (node) DO NOTHING""",
-    f"""INSERT INTO gpuguard.run_days (day, origin, node, runs, {", ".join(HOUR_COLUMNS)}, kinds, first_started,
-          last_started, duration_ms_sum, duration_ms_max, upto_local_id)
-        SELECT day, origin, node, SUM(n), {_SUM_HOURS}, jsonb_object_agg(kind, n), MIN(f), MAX(l), SUM(s), MAX(m),
-          MAX(u) FROM (
-          SELECT day, origin, node, kind, COUNT(*) AS n, {_KIND_HOURS}, MIN(started) AS f, MAX(started) AS l,
-                 SUM(duration_ms) AS s, MAX(duration_ms) AS m, MAX(local_id) AS u FROM (
-            SELECT (r.started AT TIME ZONE 'UTC')::date AS day, EXTRACT(HOUR FROM r.started AT TIME ZONE 'UTC')::int
-                   AS hr, r.* FROM gpuguard_v1.runs r WHERE {_V1_HEALTHY}) healthy
-          GROUP BY day, origin, node, kind) per_kind
-        GROUP BY day, origin, node""",
-    f"""INSERT INTO gpuguard.runs (origin, local_id, node, started, duration_ms, kind, job_id, restart_count, profile,
-          verdict, action, reason, exit_code, error, boot_id, upto_local_id, shipped)
-        SELECT origin, local_id, node, started, duration_ms, kind, job_id, restart_count, profile, verdict, action,
-          reason, exit_code, error, boot_id, local_id, shipped FROM gpuguard_v1.runs r WHERE NOT ({_V1_HEALTHY})""",
-    """INSERT INTO gpuguard.findings (origin, run_local_id, seq, node, started, kind, job_id, run_verdict, check_id,
-          severity, keyword, gpu, action, message, remediation, evidence)
-        SELECT f.origin, f.run_local_id, f.seq, f.node, f.started, r.kind, r.job_id, r.verdict, f.check_id,
-          f.severity, upper(f.keyword), f.gpu, f.action, f.message, f.remediation, f.evidence
-        FROM gpuguard_v1.findings f
-        LEFT JOIN gpuguard_v1.runs r ON r.origin = f.origin AND r.local_id = f.run_local_id""",
-    """INSERT INTO gpuguard.drains (origin, local_id, node, ts, op, outcome, reason, check_id, keyword, action,
-          run_local_id, detail, upto_local_id)
-        SELECT origin, local_id, node, ts, op, outcome, reason, check_id, upper(keyword), action, run_local_id,
-          detail, local_id FROM gpuguard_v1.drains""",
-    "DROP SCHEMA gpuguard_v1 CASCADE",
-]
-
-
 def schema_version(conn: Any) -> int:
     row = conn.execute("SELECT to_regclass('gpuguard.schema_version') IS NOT NULL").fetchone()
     if not row or not row[0]:
@@ -220,22 +179,13 @@ def ensure_schema(conn: Any, upgrade: bool = False, now: float | None = None) ->
             for stmt in TABLES_V2:
                 conn.execute(stmt)
         elif current == 1:
-            _upgrade_1_to_2(conn)
+            from gpuguard.fleet.upgrade_v1 import upgrade_1_to_2
+
+            upgrade_1_to_2(conn)
         if current < LATEST:
             _set_version(conn, LATEST)
     ensure_partitions(conn, now=now, quiet=False)
     return before, max(before, LATEST)
-
-
-def _upgrade_1_to_2(conn: Any) -> None:
-    """Move the old tables aside, create the new ones and the months the old rows need, copy, drop the old."""
-    from gpuguard.fleet.partitions import create_month_partitions, months_of_v1
-
-    for stmt in UPGRADE_MOVE_V1 + TABLES_V2[1:]:
-        conn.execute(stmt)
-    create_month_partitions(conn, months_of_v1(conn))
-    for stmt in UPGRADE_COPY_V1:
-        conn.execute(stmt)
 
 
 def open_fleet_db(url: str, timeout_s: float = 5.0, migrate: bool = True, **kw: Any) -> Any:
