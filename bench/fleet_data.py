@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 from typing import Any
 
 from gpuguard.fleet.schema import HOUR_COLUMNS
@@ -55,50 +56,62 @@ def statements(nodes: int, days: int, end_ts: float) -> list[tuple[str, str]]:
     end = datetime.fromtimestamp(end_ts, timezone.utc)
     first_day = (end - timedelta(days=days)).date()
     faults, total = _fault_table()
-    node = "'gpu-' || lpad(n::text, 5, '0')"
-    origin = "md5('origin-' || n)::uuid"
-    day_ts = f"('{first_day.isoformat()}'::date + d)::timestamp AT TIME ZONE 'UTC'"
-    hours = ", ".join(f"12 + CASE WHEN {h} % 4 = n % 4 THEN 2 ELSE 0 END" for h in range(24))  # + a prolog, an epilog
-    now_sql = f"'{end.isoformat()}'::timestamptz"
-    reason = "'gpuguard: ' || kw || ' ' || check_id || ': generated fault on GPU ' || gpu || ' [healthcheck reboot]'"
+    v = SimpleNamespace(
+        nodes=nodes, days=days, first_day=first_day, faults=faults, total=total,
+        node="'gpu-' || lpad(n::text, 5, '0')", origin="md5('origin-' || n)::uuid",
+        day_ts=f"('{first_day.isoformat()}'::date + d)::timestamp AT TIME ZONE 'UTC'",
+        hours=", ".join(f"12 + CASE WHEN {h} % 4 = n % 4 THEN 2 ELSE 0 END" for h in range(24)),  # + prolog, epilog
+        now_sql=f"'{end.isoformat()}'::timestamptz",
+        reason="'gpuguard: ' || kw || ' ' || check_id || ': generated fault on GPU ' || gpu || ' [healthcheck reboot]'")
+    return _fleet_rows(v) + _episode_rows(v) + _warning_rows(v)
+
+
+def _fleet_rows(v: SimpleNamespace) -> list[tuple[str, str]]:
+    """The nodes, their stores, and every node-day's healthy runs."""
     return [
         ("seed", "SELECT setseed(0.4242)"),
-        ("nodes", f"INSERT INTO gpuguard.nodes SELECT {node}, {now_sql} - interval '400 days', {now_sql} "
-                  f"FROM generate_series(1, {nodes}) n"),
-        ("origins", f"INSERT INTO gpuguard.origins (origin, host, store_path) SELECT {origin}, {node}, "
-                    f"'/var/lib/gpuguard/state.db' FROM generate_series(1, {nodes}) n"),
+        ("nodes", f"INSERT INTO gpuguard.nodes SELECT {v.node}, {v.now_sql} - interval '400 days', {v.now_sql} "
+                  f"FROM generate_series(1, {v.nodes}) n"),
+        ("origins", f"INSERT INTO gpuguard.origins (origin, host, store_path) SELECT {v.origin}, {v.node}, "
+                    f"'/var/lib/gpuguard/state.db' FROM generate_series(1, {v.nodes}) n"),
         ("healthy run_days", f"""
             INSERT INTO gpuguard.run_days (day, origin, node, runs, {", ".join(HOUR_COLUMNS)}, kinds, first_started,
                                            last_started, duration_ms_sum, duration_ms_max, upto_local_id)
-            SELECT ('{first_day.isoformat()}'::date + d), {origin}, {node}, 300, {hours},
+            SELECT ('{v.first_day.isoformat()}'::date + d), {v.origin}, {v.node}, 300, {v.hours},
               '{{"healthcheck": 288, "prolog": 6, "epilog": 6}}'::jsonb,
-              {day_ts} + make_interval(secs => 60 + n % 240), {day_ts} + interval '23 hours 55 minutes',
+              {v.day_ts} + make_interval(secs => 60 + n % 240), {v.day_ts} + interval '23 hours 55 minutes',
               300 * 140.0, 400.0, (d + 1) * 300
-            FROM generate_series(1, {nodes}) n, generate_series(0, {days - 1}) d"""),
+            FROM generate_series(1, {v.nodes}) n, generate_series(0, {v.days - 1}) d"""),
+    ]
+
+
+def _episode_rows(v: SimpleNamespace) -> list[tuple[str, str]]:
+    """Failures: the drain, a run and an `already drained` record a day while drained, the undrain."""
+    return [
         ("episodes", f"""
             CREATE TEMP TABLE ep AS
-            SELECT row_number() OVER () AS e, n, {node} AS node, {origin} AS origin, t0,
+            SELECT row_number() OVER () AS e, n, {v.node} AS node, {v.origin} AS origin, t0,
                    t0 + make_interval(hours => 2 + (random() * 46)::int) AS t1, fault.kw, fault.check_id,
                    (random() * 7)::int AS gpu
-            FROM (SELECT n, {day_ts} + make_interval(secs => (random() * 86399)::int) AS t0,
-                         (random() * {total})::int AS pick, random() AS p
-                  FROM generate_series(1, {nodes}) n, generate_series(0, {days - 1}) d) x
-            JOIN {faults} ON x.pick >= fault.lo AND x.pick < fault.hi
-            WHERE x.p < 1.0 / 60 AND x.t0 < {now_sql}"""),
+            FROM (SELECT n, {v.day_ts} + make_interval(secs => (random() * 86399)::int) AS t0,
+                         (random() * {v.total})::int AS pick, random() AS p
+                  FROM generate_series(1, {v.nodes}) n, generate_series(0, {v.days - 1}) d) x
+            JOIN {v.faults} ON x.pick >= fault.lo AND x.pick < fault.hi
+            WHERE x.p < 1.0 / 60 AND x.t0 < {v.now_sql}"""),
         ("episode days", f"""
             CREATE TEMP TABLE epd AS
             SELECT e.*, k, GREATEST(e.t0, date_trunc('day', e.t0 AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
                                    + make_interval(days => k)) AS s,
-                   LEAST(e.t1, {now_sql}, date_trunc('day', e.t0 AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                   LEAST(e.t1, {v.now_sql}, date_trunc('day', e.t0 AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
                          + make_interval(days => k + 1)) AS f
             FROM ep e, generate_series(0, 2) k
             WHERE date_trunc('day', e.t0 AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + make_interval(days => k)
-                  < LEAST(e.t1, {now_sql})"""),
+                  < LEAST(e.t1, {v.now_sql})"""),
         ("drained runs", f"""
             INSERT INTO gpuguard.runs (origin, local_id, node, started, duration_ms, kind, job_id, verdict, action,
                                        reason, exit_code, boot_id, repeats, last_started, upto_local_id)
             SELECT origin, e * 10 + k, node, s, 900.0, 'healthcheck', NULL, 'drain', 'reboot',
-                   {reason},
+                   {v.reason},
                    0, 'b' || n, GREATEST(0, floor(extract(epoch FROM f - s) / 300)::int - 1),
                    f - interval '5 minutes', e * 10 + k
             FROM epd"""),
@@ -117,37 +130,43 @@ def statements(nodes: int, days: int, end_ts: float) -> list[tuple[str, str]]:
             INSERT INTO gpuguard.drains (origin, local_id, node, ts, op, outcome, reason, check_id, keyword, action,
                                          run_local_id, detail, repeats, last_ts, upto_local_id)
             SELECT origin, e * 10 + k, node, s, 'drain', CASE k WHEN 0 THEN 'done' ELSE 'already' END,
-                   {reason},
+                   {v.reason},
                    check_id, kw, 'reboot', e * 10 + k, '', GREATEST(0, floor(extract(epoch FROM f - s) / 300)::int - 1),
                    f - interval '5 minutes', e * 10 + k
             FROM epd
             UNION ALL
             SELECT origin, e * 10 + 9, node, t1, 'undrain', 'done',
-                   {reason},
+                   {v.reason},
                    check_id, kw, 'reboot', NULL, 'passed again', 0, NULL, e * 10 + 9
-            FROM ep WHERE t1 < {now_sql}
+            FROM ep WHERE t1 < {v.now_sql}
             UNION ALL
             SELECT origin, e * 10 + 8, node, t0 + interval '1 hour', 'drain', 'flapping',
                    'gpuguard: FLAPPING ' || check_id || ': drained again after 2 undrains [healthcheck replace]',
                    check_id, 'FLAPPING', 'replace', NULL, '', 0, NULL, e * 10 + 8
-            FROM ep WHERE n % 200 = 0 AND t0 + interval '1 hour' < {now_sql}"""),
+            FROM ep WHERE n % 200 = 0 AND t0 + interval '1 hour' < {v.now_sql}"""),
+    ]
+
+
+def _warning_rows(v: SimpleNamespace) -> list[tuple[str, str]]:
+    """Warnings on 2 % of node-days, and 0.5 % of nodes warning every hour."""
+    return [
         ("warn runs", f"""
             CREATE TEMP TABLE warns AS
-            SELECT {origin} AS origin, 1000000000 + row_number() OVER () AS id, {node} AS node,
-                   {day_ts} + make_interval(hours => h, mins => 5 * (n % 12)) AS t, (n + d + h) % 3 AS i
-            FROM generate_series(1, {nodes}) n, generate_series(0, {days - 1}) d, generate_series(0, 23) h
+            SELECT {v.origin} AS origin, 1000000000 + row_number() OVER () AS id, {v.node} AS node,
+                   {v.day_ts} + make_interval(hours => h, mins => 5 * (n % 12)) AS t, (n + d + h) % 3 AS i
+            FROM generate_series(1, {v.nodes}) n, generate_series(0, {v.days - 1}) d, generate_series(0, 23) h
             WHERE ((n * 31 + d * 7) % 50 = 0 AND h = n % 24) OR (n % 200 = 7)"""),
         ("warn run rows", f"""
             INSERT INTO gpuguard.runs (origin, local_id, node, started, duration_ms, kind, verdict, action, exit_code,
                                        boot_id, upto_local_id)
             SELECT origin, id, node, t, 150.0, 'healthcheck', 'warn', 'none', 0, 'b', id FROM warns
-            WHERE t < {now_sql}"""),
+            WHERE t < {v.now_sql}"""),
         ("warn findings", f"""
             INSERT INTO gpuguard.findings (origin, run_local_id, seq, node, started, kind, run_verdict, check_id,
                    severity, keyword, gpu, action, message, remediation, evidence)
             SELECT warns.origin, warns.id, 0, warns.node, warns.t, 'healthcheck', 'warn', w.check_id, 'warn', w.kw,
                    (warns.id % 8)::int, 'none', 'generated warning', 'watch it', '{{}}'::jsonb
-            FROM warns JOIN {_warn_table()} ON w.i = warns.i WHERE warns.t < {now_sql}"""),
+            FROM warns JOIN {_warn_table()} ON w.i = warns.i WHERE warns.t < {v.now_sql}"""),
     ]
 
 

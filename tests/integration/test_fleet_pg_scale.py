@@ -159,7 +159,7 @@ def test_the_watch_daemon_reuses_its_connection_and_opens_none_with_nothing_to_s
 
     def ship_once():
         assert ship.ship_in_background(cfg, "n1")
-        ship._background[path].join(30)
+        assert ship.wait_for_background_ship(cfg, "n1", 30)
 
     start = time.time() - 3600
     for i in range(4):  # something new each time (a health check that could not ship its own run)

@@ -299,6 +299,14 @@ def ship_after_run(cfg: Any, result: Any, deadline: Any) -> Optional[ShipResult]
 
 
 _background: dict[str, threading.Thread] = {}
+
+
+def wait_for_background_ship(cfg: Any, node: str, timeout_s: float) -> bool:
+    """Wait for the node's background ship (if one is running); True when none is left running."""
+    t = _background.get(cfg.sections["store"]["path"].replace("{node}", node))
+    if t is not None:
+        t.join(timeout_s)
+    return t is None or not t.is_alive()
 BACKGROUND_KEEPER = ConnectionKeeper()  # the watch daemon's connection, reused from ship to ship
 
 
