@@ -42,18 +42,23 @@ def _worst(findings: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     return next((x for x in findings if x["severity"] == "fail"), findings[0] if findings else None)
 
 
+def _repeated(r: dict[str, Any], detail: str) -> str:
+    """A central row standing for repeats says so (x169, last ...)."""
+    return (detail + f" (x{r['repeats'] + 1}, last {r.get('last')})").strip() if r.get("repeats") else detail
+
+
 def timeline_row(kind: str, r: dict[str, Any]) -> dict[str, Any]:
     """One CSV row: type, time, node, job, what, outcome, check, reason, detail."""
     if kind == "runs":
         worst = _worst(r.get("findings") or [])
+        took = f"{r['duration_ms']:.0f} ms" if r.get("duration_ms") is not None else ""
         return {"type": "run", "time": r["started"], "node": r["node"], "job_id": r["job_id"] or "",
                 "what": r["kind"], "outcome": r["verdict"], "check": worst["check_id"] if worst else "",
-                "reason": r["reason"] or r.get("error") or "",
-                "detail": f"{r['duration_ms']:.0f} ms" if r.get("duration_ms") is not None else ""}
+                "reason": r["reason"] or r.get("error") or "", "detail": _repeated(r, took)}
     if kind == "drains":
         return {"type": "drain", "time": r["ts"], "node": r["node"], "job_id": "", "what": r["op"],
                 "outcome": r["outcome"], "check": r["check_id"] or "", "reason": r["reason"] or "",
-                "detail": r["detail"] or ""}
+                "detail": _repeated(r, r["detail"] or "")}
     return {"type": "requeue", "time": r["ts"], "node": r.get("nodes") or "", "job_id": r.get("job_id") or "",
             "what": f"attempt {r.get('attempt')}", "outcome": r.get("action") or "", "check": "",
             "reason": r.get("reason") or "",
@@ -139,9 +144,7 @@ def _text_line(kind: str, r: dict[str, Any]) -> str:
     """One line of text output; control characters (a hostile message could carry terminal escapes) shown as
     '?'."""
     line = _raw_text_line(kind, r).rstrip("\n").replace("\n", " ")
-    if r.get("repeats"):
-        line += f"  (x{r['repeats'] + 1}, last {r.get('last')})"
-    return _CONTROL.sub("?", line) + "\n"
+    return _CONTROL.sub("?", _repeated(r, line) if r.get("repeats") else line) + "\n"
 
 
 def _raw_text_line(kind: str, r: dict[str, Any]) -> str:

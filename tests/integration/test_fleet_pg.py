@@ -398,6 +398,7 @@ def test_repeats_are_one_row_and_healthy_runs_day_counts_with_the_local_answers(
         assert {k: v for k, v in central["counts"].items() if k != "healthy_runs"} == local["counts"], filters
     text = gg(cfg, "fleet", "history", *window).stdout
     assert "(x168, last " in text and "(x72, last " in text
+    assert "(x168, last " in gg(cfg, "fleet", "history", "--csv", *window).stdout
     # healthy runs are counted by the hour: 05:30-09:00 counts the whole of 05:00-05:59 (48 runs, 42 exactly)
     part = ("--since", datetime.fromtimestamp(t(1) + 5.5 * 3600, timezone.utc).isoformat(),
             "--until", datetime.fromtimestamp(t(1) + 9 * 3600, timezone.utc).isoformat())
