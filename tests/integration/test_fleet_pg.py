@@ -74,7 +74,7 @@ def test_init_db_creates_the_schema_and_months_ahead_idempotently(db, tmp_path):
 
 
 def test_database_down_hooks_keep_recording_and_everything_ships_once_when_back(pg, db, tmp_path):
-    cfg = write_cfg(tmp_path, db)
+    cfg = write_cfg(tmp_path, db, store={"ship_budget_s": 8.0})  # the last step ships within it, even under load
     (tmp_path / "scenarios" / "default.yaml").write_bytes((SCENARIOS / "healthy-p5.yaml").read_bytes())
     (tmp_path / "scenarios" / "n2.yaml").write_bytes((SCENARIOS / "xid79.yaml").read_bytes())
     assert gg(cfg, "fleet", "init-db").returncode == 0
