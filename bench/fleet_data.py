@@ -2,7 +2,8 @@
 (generate_series): `make bench` times every `fleet history` / `fleet report` form on 10,000 nodes x 30 days, and
 tests/integration/test_fleet_pg.py checks the query plans on 1,000 nodes.
 
-What a node does, every day of the window (deterministic: setseed):
+Rows are written in time order, as shipping writes them (a day's rows lie together on disk). What a node does,
+every day of the window (deterministic: setseed):
 - 288 health checks (every 5 minutes), 6 prologs and 6 epilogs, all healthy unless below: one run_days row per
   node and day, as the shipper writes them (a count per hour and per kind);
 - a failure with probability 1/60 per node-day (an MTBF of 60 days: ~5,000 drains a month on 10,000 nodes, ~1.7 %
@@ -81,7 +82,8 @@ def _fleet_rows(v: SimpleNamespace) -> list[tuple[str, str]]:
               '{{"healthcheck": 288, "prolog": 6, "epilog": 6}}'::jsonb,
               {v.day_ts} + make_interval(secs => 60 + n % 240), {v.day_ts} + interval '23 hours 55 minutes',
               300 * 140.0, 400.0, (d + 1) * 300
-            FROM generate_series(1, {v.nodes}) n, generate_series(0, {v.days - 1}) d"""),
+            FROM generate_series(1, {v.nodes}) n, generate_series(0, {v.days - 1}) d
+            ORDER BY d, n"""),
     ]
 
 
@@ -114,7 +116,7 @@ def _episode_rows(v: SimpleNamespace) -> list[tuple[str, str]]:
                    {v.reason},
                    0, 'b' || n, GREATEST(0, floor(extract(epoch FROM f - s) / 300)::int - 1),
                    f - interval '5 minutes', e * 10 + k
-            FROM epd"""),
+            FROM epd ORDER BY s"""),
         ("drained findings", """
             INSERT INTO gpuguard.findings (origin, run_local_id, seq, node, started, kind, job_id, run_verdict,
                    check_id, severity, keyword, gpu, action, message, remediation, evidence, repeats, last_started)
@@ -125,7 +127,7 @@ def _episode_rows(v: SimpleNamespace) -> list[tuple[str, str]]:
                    r.repeats, r.last_started
             FROM gpuguard.runs r JOIN ep ON r.local_id / 10 = ep.e AND r.origin = ep.origin,
                  generate_series(0, 1) s(seq)
-            WHERE s.seq = 0 OR ep.e % 3 = 0"""),
+            WHERE s.seq = 0 OR ep.e % 3 = 0 ORDER BY r.started"""),
         ("drains", f"""
             INSERT INTO gpuguard.drains (origin, local_id, node, ts, op, outcome, reason, check_id, keyword, action,
                                          run_local_id, detail, repeats, last_ts, upto_local_id)
@@ -143,7 +145,8 @@ def _episode_rows(v: SimpleNamespace) -> list[tuple[str, str]]:
             SELECT origin, e * 10 + 8, node, t0 + interval '1 hour', 'drain', 'flapping',
                    'gpuguard: FLAPPING ' || check_id || ': drained again after 2 undrains [healthcheck replace]',
                    check_id, 'FLAPPING', 'replace', NULL, '', 0, NULL, e * 10 + 8
-            FROM ep WHERE n % 200 = 0 AND t0 + interval '1 hour' < {v.now_sql}"""),
+            FROM ep WHERE n % 200 = 0 AND t0 + interval '1 hour' < {v.now_sql}
+            ORDER BY 4"""),
     ]
 
 
@@ -160,13 +163,13 @@ def _warning_rows(v: SimpleNamespace) -> list[tuple[str, str]]:
             INSERT INTO gpuguard.runs (origin, local_id, node, started, duration_ms, kind, verdict, action, exit_code,
                                        boot_id, upto_local_id)
             SELECT origin, id, node, t, 150.0, 'healthcheck', 'warn', 'none', 0, 'b', id FROM warns
-            WHERE t < {v.now_sql}"""),
+            WHERE t < {v.now_sql} ORDER BY t"""),
         ("warn findings", f"""
             INSERT INTO gpuguard.findings (origin, run_local_id, seq, node, started, kind, run_verdict, check_id,
                    severity, keyword, gpu, action, message, remediation, evidence)
             SELECT warns.origin, warns.id, 0, warns.node, warns.t, 'healthcheck', 'warn', w.check_id, 'warn', w.kw,
                    (warns.id % 8)::int, 'none', 'generated warning', 'watch it', '{{}}'::jsonb
-            FROM warns JOIN {_warn_table()} ON w.i = warns.i WHERE warns.t < {v.now_sql}"""),
+            FROM warns JOIN {_warn_table()} ON w.i = warns.i WHERE warns.t < {v.now_sql} ORDER BY warns.t"""),
     ]
 
 

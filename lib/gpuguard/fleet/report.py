@@ -156,8 +156,8 @@ def pg_ctes(f: Filters, until: float, episodes: bool) -> tuple[str, dict[str, An
     """`ev` (and `seen`) over the central database, reading only what the window needs. Without `episodes` (the
     weekly and per-check counts): the window's drain records. With: also each node's latest episode mark before
     the window (a node drained then is drained at its start; one index probe per node) and `seen`, each node's
-    first run in the window: problem runs from `runs`, healthy ones from the window's first day in `run_days`,
-    and one index probe per node only for the few nodes without a healthy run that day."""
+    first run in the window: the window's first day from `run_days` and `runs`, and index probes only for the few
+    nodes without a healthy run that day."""
     b = SqlBuilder("pg")
     since_t, until_t = b.add("t", b.t(f.since)), b.add("t", b.t(until))
     extra = "".join(f" AND {c}" for c in _drain_filters(b, f, "d.keyword"))
@@ -170,17 +170,21 @@ def pg_ctes(f: Filters, until: float, episodes: bool) -> tuple[str, dict[str, An
           f"FROM gpuguard.drains d WHERE d.node = n.node AND d.ts < {since_t} AND {DRAIN_MARK}{extra} "
           "ORDER BY d.ts DESC, d.local_id DESC LIMIT 1) p)")
     first_day, last_day = b.add("d", b.t(f.since).date()) + "::date", b.add("d", b.t(until).date()) + "::date"
+    day_end = b.add("t", b.t(min(until, (f.since // 86400 + 1) * 86400)))  # the end of the window's first UTC day
     in_window = f"h.last_started >= {since_t} AND h.first_started < {until_t}"
     on_first_day = (f"SELECT h.node, MIN(GREATEST(h.first_started, {since_t})) AS first FROM gpuguard.run_days h "
                     f"WHERE h.day = {first_day} AND {in_window}{node_in('h.node')} GROUP BY h.node")
-    later = (f"SELECT n.node, (SELECT GREATEST(h.first_started, {since_t}) FROM gpuguard.run_days h "
-             f"WHERE h.node = n.node AND h.day > {first_day} AND h.day <= {last_day} AND {in_window} "
-             f"ORDER BY h.day, h.first_started LIMIT 1) FROM {nodes} WHERE NOT EXISTS (SELECT 1 FROM "
+    problems_first_day = (f"SELECT r.node, MIN(r.started) FROM gpuguard.runs r WHERE r.started >= {since_t} "
+                          f"AND r.started < {day_end}{node_in('r.node')} GROUP BY r.node")
+    later_healthy = (f"(SELECT GREATEST(h.first_started, {since_t}) FROM gpuguard.run_days h WHERE h.node = n.node "
+                     f"AND h.day > {first_day} AND h.day <= {last_day} AND {in_window} "
+                     "ORDER BY h.day, h.first_started LIMIT 1)")
+    later_problem = (f"(SELECT r.started FROM gpuguard.runs r WHERE r.node = n.node AND r.started >= {since_t} "
+                     f"AND r.started < {until_t} ORDER BY r.started LIMIT 1)")
+    later = (f"SELECT n.node, LEAST({later_healthy}, {later_problem}) FROM {nodes} WHERE NOT EXISTS (SELECT 1 FROM "
              f"gpuguard.run_days h WHERE h.node = n.node AND h.day = {first_day} AND {in_window})")
-    problems = (f"SELECT r.node, MIN(r.started) FROM gpuguard.runs r WHERE r.started >= {since_t} "
-                f"AND r.started < {until_t}{node_in('r.node')} GROUP BY r.node")
     seen = (f"seen AS (SELECT node, EXTRACT(EPOCH FROM MIN(first))::float8 AS first_t FROM ({on_first_day} "
-            f"UNION ALL {later} UNION ALL {problems}) s GROUP BY node HAVING MIN(first) IS NOT NULL)")
+            f"UNION ALL {problems_first_day} UNION ALL {later}) s GROUP BY node HAVING MIN(first) IS NOT NULL)")
     return f"{ev}, {seen}", b.params
 
 
