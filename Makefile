@@ -37,6 +37,14 @@ deps:
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	    prometheus-alertmanager >/dev/null; \
 	fi
+	@# PgBouncer: the pooler docs/fleet.md recommends for health-check shipping, tested in transaction mode
+	@if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then \
+	  echo ">> installing pgbouncer (apt)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install pgbouncer" >&2; exit 1; fi; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer >/dev/null || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    pgbouncer >/dev/null; }; \
+	fi
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo ">> python venv in $(VENV)"
@@ -87,7 +95,10 @@ bench: deps venv fakenvml
 install: fakenvml
 	@echo ">> installing gpuguard under $(PREFIX)"
 	@$(PYTHON) -m venv $(PREFIX)/lib/gpuguard/venv
-	@$(PREFIX)/lib/gpuguard/venv/bin/pip install -q --disable-pip-version-check . 2>&1 | grep -v '^WARNING: Location' || true
+	@# with the fleet extra (psycopg[binary], a self-contained wheel): setting store.url is then a config change on
+	@# every node, no reinstall; the hooks never import it (only shipping does, after the verdict)
+	@$(PREFIX)/lib/gpuguard/venv/bin/pip install -q --disable-pip-version-check '.[fleet]' 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PREFIX)/lib/gpuguard/venv/bin/python -c 'import psycopg' || { echo "psycopg (store.url) did not install" >&2; exit 1; }
 	@install -d $(PREFIX)/bin $(PREFIX)/libexec/gpuguard $(PREFIX)/lib/gpuguard/fakenvml
 	@ln -sf $(PREFIX)/lib/gpuguard/venv/bin/gpuguard $(PREFIX)/bin/gpuguard
 	@install -m 755 $(FAKENVML) $(PREFIX)/lib/gpuguard/fakenvml/

@@ -8,10 +8,13 @@
    run on identical clusters (target: <= +0.3 s);
 3. kernel-log Xid scan throughput vs `grep -c 'NVRM: Xid'` on a generated mixed log, and a re-scan of the
    unchanged log (bench/kernel_log_scan.py);
-4. watch mode: Xid-to-drain latency on a local cluster, an Xid 13 flood, idle CPU and RSS (bench/watch_latency.py).
+4. watch mode: Xid-to-drain latency on a local cluster, an Xid 13 flood, idle CPU and RSS (bench/watch_latency.py);
+5. central history at fleet scale: every `fleet history` / `fleet report` form on a generated fleet of 10,000
+   nodes x 30 days in a real PostgreSQL (target: each under 1 s), and what the fleet stores (bench/fleet_scale.py).
 
     python bench/run.py [--prolog-runs 40] [--jobs 12] [--scan-mb 1024] [--watch-samples 20] [--watch-idle-s 60]
-                        [--skip-cluster] [--skip-scan] [--skip-watch]
+                        [--fleet-nodes 10000] [--fleet-days 30]
+                        [--skip-cluster] [--skip-scan] [--skip-watch] [--skip-fleet]
 """
 
 from __future__ import annotations
@@ -162,6 +165,9 @@ def main() -> int:
     ap.add_argument("--watch-samples", type=int, default=20)
     ap.add_argument("--watch-idle-s", type=float, default=60.0)
     ap.add_argument("--skip-watch", action="store_true")
+    ap.add_argument("--fleet-nodes", type=int, default=10000)
+    ap.add_argument("--fleet-days", type=int, default=30)
+    ap.add_argument("--skip-fleet", action="store_true")
     a = ap.parse_args()
     print(f"gpuguard bench on {os.cpu_count()} CPUs")
     bench_prolog(a.prolog_runs)
@@ -179,6 +185,11 @@ def main() -> int:
         from watch_latency import bench_watch
 
         bench_watch(samples=a.watch_samples, idle_s=a.watch_idle_s, row=row)
+    if not a.skip_fleet:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from fleet_scale import bench_fleet
+
+        bench_fleet(nodes=a.fleet_nodes, days=a.fleet_days, row=row)
     print("\n| measurement | value | target | |\n|---|---|---|---|")
     for what, value, target, verdict in ROWS:
         print(f"| {what} | {value} | {target} | {verdict} |")

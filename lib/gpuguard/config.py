@@ -226,6 +226,9 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         # damaged store filesystem never loses a verdict or skips evidence; null = $GPUGUARD_RUNTIME_DIR (set in
         # gpuguard.env beside the hooks) or /run/gpuguard
         "runtime_dir": (_str(allow_none=True), None),
+        # central history (store.url): `gpuguard fleet prune` drops months that ended longer ago than this (whole
+        # months: up to a month more is kept); null = keep everything
+        "fleet_retention_days": (_num(allow_none=True), 400.0),
     },
     "slurm": {
         "backend": (_choice("auto", "cli", "pyslurm"), "auto"),

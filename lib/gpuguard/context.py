@@ -27,7 +27,7 @@ class RunContext:
     job_uid: Optional[int] = None
     gpu_indices: Optional[tuple[int, ...]] = None  # the job's GPUs (NVML indices); None = all GPUs
     # Slurm's own identifiers for the job's GPUs (GRES indices = /dev/nvidiaN minor numbers, or GPU-/MIG- UUIDs);
-    # the runner maps them to NVML indices (gpuguard.gpumap) once NVML has been read. None = not from Slurm.
+    # the pipeline maps them to NVML indices (gpuguard.gpumap) once NVML has been read. None = not from Slurm.
     gpu_ids: Optional[tuple[str, ...]] = None
     restart_count: int = 0
     exclusive: Optional[bool] = None
@@ -117,7 +117,7 @@ def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = No
         with_uuid = next((ids for ids in parsed.values() if any(not i.isdigit() for i in ids)), None)
         gpu_ids = with_uuid if with_uuid is not None else next(iter(parsed.values()), None)
         if gpu_ids is not None and all(i.isdigit() for i in gpu_ids):
-            gpus = tuple(int(i) for i in gpu_ids)  # provisional: Slurm's indices until the runner maps them
+            gpus = tuple(int(i) for i in gpu_ids)  # provisional: Slurm's indices until the pipeline maps them
         # A job without GPUs: node-level checks still run, per-GPU checks have nothing to look at.
         if gpu_ids is None and job_id is not None:
             gpus, gpu_ids = (), ()

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gpuguard.config import Config
     from gpuguard.log import HookLog
     from gpuguard.model import RunResult
+    from gpuguard.store import Store
 
 SEVERITY_VALUE = {"ok": 0, "skip": 0, "warn": 1, "incomplete": 2, "fail": 3}
 VERDICTS = ("pass", "warn", "drain", "error")
@@ -408,7 +409,7 @@ def _xid_severity(cfg: "Config") -> Callable[[Any], str]:
     return severity
 
 
-def read_drain_state(conn: Any, node: str, active: Optional[dict[str, Any]]) -> DrainState:
+def read_drain_state(store: "Store", node: str, active: Optional[dict[str, Any]]) -> DrainState:
     """From the store's record of gpuguard's drain in place (`Store.active_drain`). Slurm keeps the first reason
     (a later run finds the node `already` drained), so the check and keyword are those of the drain that set it,
     or of the FLAPPING reason the health check pinned on it since."""
@@ -416,17 +417,11 @@ def read_drain_state(conn: Any, node: str, active: Optional[dict[str, Any]]) -> 
 
     if active is None:
         return DrainState(False)
-    row = conn.execute(
-        "SELECT id, ts, check_id, reason FROM drains WHERE node=? AND op='drain' AND outcome='done' AND id<=? "
-        "AND NOT EXISTS (SELECT 1 FROM drains u WHERE u.node=? AND u.op='undrain' AND u.outcome IN ('done','gone') "
-        "AND u.id>drains.id AND u.id<=?) ORDER BY id DESC LIMIT 1",
-        (node, active["id"], node, active["id"])).fetchone()
-    set_id, since, check_id, reason = row if row else (active["id"], active.get("ts"), active.get("check_id"),
-                                                        active.get("reason"))
-    flapping = conn.execute("SELECT check_id, reason FROM drains WHERE node=? AND op='drain' AND outcome='flapping' "
-                            "AND id>? ORDER BY id DESC LIMIT 1", (node, set_id)).fetchone()
+    row = store.drain_that_set(node, active["id"]) or active
+    set_id, since, check_id, reason = row["id"], row.get("ts"), row.get("check_id"), row.get("reason")
+    flapping = store.flapping_pin_after(node, set_id)
     if flapping:
-        check_id, reason = flapping[0] or check_id, flapping[1]
+        check_id, reason = flapping["check_id"] or check_id, flapping["reason"]
     parsed = parse_reason(reason or "")
     return DrainState(True, check_id or (parsed.check_id if parsed else ""), parsed.keyword if parsed else "",
                       since)
@@ -443,20 +438,12 @@ def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> No
     fams: list[Family]
     try:
         with Store(cfg.sections["store"]["path"].replace("{node}", node), timeout_s=1.0) as st:
-            conn = st.conn
-            conn.execute("BEGIN IMMEDIATE")  # the watch daemon and admin commands write the same store
-            try:
+            with st.write_transaction():  # the watch daemon and admin commands write the same store
                 state = st.get_cursor(state_cursor(node)) or {}
                 mark = int(state.get("drain_mark", 0)) if state.get("v") == STATE_VERSION else 0
-                rows = [(int(i), str(op), str(outcome)) for i, op, outcome in conn.execute(
-                    "SELECT id, op, outcome FROM drains WHERE node=? AND id>? ORDER BY id", (node, mark))]
-                state = update_state(state, result, _xid_severity(cfg), rows)
+                state = update_state(state, result, _xid_severity(cfg), st.drain_ops_after(node, mark))
                 st.set_cursor(state_cursor(node), state)
-                drain = read_drain_state(conn, node, st.active_drain(node))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+                drain = read_drain_state(st, node, st.active_drain(node))
         fams = node_families(state, node, drain, __version__, interval)
     except (sqlite3.Error, OSError) as e:
         # No store: this run's results still go out, the counters stay out (restarting them from 0 would read as

@@ -157,7 +157,7 @@ class NvmlObservation:
     status: ProbeStatus = field(default_factory=ProbeStatus)
     init_error: Optional[str] = None  # NVML error name when nvmlInit failed, or "TIMEOUT"
     init_duration_s: Optional[float] = None  # how long nvmlInit took (seconds; slow without persistence mode)
-    slow_answer_s: Optional[float] = None  # set when the probe only answered in its second wait (see runner)
+    slow_answer_s: Optional[float] = None  # set when the probe only answered in its second wait (gpuguard.pipeline.gather)
     driver_version: Optional[str] = None
     device_count: Optional[int] = None
     gpus: list[GpuInfo] = field(default_factory=list)
@@ -287,7 +287,7 @@ class Observations:
     efa_counters: Optional[Any] = None
     cleanup: Optional[JobCleanup] = None  # epilog only
     # what earlier runs left for checks that judge a change (e.g. {"pcie_replay": {uuid: [count, epoch]}}) and the
-    # time of this run's readings: filled by the runner, so checks stay pure
+    # time of this run's readings: filled by the pipeline, so checks stay pure
     previous: dict[str, Any] = field(default_factory=dict)
     now: Optional[float] = None
 

@@ -1,17 +1,28 @@
-"""`gpuguard status`: what is drained right now, grouped by fault, for an admin woken at 3 am.
+"""`gpuguard status`: what is drained right now, for an admin woken at 3 am. A summary first, whatever the size of
+the cluster:
+
+    gpuguard status at 2026-11-24T20:06:33Z: 412 node(s) drained by gpuguard
+      state: 380 drained (idle), 30 draining (jobs still running), 2 down
+      fault          check            nodes  hostlist                                    action
+      XID79          gpu.xid            301  gpu-[0012,0088-0090,...] (+287 more)       reboot
+      oldest drains:
+        3d4h     gpu-0012     XID79 gpu.xid
+
+then, for a few drained nodes (up to DETAIL_AUTO), with `--details`, or for `--node HOSTLIST`, each fault with its
+nodes: how long each has been drained, the last health check its store recorded (time and verdict; "never" means
+no HealthCheckProgram ran since the drain, so nothing will lift it), how far the health check is towards lifting
+it, and the reason's detail:
 
     XID79 gpu.xid  node[003,017-019]  reboot
       NODE     STATE       DRAINED FOR  SINCE                 LAST HEALTH CHECK            DETAIL
       node003  IDLE+DRAIN  2h13m        2026-11-24T17:53:20Z  2026-11-24T20:01:00Z drain   GPU has fallen off ...
 
-One line per fault (keyword + check, the nodes as a Slurm hostlist), then each node: how long it has been drained,
-the last health check its store recorded (time and verdict; "never" means no HealthCheckProgram ran since the
-drain, so nothing will lift it), how far the health check is towards lifting it, and the reason's detail. Then the
-notifications that did not go out (the notify spool). Times are UTC ISO 8601.
+Then the notifications that did not go out (the notify spool). Times are UTC ISO 8601.
 
-Everything here is read-only: Slurm through `scontrol show node -o`, each node's history store and the notify
-spool through read-only SQLite connections (a status command must never create, migrate or move a store).
-Slurm's view is always shown, even when a store cannot be read.
+Everything here is read-only: Slurm through `scontrol show node -o`, each node's history store through
+`Store.open_read_only` (a status command must never create, migrate or move a store; stores are read only for the
+nodes whose details are shown) and the notify spool through read-only SQLite connections. Slurm's view is always
+shown, even when a store cannot be read.
 """
 
 from __future__ import annotations
@@ -24,8 +35,14 @@ import sys
 import time
 from typing import Any, Optional
 
+from gpuguard.hostlist import compress_hostlist
 from gpuguard.slurm import slurm_time  # noqa: F401 - re-exported: status callers and tests use it here
+from gpuguard.store import Store
 from gpuguard.timefmt import iso_utc
+
+DETAIL_AUTO = 20  # up to this many drained nodes, details are shown without --details
+OLDEST = 5  # oldest drains in the summary
+HOSTLIST_WIDTH = 60
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -85,7 +102,7 @@ def group_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _connect_ro(path: str) -> sqlite3.Connection:
-    """A read-only connection; raises sqlite3.Error when the file is missing or unreadable."""
+    """A read-only connection (the notify spool); raises sqlite3.Error when the file is missing or unreadable."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
     conn.execute("PRAGMA query_only=1")
     return conn
@@ -98,43 +115,30 @@ def _tables(conn: sqlite3.Connection) -> set[str]:
 def store_facts(path: str, node: str) -> dict[str, Any]:
     """From the node's history store: when gpuguard recorded the drain it has not lifted yet, the last health check
     (and the last run of any kind), and how many passing health checks of the drained check came since."""
-    from gpuguard.store import Store
-
     facts: dict[str, Any] = {}
     if not os.path.exists(path):  # e.g. a node-local store.path read from an admin host
         facts["store_missing"] = path
         return facts
     try:
-        conn = _connect_ro(path)
+        st = Store.open_read_only(path)
     except sqlite3.Error as e:
         facts["store_error"] = f"{path}: {e}"
         return facts
     try:
-        if "runs" not in _tables(conn):
-            facts["store_error"] = f"{path}: no history yet"
-            return facts
-        # Store's drain bookkeeping, on this read-only connection (Store() itself would create or migrate).
-        st = Store.__new__(Store)
-        st.path, st.conn = path, conn
         drain = st.active_drain(node)
         if drain:
             facts["drained_at"] = drain["ts"]
             facts["drain_check"] = drain.get("check_id")
             if drain.get("check_id"):
                 facts["passes_since"] = st.consecutive_passes(node, drain["check_id"], drain["ts"])
-        for key, kinds in (("last_healthcheck", ("healthcheck",)), ("last_run", None)):
-            sql = "SELECT kind, verdict, started, reason FROM runs WHERE node=?"
-            args: tuple[Any, ...] = (node,)
-            if kinds:
-                sql += " AND kind=?"
-                args += kinds
-            row = conn.execute(sql + " ORDER BY started DESC LIMIT 1", args).fetchone()
-            if row:
-                facts[key] = {"kind": row[0], "verdict": row[1], "started": row[2], "reason": row[3]}
+        for key, kind in (("last_healthcheck", "healthcheck"), ("last_run", None)):
+            run = st.last_run(node, kind)
+            if run:
+                facts[key] = run
     except sqlite3.Error as e:  # status must show Slurm's view even when a store is unreadable
         facts["store_error"] = f"{path}: {type(e).__name__}: {e}"
     finally:
-        conn.close()
+        st.close()
     return facts
 
 
@@ -180,6 +184,46 @@ def undelivered_notifications(pattern: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- rendering
 
 
+def state_class(n: dict[str, Any]) -> str:
+    """drained (idle, out of service), draining (jobs still running on it) or down. Pure."""
+    flags = set(str(n.get("state") or "").upper().split("+"))
+    if "DOWN" in flags:
+        return "down"
+    if flags & {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}:
+        return "draining"
+    return "drained"
+
+
+def _clip_hostlist(names: list[str], width: int = HOSTLIST_WIDTH) -> str:
+    """A hostlist that fits one line: the first nodes' hostlist and how many more."""
+    text = compress_hostlist(names)
+    if len(text) <= width:
+        return text
+    lo, hi = 1, len(names)
+    while lo < hi:  # the most leading nodes whose hostlist still fits
+        mid = (lo + hi + 1) // 2
+        if len(compress_hostlist(names[:mid])) <= width - 14:
+            lo = mid
+        else:
+            hi = mid - 1
+    return f"{compress_hostlist(names[:lo])} (+{len(names) - lo} more)"
+
+
+def summarize(nodes: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """Counts by state and by fault, and the oldest drains, of gpuguard's drains. Pure."""
+    ours = [n for n in nodes if n["ours"]]
+    by_state = {k: 0 for k in ("drained", "draining", "down")}
+    for n in ours:
+        by_state[state_class(n)] += 1
+    faults = [{"keyword": g["keyword"], "check_id": g["check_id"], "count": len(g["nodes"]),
+               "hostlist": _clip_hostlist(g["nodes"]), "actions": g["actions"]} for g in group_nodes(nodes)]
+    dated = sorted((n for n in ours if n.get("drained_since")), key=lambda n: (n["drained_since"], n["node"]))
+    oldest = [{"node": n["node"], "drained_for_s": round(now - n["drained_since"]), "keyword": n.get("keyword") or "?",
+               "check_id": n.get("check_id") or "?"} for n in dated[:OLDEST]]
+    return {"drained_by_gpuguard": len(ours), "other": len(nodes) - len(ours), "by_state": by_state,
+            "by_fault": faults, "oldest": oldest}
+
+
 def _last_check_text(n: dict[str, Any]) -> str:
     hc = n.get("last_healthcheck")
     if not hc:
@@ -187,15 +231,24 @@ def _last_check_text(n: dict[str, Any]) -> str:
     return f"{iso_utc(hc['started'])} {hc['verdict']}"
 
 
-def render_status(nodes: list[dict[str, Any]], spool: Optional[dict[str, Any]], now: float,
-                  show_foreign: bool) -> str:
-    """The human view. Pure: `nodes` already carry their store facts."""
-    ours = [n for n in nodes if n["ours"]]
-    foreign = [n for n in nodes if not n["ours"]]
-    lines = [f"gpuguard status at {iso_utc(now)}: {len(ours)} node(s) drained by gpuguard"
-             + (f", {len(foreign)} drained or down by someone else" if show_foreign else "")]
-    if not ours:
-        lines.append("no node is drained by gpuguard" + ("" if show_foreign else " (--all: also other drains)"))
+def _summary_lines(summary: dict[str, Any], show_foreign: bool) -> list[str]:
+    st = summary["by_state"]
+    lines = [f"  state: {st['drained']} drained (idle), {st['draining']} draining (jobs still running), "
+             f"{st['down']} down"]
+    if summary["by_fault"]:
+        lines.append(f"  {'FAULT':<10} {'CHECK':<18} {'NODES':>6}  {'HOSTLIST':<{HOSTLIST_WIDTH}}  ACTION")
+        for f in summary["by_fault"]:
+            lines.append(f"  {f['keyword']:<10} {f['check_id']:<18} {f['count']:>6}  "
+                         f"{f['hostlist']:<{HOSTLIST_WIDTH}}  {'/'.join(f['actions'])}")
+    if summary["oldest"]:
+        lines.append("  oldest drains:")
+        for o in summary["oldest"]:
+            lines.append(f"    {format_duration(o['drained_for_s']):<8} {o['node']:<12} {o['keyword']} {o['check_id']}")
+    return lines
+
+
+def _detail_lines(nodes: list[dict[str, Any]], now: float) -> list[str]:
+    lines: list[str] = []
     by_name = {n["node"]: n for n in nodes}
     for g in group_nodes(nodes):
         lines.append("")
@@ -215,41 +268,74 @@ def render_status(nodes: list[dict[str, Any]], spool: Optional[dict[str, Any]], 
                              "since the drain")
             if n.get("store_error"):
                 lines.append(f"  {'':<12} store unreadable: {n['store_error']}")
-    missing = [n["node"] for n in ours if n.get("store_missing")]
+    missing = [n["node"] for n in nodes if n["ours"] and n.get("store_missing")]
     if missing:
-        from gpuguard.hostlist import compress_hostlist
-
         lines.append("")
-        first = next(n["store_missing"] for n in ours if n.get("store_missing"))
-        lines.append(f"no history store here for {compress_hostlist(missing)} (no {first}); put store.path "
+        first = next(n["store_missing"] for n in nodes if n["ours"] and n.get("store_missing"))
+        lines.append(f"no history store here for {_clip_hostlist(missing)} (no {first}); put store.path "
                      "(with {node}) on a shared filesystem to see their health checks from here")
+    return lines
+
+
+def _foreign_lines(foreign: list[dict[str, Any]], now: float) -> list[str]:
+    lines = ["", "not gpuguard's (gpuguard never lifts these):"]
+    for n in foreign:
+        since = n.get("drained_since")
+        lines.append(f"  {n['node']:<12} {n['state']:<16} {format_duration(now - since if since else None):<12} "
+                     f"{iso_utc(since) or '-':<20}  {n.get('reason') or '-'}  [{n.get('reason_user') or '?'}]")
+    return lines
+
+
+def _spool_lines(spool: dict[str, Any]) -> list[str]:
+    lines = [""]
+    waiting = spool["pending"] + spool["held"]
+    if not waiting and not spool["expired"]:
+        lines.append("notifications: none undelivered")
+    else:
+        oldest = f", oldest {iso_utc(spool['oldest'])}" if spool.get("oldest") else ""
+        lines.append(f"notifications: {waiting} undelivered ({spool['pending']} retrying, {spool['held']} held "
+                     f"for a digest{oldest}), {spool['expired']} expired (given up)")
+        by_node = sorted(spool["by_node"].items())
+        for node, c in by_node[:DETAIL_AUTO]:
+            lines.append(f"  {node:<12} {c['pending']} retrying, {c['held']} held, {c['expired']} expired")
+        if len(by_node) > DETAIL_AUTO:
+            lines.append(f"  ... {len(by_node) - DETAIL_AUTO} more node(s) (--json for all)")
+        for e in spool["last_errors"]:
+            lines.append(f"  last error ({e['node']}, {e['attempts']} attempt(s)): {e['error']}")
+    for err in spool.get("errors", []):
+        lines.append(f"  spool unreadable: {err}")
+    return lines
+
+
+def render_status(nodes: list[dict[str, Any]], spool: Optional[dict[str, Any]], now: float,
+                  show_foreign: bool, details: Optional[bool] = None) -> str:
+    """The human view: the summary, then the details (`details` None: only when few nodes are drained), other
+    people's drains (`show_foreign`), undelivered notifications. Pure: `nodes` already carry their store facts."""
+    ours = [n for n in nodes if n["ours"]]
+    foreign = [n for n in nodes if not n["ours"]]
+    summary = summarize(nodes, now)
+    lines = [f"gpuguard status at {iso_utc(now)}: {len(ours)} node(s) drained by gpuguard"
+             + (f", {len(foreign)} drained or down by someone else" if show_foreign else "")]
+    if not ours:
+        lines.append("no node is drained by gpuguard" + ("" if show_foreign else " (--all: also other drains)"))
+    else:
+        lines += _summary_lines(summary, show_foreign)
+    show = len(ours) <= DETAIL_AUTO if details is None else details
+    if show:
+        lines += _detail_lines(nodes, now)
+    elif ours:
+        lines.append(f"  per node: gpuguard status --details (all {len(ours)}), or --node HOSTLIST")
     if show_foreign and foreign:
-        lines.append("")
-        lines.append("not gpuguard's (gpuguard never lifts these):")
-        for n in foreign:
-            since = n.get("drained_since")
-            lines.append(f"  {n['node']:<12} {n['state']:<16} {format_duration(now - since if since else None):<12} "
-                         f"{iso_utc(since) or '-':<20}  {n.get('reason') or '-'}  [{n.get('reason_user') or '?'}]")
+        lines += _foreign_lines(foreign if show or len(foreign) <= DETAIL_AUTO else foreign[:DETAIL_AUTO], now)
+        if not show and len(foreign) > DETAIL_AUTO:
+            lines.append(f"  ... {len(foreign) - DETAIL_AUTO} more (--details for all)")
     if spool is not None:
-        lines.append("")
-        waiting = spool["pending"] + spool["held"]
-        if not waiting and not spool["expired"]:
-            lines.append("notifications: none undelivered")
-        else:
-            oldest = f", oldest {iso_utc(spool['oldest'])}" if spool.get("oldest") else ""
-            lines.append(f"notifications: {waiting} undelivered ({spool['pending']} retrying, {spool['held']} held "
-                         f"for a digest{oldest}), {spool['expired']} expired (given up)")
-            for node, c in sorted(spool["by_node"].items()):
-                lines.append(f"  {node:<12} {c['pending']} retrying, {c['held']} held, {c['expired']} expired")
-            for e in spool["last_errors"]:
-                lines.append(f"  last error ({e['node']}, {e['attempts']} attempt(s)): {e['error']}")
-        for err in spool.get("errors", []):
-            lines.append(f"  spool unreadable: {err}")
+        lines += _spool_lines(spool)
     return "\n".join(lines)
 
 
 def to_json(nodes: list[dict[str, Any]], spool: Optional[dict[str, Any]], now: float) -> dict[str, Any]:
-    """The machine view: the same facts, every time as UTC ISO 8601, durations in seconds."""
+    """The machine view: the summary and every node, every time as UTC ISO 8601, durations in seconds."""
     out_nodes = []
     for n in nodes:
         m = dict(n)
@@ -262,7 +348,8 @@ def to_json(nodes: list[dict[str, Any]], spool: Optional[dict[str, Any]], now: f
             if m.get(key):
                 m[key] = {**m[key], "started": iso_utc(m[key]["started"])}
         out_nodes.append(m)
-    doc: dict[str, Any] = {"time": iso_utc(now), "groups": group_nodes(nodes), "nodes": out_nodes}
+    doc: dict[str, Any] = {"time": iso_utc(now), "summary": summarize(nodes, now), "groups": group_nodes(nodes),
+                           "nodes": out_nodes}
     if spool is not None:
         doc["notifications"] = {**spool, "oldest": iso_utc(spool["oldest"]) if spool.get("oldest") else None}
     return doc
@@ -315,17 +402,30 @@ def render_own_health(local_cfg: Any, health: dict[str, Any], now: float) -> lis
     return lines
 
 
+def _wanted(args: Any) -> Optional[set[str]]:
+    """--node HOSTLIST -> those node names; None when not given."""
+    text = getattr(args, "node", None)
+    if not text:
+        return None
+    from gpuguard.hostlist import HostlistError, expand_hostlist
+
+    try:
+        return set(expand_hostlist(text))
+    except HostlistError as e:
+        raise ValueError(f"--node: not a Slurm hostlist ({e}): {text!r}") from None
+
+
 def cmd_status(args: Any) -> int:
     from gpuguard.lastgood import load_guarded
+    from gpuguard.pipeline.journal import runtime_dir
     from gpuguard.slurm import CliSlurmClient, SlurmError
 
     cfg = load_guarded(args.config)  # a broken config is what status must report, not a reason to fail
-    from gpuguard.pipeline.journal import runtime_dir
-
     health = own_health(runtime_dir(cfg))
     if not args.json:
         for line in render_own_health(cfg, health, time.time()):
             print(line)
+    wanted = _wanted(args)
     s = cfg.sections["slurm"]
     client = CliSlurmClient(s["scontrol"], cfg.sections["deadlines"]["scontrol_s"], s["conf"])
     try:
@@ -335,9 +435,13 @@ def cmd_status(args: Any) -> int:
         return 2
     now = time.time()
     store_pattern = cfg.sections["store"]["path"]
-    nodes = [n for n in drained_nodes(text) if args.all or n["ours"]]
+    nodes = [n for n in drained_nodes(text) if (args.all or n["ours"]) and (wanted is None or n["node"] in wanted)]
+    ours = sum(1 for n in nodes if n["ours"])
+    details = True if (getattr(args, "details", False) or wanted is not None) else None
+    read_stores = args.json or details or ours <= DETAIL_AUTO  # the summary alone needs only Slurm's view
     for n in nodes:
-        facts = store_facts(store_pattern.replace("{node}", n["node"]), n["node"]) if n["ours"] else {}
+        path = store_pattern.replace("{node}", n["node"])
+        facts = store_facts(path, n["node"]) if n["ours"] and read_stores else {}
         recorded = facts.pop("drained_at", None)
         n.update(facts)
         # Slurm's ReasonTime is when the reason was set (a later prolog finding the node already drained does not
@@ -349,6 +453,5 @@ def cmd_status(args: Any) -> int:
         doc["gpuguard"] = {"config_issues": [str(i) for i in cfg.issues], "config_mode": cfg.mode, **health}
         print(json.dumps(doc, indent=2, default=str))
         return 0
-    print(render_status(nodes, spool, now, args.all))
+    print(render_status(nodes, spool, now, args.all, details))
     return 0
-

@@ -5,11 +5,11 @@ WAL mode + a busy timeout make it safe under a prolog and a health check running
 Errors are told apart, because they call for opposite things:
 - real corruption (SQLite says CORRUPT / NOTADB, or `PRAGMA quick_check` fails): the file is moved aside (kept,
   with its -wal/-shm, for forensics), a new one is created and `recreated_from` says so. The caller must treat
-  its cursors as lost (the runner restarts the kernel-log cursor at the end of the log, loudly);
+  its cursors as lost (the verdict journal still holds the kernel-log position: gpuguard.pipeline.journal);
 - anything else (disk full, read-only filesystem, I/O error, permissions, a lock held too long): nothing is
   moved or overwritten, `StoreUnavailable` is raised. Drains, undrain counters and cursors stay on disk for the
   next run that can reach them.
-`GuardedStore` is the runner's view: a store that cannot be opened or written never changes a verdict.
+`GuardedStore` is the pipeline's view: a store that cannot be opened or written never changes a verdict.
 """
 
 from __future__ import annotations
@@ -455,9 +455,103 @@ class Store:
             raise
         return {"runs": len(run_ids), "drains": len(drain_ids)}
 
+    # ================================================================== reads for status, metrics, history and
+    # shipping (gpuguard.status, gpuguard.metrics, gpuguard.history_sqlite, gpuguard.fleet.ship): the store's SQL
+    # stays here. Added by the fleet-scale work (issue 15); nothing above this line changed.
+
+    # A run that passed with nothing to report (runs aliased `r`): the central database keeps these as per-day
+    # counts (gpuguard.fleet.ship). The same rule in Python: fleet.ship.is_healthy.
+    HEALTHY_RUN = ("r.verdict = 'pass' AND r.reason IS NULL AND r.error IS NULL AND NOT EXISTS (SELECT 1 FROM "
+                   "findings hf WHERE hf.run_id = r.id AND hf.severity NOT IN ('ok','skip'))")
+
+    @classmethod
+    def open_read_only(cls, path: str, timeout_s: float = 2.0) -> "Store":
+        """A Store on a read-only connection: never creates, migrates or moves the file (status, history).
+        Raises sqlite3.Error when the file is missing, unreadable, or not a store."""
+        if not os.path.exists(path):
+            raise sqlite3.OperationalError(f"no such file: {path}")
+        conn = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True, timeout=timeout_s)
+        try:
+            conn.execute("PRAGMA query_only=1")
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not {"runs", "findings", "drains"} <= tables:
+                raise sqlite3.DatabaseError("no history yet")
+        except BaseException:
+            conn.close()
+            raise
+        st = cls.__new__(cls)
+        st.path, st.timeout_s, st.conn = path, timeout_s, conn
+        st.recreated_from = st.corruption_error = None
+        return st
+
+    def last_run(self, node: str, kind: Optional[str] = None) -> Optional[dict[str, Any]]:
+        """The node's latest run (of this kind): kind, verdict, started, reason."""
+        sql = "SELECT kind, verdict, started, reason FROM runs WHERE node=?" + (" AND kind=?" if kind else "")
+        row = self.conn.execute(sql + " ORDER BY started DESC LIMIT 1", (node, kind) if kind else (node,)).fetchone()
+        return None if row is None else {"kind": row[0], "verdict": row[1], "started": row[2], "reason": row[3]}
+
+    def drain_ops_after(self, node: str, after_id: int) -> list[tuple[int, str, str]]:
+        """(id, op, outcome) of the node's drain records after `after_id`, oldest first."""
+        return [(int(i), str(op), str(outcome)) for i, op, outcome in self.conn.execute(
+            "SELECT id, op, outcome FROM drains WHERE node=? AND id>? ORDER BY id", (node, after_id))]
+
+    def drain_that_set(self, node: str, up_to_id: int) -> Optional[dict[str, Any]]:
+        """The drain gpuguard applied (outcome done) at or before record `up_to_id` that no undrain lifted since:
+        the one whose reason Slurm keeps."""
+        cur = self.conn.execute(
+            "SELECT id, ts, check_id, reason FROM drains WHERE node=? AND op='drain' AND outcome='done' AND id<=? "
+            "AND NOT EXISTS (SELECT 1 FROM drains u WHERE u.node=? AND u.op='undrain' AND u.outcome IN "
+            "('done','gone') AND u.id>drains.id AND u.id<=?) ORDER BY id DESC LIMIT 1",
+            (node, up_to_id, node, up_to_id))
+        row = cur.fetchone()
+        return None if row is None else dict(zip([c[0] for c in cur.description], row))
+
+    def flapping_pin_after(self, node: str, after_id: int) -> Optional[dict[str, Any]]:
+        """The latest FLAPPING pin the health check put on the node after drain record `after_id`."""
+        row = self.conn.execute("SELECT check_id, reason FROM drains WHERE node=? AND op='drain' AND "
+                                "outcome='flapping' AND id>? ORDER BY id DESC LIMIT 1", (node, after_id)).fetchone()
+        return None if row is None else {"check_id": row[0], "reason": row[1]}
+
+    def write_transaction(self) -> Any:
+        """`with store.write_transaction():` one IMMEDIATE transaction (a prolog, the watch daemon and admin
+        commands write the same store), rolled back on any exception."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def tx() -> Any:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+        return tx()
+
+    def healthy_day(self, node: str, day_start: float, upto_id: int) -> Optional[dict[str, Any]]:
+        """The node's healthy runs in the UTC day starting at `day_start`, up to row `upto_id`, as the central
+        database keeps them: count, count per hour (24), per kind, first/last start, duration sum/max, last id."""
+        rows = self.conn.execute(
+            "SELECT CAST((r.started - ?) / 3600 AS INTEGER), r.kind, COUNT(*), MIN(r.started), MAX(r.started), "
+            "SUM(r.duration_ms), MAX(r.duration_ms), MAX(r.id) FROM runs r WHERE r.node=? AND r.started>=? "
+            f"AND r.started<? AND r.id<=? AND {self.HEALTHY_RUN} GROUP BY 1, 2",
+            (day_start, node, day_start, day_start + 86400, upto_id)).fetchall()
+        if not rows:
+            return None
+        hours, kinds = [0] * 24, {}
+        for hr, kind, n, *_ in rows:
+            hours[min(max(int(hr), 0), 23)] += int(n)
+            kinds[str(kind)] = kinds.get(str(kind), 0) + int(n)
+        durations = [r[5] for r in rows if r[5] is not None]
+        maxima = [r[6] for r in rows if r[6] is not None]
+        return {"runs": sum(hours), "hour_runs": hours, "kinds": kinds, "first": min(r[3] for r in rows),
+                "last": max(r[4] for r in rows), "duration_ms_sum": sum(durations) if durations else None,
+                "duration_ms_max": max(maxima) if maxima else None, "upto": max(int(r[7]) for r in rows)}
+
 
 class GuardedStore:
-    """The runner's view of the store: every call that fails (the store could not be opened, the disk is full,
+    """The pipeline's view of the store: every call that fails (the store could not be opened, the disk is full,
     the filesystem is read-only, a lock was held too long) returns a neutral value and is remembered in
     `errors`, so that what the hardware showed decides the verdict and the exit code, never the store.
 

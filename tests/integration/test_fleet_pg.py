@@ -1,93 +1,30 @@
 """Central history against a real PostgreSQL server (Debian's postgresql, booted once for this module in a temp dir
 on a free port; a fresh database per test): schema creation, the outbox (the database down, the hooks go on
 recording, everything shipped once it is back, exactly once), a hung database costing the health check only its
-budget, `fleet history` / `fleet report` giving the same answers from PostgreSQL as from the SQLite stores, and a
-drain on a real Slurm cluster reaching the central history."""
+budget, `fleet history` / `fleet report` giving the same answers from PostgreSQL as from the SQLite stores (healthy
+runs kept as per-day counts, repeated problems as one row with a count), the upgrade from schema version 1,
+retention by month, and a drain on a real Slurm cluster reaching the central history. Query plans at scale,
+connection reuse and a pooler are in test_fleet_pg_scale.py."""
 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import socket
 import sqlite3
-import subprocess
-import sys
+import threading
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
-import yaml
+from pgfixtures import SCENARIOS, db, gg, healthcheck, pg, q, write_cfg  # noqa: F401 - fixtures
 
-from gpuguard.fleet.devpg import DevPostgres, missing_requirements
 from gpuguard.model import Action, Finding, Severity
-from gpuguard.simulate.build import build_fake_nvml
 from gpuguard.store import Store
-
-ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT / "examples" / "scenarios"
-
-
-@pytest.fixture(scope="module")
-def pg():
-    missing = missing_requirements()
-    if missing:
-        pytest.skip("cannot boot PostgreSQL: " + "; ".join(missing))
-    server = DevPostgres().start()
-    try:
-        yield server
-    finally:
-        server.destroy()
-
-
-@pytest.fixture
-def db(pg, request):
-    """A fresh database owned by the gpuguard role; its URL carries the password."""
-    import psycopg
-    from psycopg import sql
-
-    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower()
-    with psycopg.connect(pg.admin_url, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        c.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(pg.user)))
-    return f"postgresql://{pg.user}:{pg.password}@127.0.0.1:{pg.port}/{name}"
-
-
-def q(url, sql, *args):
-    import psycopg
-
-    with psycopg.connect(url) as c:
-        return c.execute(sql, args).fetchall()
-
-
-def write_cfg(tmp_path, url, **extra):
-    data = {"store": {"path": str(tmp_path / "state" / "{node}.db"), "url": url},
-            "simulation": {"scenario_dir": str(tmp_path / "scenarios"), "workdir": str(tmp_path / "sim"),
-                           "fake_nvml": str(build_fake_nvml())},
-            "logging": {"syslog": False, "file": str(tmp_path / "gpuguard.log")},
-            "slurm": {"scontrol": "/bin/false"}}  # no cluster here: a drain is attempted and recorded as failed
-    for k, v in extra.items():
-        data.setdefault(k, {}).update(v)
-    (tmp_path / "scenarios").mkdir(exist_ok=True)
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump(data))
-    return cfg
-
-
-def gg(cfg, *args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "gpuguard", *args, "--config", str(cfg)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def healthcheck(cfg, node):
-    """What slurmd runs (HealthCheckProgram gets only SLURMD_NODENAME); returns (exit code, seconds)."""
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "gpuguard", "healthcheck", "--config", str(cfg)], capture_output=True,
-                       text=True, timeout=60, env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin"})
-    return p.returncode, time.monotonic() - t0
 
 
 def local_counts(path):
+    """(runs, drain records, problem findings) the node's store recorded."""
     with sqlite3.connect(path) as c:
         return (c.execute("SELECT COUNT(*) FROM runs").fetchone()[0],
                 c.execute("SELECT COUNT(*) FROM drains").fetchone()[0],
@@ -95,23 +32,49 @@ def local_counts(path):
 
 
 def pg_counts(url, node):
-    return tuple(q(url, f"SELECT COUNT(*) FROM gpuguard.{t} WHERE node=%s", node)[0][0]
-                 for t in ("runs", "drains", "findings"))
+    """The same, as the central database stands for them: runs listed + their repeats + healthy day counts."""
+    runs = q(url, "SELECT COALESCE(SUM(1 + repeats), 0) FROM gpuguard.runs WHERE node=%s", node)[0][0]
+    healthy = q(url, "SELECT COALESCE(SUM(runs), 0) FROM gpuguard.run_days WHERE node=%s", node)[0][0]
+    drains = q(url, "SELECT COALESCE(SUM(1 + repeats), 0) FROM gpuguard.drains WHERE node=%s", node)[0][0]
+    findings = q(url, "SELECT COALESCE(SUM(1 + repeats), 0) FROM gpuguard.findings WHERE node=%s", node)[0][0]
+    return (int(runs + healthy), int(drains), int(findings))
 
 
-def test_init_db_creates_and_migrates_the_schema_idempotently(db, tmp_path):
+def central_rows(url):
+    """Every central row (less ship times), to compare two ways of shipping the same stores."""
+    out = {}
+    for table, order in (("runs", "origin, local_id"), ("findings", "origin, run_local_id, seq"),
+                         ("drains", "origin, local_id"), ("run_days", "day, origin, node"),
+                         ("nodes", "node")):
+        rows = q(url, f"SELECT * FROM gpuguard.{table} ORDER BY {order}")
+        cols = [c[0] for c in q(url, f"SELECT column_name FROM information_schema.columns WHERE table_schema="
+                                f"'gpuguard' AND table_name='{table}' ORDER BY ordinal_position")]
+        out[table] = [{k: v for k, v in zip(cols, r) if k not in ("shipped", "first_seen", "last_seen")}
+                      for r in rows]
+    return out
+
+
+def test_init_db_creates_the_schema_and_months_ahead_idempotently(db, tmp_path):
     cfg = write_cfg(tmp_path, db)
     p = gg(cfg, "fleet", "init-db")
-    assert p.returncode == 0 and "migrated from version 0 to 1" in p.stdout, p.stderr
+    assert p.returncode == 0 and "migrated from version 0 to 2" in p.stdout, p.stderr
     p = gg(cfg, "fleet", "init-db")
-    assert p.returncode == 0 and "gpuguard schema at version 1" in p.stdout
+    assert p.returncode == 0 and "gpuguard schema at version 2" in p.stdout
     assert ":***@" in p.stdout and db.split(":")[2].split("@")[0] not in p.stdout + p.stderr  # the password
-    tables = {r[0] for r in q(db, "SELECT tablename FROM pg_tables WHERE schemaname='gpuguard'")}
-    assert tables == {"origins", "runs", "findings", "drains", "schema_version"}
+    parents = {r[0] for r in q(db, "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                                   "WHERE n.nspname = 'gpuguard' AND c.relkind IN ('r', 'p') AND NOT c.relispartition")}
+    assert parents == {"origins", "nodes", "runs", "findings", "drains", "run_days", "schema_version"}
+    month = datetime.now(timezone.utc).replace(day=1)
+    months = [month, (month + timedelta(days=32)).replace(day=1), (month + timedelta(days=63)).replace(day=1)]
+    partitions = {r[0] for r in q(db, "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid")}
+    for table in ("runs", "findings", "drains", "run_days"):
+        assert f"{table}_default" in partitions
+        for m in months:  # this month and two ahead
+            assert f"{table}_p{m:%Y_%m}" in partitions
 
 
 def test_database_down_hooks_keep_recording_and_everything_ships_once_when_back(pg, db, tmp_path):
-    cfg = write_cfg(tmp_path, db)
+    cfg = write_cfg(tmp_path, db, store={"ship_budget_s": 8.0})  # the last step ships within it, even under load
     (tmp_path / "scenarios" / "default.yaml").write_bytes((SCENARIOS / "healthy-p5.yaml").read_bytes())
     (tmp_path / "scenarios" / "n2.yaml").write_bytes((SCENARIOS / "xid79.yaml").read_bytes())
     assert gg(cfg, "fleet", "init-db").returncode == 0
@@ -135,6 +98,10 @@ def test_database_down_hooks_keep_recording_and_everything_ships_once_when_back(
     assert pg_counts(db, "n1") == local_counts(n1) and pg_counts(db, "n2") == local_counts(n2)
     drain = q(db, "SELECT node, op, outcome, check_id, keyword FROM gpuguard.drains")
     assert drain == [("n2", "drain", "failed", "gpu.xid", "XID79")]
+    # n1's two healthy health checks are a count, not rows; n2's drain run is a row with its findings
+    assert q(db, "SELECT kinds, runs FROM gpuguard.run_days WHERE node='n1'") == [({"healthcheck": 2}, 2)]
+    assert q(db, "SELECT COUNT(*) FROM gpuguard.runs WHERE node='n1'") == [(0,)]
+    before = central_rows(db)
 
     again = json.loads(gg(cfg, "fleet", "ship", "--json").stdout)
     assert [r["sent"] for r in again] == [{"drains": 0, "runs": 0, "findings": 0}] * 2
@@ -144,6 +111,7 @@ def test_database_down_hooks_keep_recording_and_everything_ships_once_when_back(
         st.set_cursor("fleet:shipped:drains", {"id": 0, "db": f"127.0.0.1:{pg.port}/{db.rsplit('/', 1)[1]}"})
     resent = json.loads(gg(cfg, "fleet", "ship", "--node", "n2", "--json").stdout)[0]
     assert resent["sent"]["runs"] == local_counts(n2)[0] and pg_counts(db, "n2") == local_counts(n2)
+    assert central_rows(db) == before
 
     # with the database up, the health check ships its own run after its verdict
     rc, _ = healthcheck(cfg, "n1")
@@ -266,22 +234,33 @@ def _strip(h):
     return h
 
 
+def _problem(run):
+    """What the central database lists in full (the rest are per-day counts): Store.HEALTHY_RUN, negated."""
+    return run["verdict"] != "pass" or run["reason"] or run["error"] or any(
+        f["severity"] not in ("ok", "skip") for f in run["findings"])
+
+
 @pytest.mark.parametrize("filters", [
     (), ("--node", "node[1-2]"), ("--keyword", "XID"), ("--keyword", "ecc"), ("--check", "gpu.xid", "--gpu", "3"),
-    ("--verdict", "drain"), ("--limit", "4"), ("--gpu", "1"), ("--node", "node3"),
+    ("--verdict", "drain"), ("--limit", "4"), ("--gpu", "1"), ("--node", "node3"), ("--verdict", "pass"),
 ])
 def test_fleet_history_from_postgresql_equals_the_local_stores(shipped, filters):
     window = ("--since", datetime.fromtimestamp(t(0), timezone.utc).isoformat(),
               "--until", datetime.fromtimestamp(t(14), timezone.utc).isoformat())
     central = gg(shipped, "fleet", "history", "--json", *window, *filters)
     local = gg(shipped, "fleet", "history", "--local", "--json", *window, *filters)
+    every = gg(shipped, "fleet", "history", "--local", "--json", *window, *filters, "--limit", "0")
     assert central.returncode == 0 and local.returncode == 0, central.stderr + local.stderr
-    c, l_ = json.loads(central.stdout), json.loads(local.stdout)
-    assert c["stores"][0].startswith("postgresql://gpuguard:***@")
-    assert _strip(c) == _strip(l_)
+    c, l_ = _strip(json.loads(central.stdout)), _strip(json.loads(local.stdout))
+    local_runs = [r for r in json.loads(every.stdout)["runs"] if _problem(r)]
+    assert c["counts"].pop("healthy_runs") == c["counts"]["runs"] - len(local_runs)
+    # healthy runs are counted, not listed: the central list is the local one less those
+    assert c.pop("runs") == [{k: v for k, v in r.items() if k != "origin"} for r in local_runs][:c["limit"] or None]
+    l_.pop("runs")
+    assert c == l_
     assert c["counts"]["runs"] > 0 or filters == ("--gpu", "1") or "node3" in filters
     text = gg(shipped, "fleet", "history", *window, *filters)
-    assert text.returncode == 0 and "drains (" in text.stdout
+    assert text.returncode == 0 and "drains (" in text.stdout and "healthy, counted not listed" in text.stdout
 
 
 def test_fleet_report_numbers_from_postgresql_and_sqlite(shipped):
@@ -331,6 +310,369 @@ def _closed_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+# --------------------------------------------------------------------------- repeats, healthy days, idempotency
+
+XID_N7 = "gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [healthcheck reboot]"
+STEP = 300.0
+
+
+def drained_node_timeline(day):
+    """A node's day and a quarter as its store records them (time order): healthy health checks every 5 minutes,
+    a prolog at 03:00 and an epilog at 12:00; an Xid 79 at 10:00 drains it; the health check finds the same fault
+    every 5 minutes (the messages differ) until 06:00 the next day, each time `already drained`; then it passes
+    and is undrained; one warning at 08:00. Yields (time, kind, verdict, findings, drain outcome or None)."""
+    t0 = t(day)
+    for i in range(0, int(33 * 3600 / STEP)):
+        ts = t0 + i * STEP
+        if 10 * 3600 <= ts - t0 < 30 * 3600:
+            n = int((ts - t0 - 10 * 3600) / STEP)
+            found = [Finding("gpu.xid", Severity.FAIL, f"Xid 79 on GPU 3 (seen {n} times)", "XID79", "x",
+                             Action.REBOOT, {"n": n}, gpu=3), Finding("gpu.count", Severity.OK, "8 GPUs")]
+            yield ts, "healthcheck", "drain", found, "done" if n == 0 else "already"
+        elif ts - t0 == 32 * 3600:
+            yield ts, "healthcheck", "warn", [Finding("gpu.temperature", Severity.WARN, "warm", "THERMAL", gpu=1)], None
+        else:
+            yield ts, "healthcheck", "pass", [Finding("gpu.count", Severity.OK, "8 GPUs")], None
+        if ts - t0 == 30 * 3600:
+            yield ts + 1, "undrain", None, None, "done"
+        if ts - t0 in (3 * 3600, 12 * 3600):
+            yield ts + 2, "prolog" if ts - t0 < 5 * 3600 else "epilog", "pass", [], None
+
+
+def record(st, node, events):
+    for ts, kind, verdict, found, drain in events:
+        if kind == "undrain":
+            st.record_drain(node=node, op="undrain", outcome="done", reason=XID_N7, check_id="gpu.xid",
+                            action="reboot", run_id=None, ts=ts)
+            continue
+        rid = st.record_run(started=ts, duration_ms=100.0, node=node, kind=kind, job_id="7" if kind != "healthcheck"
+                            else None, profile="p5", verdict=verdict, action="reboot" if verdict == "drain" else None,
+                            reason=XID_N7 if verdict == "drain" else None, exit_code=0, error=None, boot_id="b",
+                            findings=found)
+        if drain:
+            st.record_drain(node=node, op="drain", outcome=drain, reason=XID_N7, check_id="gpu.xid",
+                            action="reboot", run_id=rid, ts=ts + 0.5)
+
+
+def ship_py(path, url, batch=500):
+    """What `fleet ship` does for one store, with a chosen batch size."""
+    from gpuguard.fleet.schema import open_fleet_db
+    from gpuguard.fleet.ship import ship_store
+    from gpuguard.fleet.url import db_fingerprint
+
+    conn = open_fleet_db(url)
+    try:
+        with Store(path) as st:
+            res = ship_store(st, conn, db_fingerprint(url), deadline=time.monotonic() + 60, batch=batch)
+    finally:
+        conn.close()
+    assert res.error is None and not any(res.backlog.values()), res.as_dict()
+    return res
+
+
+def test_repeats_are_one_row_and_healthy_runs_day_counts_with_the_local_answers(db, tmp_path):
+    cfg = write_cfg(tmp_path, db)
+    path = str(tmp_path / "state" / "n7.db")
+    with Store(path) as st:
+        record(st, "n7", drained_node_timeline(1))
+    assert gg(cfg, "fleet", "ship").returncode == 0
+    runs = q(db, "SELECT verdict, repeats, to_char(started AT TIME ZONE 'UTC', 'HH24:MI'), "
+                 "to_char(last_started AT TIME ZONE 'UTC', 'HH24:MI') FROM gpuguard.runs ORDER BY started")
+    # 168 drain runs on day 1 (10:00-23:55) are one row, 72 on day 2 (00:00-05:55) another; the warning its own
+    assert runs == [("drain", 167, "10:00", "23:55"), ("drain", 71, "00:00", "05:55"), ("warn", 0, "08:00", None)]
+    drains = q(db, "SELECT op, outcome, repeats FROM gpuguard.drains ORDER BY ts")
+    assert drains == [("drain", "done", 167), ("drain", "already", 71), ("undrain", "done", 0)]
+    assert q(db, "SELECT COUNT(*) FROM gpuguard.findings") == [(3,)]  # the drain rows' Xid finding, the warning
+    assert pg_counts(db, "n7") == local_counts(path)
+    days = q(db, "SELECT kinds, runs, h00, h03, h10, h12, h06, h08 FROM gpuguard.run_days ORDER BY day")
+    assert days == [({"healthcheck": 120, "prolog": 1, "epilog": 1}, 122, 12, 13, 0, 1, 12, 12),
+                    ({"healthcheck": 35}, 35, 0, 0, 0, 0, 12, 11)]
+
+    window = ("--since", datetime.fromtimestamp(t(1), timezone.utc).isoformat(),
+              "--until", datetime.fromtimestamp(t(3), timezone.utc).isoformat())
+    for filters in ((), ("--verdict", "drain"), ("--keyword", "XID79"), ("--since", "2000-01-01")):
+        central = json.loads(gg(cfg, "fleet", "history", "--json", *window, *filters).stdout)
+        local = json.loads(gg(cfg, "fleet", "history", "--json", "--local", *window, *filters).stdout)
+        assert {k: v for k, v in central["counts"].items() if k != "healthy_runs"} == local["counts"], filters
+    text = gg(cfg, "fleet", "history", *window).stdout
+    assert "(x168, last " in text and "(x72, last " in text
+    assert "(x168, last " in gg(cfg, "fleet", "history", "--csv", *window).stdout
+    # healthy runs are counted by the hour: 05:30-09:00 counts the whole of 05:00-05:59 (48 runs, 42 exactly)
+    part = ("--since", datetime.fromtimestamp(t(1) + 5.5 * 3600, timezone.utc).isoformat(),
+            "--until", datetime.fromtimestamp(t(1) + 9 * 3600, timezone.utc).isoformat())
+    central = json.loads(gg(cfg, "fleet", "history", "--json", *part).stdout)["counts"]
+    local = json.loads(gg(cfg, "fleet", "history", "--json", "--local", *part).stdout)["counts"]
+    assert (central["runs"], central["healthy_runs"], local["runs"]) == (48, 48, 42)
+    central = json.loads(gg(cfg, "fleet", "report", "--json", *window).stdout)
+    local = json.loads(gg(cfg, "fleet", "report", "--json", "--local", *window).stdout)
+    central.pop("source"), local.pop("source")
+    assert central == local
+    n7 = central["nodes"][0]
+    assert (n7["failures"], n7["undrains"], n7["drained_s"]) == (1, 1, pytest.approx(20 * 3600, abs=2))
+
+
+def test_shipping_is_idempotent_across_batches_restarts_and_racing_shippers(pg, db, tmp_path):
+    from pgfixtures import new_db
+
+    path = str(tmp_path / "n7.db")
+    events = list(drained_node_timeline(1))
+    half = next(i for i, e in enumerate(events) if e[0] >= t(1) + 18 * 3600)
+    with Store(path) as st:
+        record(st, "n7", events[:half])
+    ship_py(path, db, batch=37)  # mid-streak, in batches that cut streaks and days
+    with Store(path) as st:
+        record(st, "n7", events[half:])
+    ship_py(path, db, batch=37)
+    in_pieces = central_rows(db)
+
+    at_once = new_db(pg, "t_at_once")
+    ship_py(path, at_once)
+    assert central_rows(at_once) == in_pieces
+
+    # a shipper that lost its watermarks (crashed before moving them) sends everything again: nothing changes
+    with Store(path) as st:
+        for table in ("runs", "drains"):
+            st.delete_cursor(f"fleet:shipped:{table}")
+    ship_py(path, db, batch=53)
+    assert central_rows(db) == in_pieces
+
+    # two shippers at once (the health check and the timer), different batch sizes
+    racing = new_db(pg, "t_racing")
+    from gpuguard.fleet.schema import open_fleet_db
+
+    open_fleet_db(racing).close()
+    errors = []
+
+    def ship(batch):
+        try:
+            ship_py(path, racing, batch=batch)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=ship, args=(b,)) for b in (29, 500)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors and central_rows(racing) == in_pieces
+
+
+# --------------------------------------------------------------------------- upgrade from version 1
+
+V1_SCHEMA = [  # gpuguard.fleet.pg as it was at schema version 1 (commit 07e7e35)
+    "CREATE SCHEMA IF NOT EXISTS gpuguard",
+    """CREATE TABLE gpuguard.origins (origin uuid PRIMARY KEY, host text, store_path text,
+        first_ship timestamptz NOT NULL DEFAULT now(), last_ship timestamptz NOT NULL DEFAULT now())""",
+    """CREATE TABLE gpuguard.runs (origin uuid NOT NULL, local_id bigint NOT NULL, node text NOT NULL,
+        started timestamptz NOT NULL, duration_ms double precision, kind text NOT NULL, job_id text,
+        restart_count integer, profile text, verdict text NOT NULL, action text, reason text, exit_code integer,
+        error text, boot_id text, shipped timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (origin, local_id))""",
+    "CREATE INDEX runs_started ON gpuguard.runs (started)",
+    "CREATE INDEX runs_node_started ON gpuguard.runs (node, started)",
+    """CREATE TABLE gpuguard.findings (origin uuid NOT NULL, run_local_id bigint NOT NULL, seq integer NOT NULL,
+        node text NOT NULL, started timestamptz NOT NULL, check_id text NOT NULL, severity text NOT NULL,
+        keyword text, gpu integer, action text, message text, remediation text, evidence jsonb,
+        PRIMARY KEY (origin, run_local_id, seq))""",
+    "CREATE INDEX findings_started ON gpuguard.findings (started)",
+    "CREATE INDEX findings_check_started ON gpuguard.findings (check_id, started)",
+    """CREATE TABLE gpuguard.drains (origin uuid NOT NULL, local_id bigint NOT NULL, node text NOT NULL,
+        ts timestamptz NOT NULL, op text NOT NULL, outcome text NOT NULL, reason text, check_id text, keyword text,
+        action text, run_local_id bigint, detail text, PRIMARY KEY (origin, local_id))""",
+    "CREATE INDEX drains_ts ON gpuguard.drains (ts)",
+    "CREATE INDEX drains_node_ts ON gpuguard.drains (node, ts)",
+    "CREATE TABLE gpuguard.schema_version (version integer NOT NULL)",
+    "INSERT INTO gpuguard.schema_version VALUES (1)",
+]
+
+
+def ship_as_version_1(path, url):
+    """What gpuguard's version-1 shipper stored: every run, the problem findings, the drains (with their keyword),
+    and the watermarks it left in the store."""
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    from gpuguard.fleet.query import keyword_of_reason
+    from gpuguard.fleet.ship import origin_of
+    from gpuguard.fleet.url import db_fingerprint
+
+    def ts(x):
+        return datetime.fromtimestamp(x, timezone.utc)
+
+    with Store(path) as st, psycopg.connect(url) as c:
+        origin = origin_of(st)
+        c.execute("INSERT INTO gpuguard.origins (origin, host) VALUES (%s, 'h')", (origin,))
+        runs = {r["id"]: r for r in st.rows_after("runs", 0, 10**6)}
+        for r in runs.values():
+            c.execute("INSERT INTO gpuguard.runs (origin, local_id, node, started, duration_ms, kind, job_id, profile, "
+                      "verdict, action, reason, exit_code, error, boot_id) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,"
+                      "%s,%s,%s)", (origin, r["id"], r["node"], ts(r["started"]), r["duration_ms"], r["kind"],
+                                    r["job_id"], r["profile"], r["verdict"], r["action"], r["reason"], r["exit_code"],
+                                    r["error"], r["boot_id"]))
+        seq: dict[int, int] = {}
+        for f in st.problem_findings(0, 10**9):
+            r = runs[f["run_id"]]
+            seq[r["id"]] = seq.get(r["id"], -1) + 1
+            c.execute("INSERT INTO gpuguard.findings (origin, run_local_id, seq, node, started, check_id, severity, "
+                      "keyword, gpu, action, message, remediation, evidence) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,"
+                      "%s,%s,%s)", (origin, r["id"], seq[r["id"]], r["node"], ts(r["started"]), f["check_id"],
+                                    f["severity"], f["keyword"], f["gpu"], f["action"], f["message"],
+                                    f["remediation"], Jsonb(json.loads(f["evidence"] or "{}"))))
+        for d in st.rows_after("drains", 0, 10**6):
+            c.execute("INSERT INTO gpuguard.drains (origin, local_id, node, ts, op, outcome, reason, check_id, "
+                      "keyword, action, run_local_id, detail) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                      (origin, d["id"], d["node"], ts(d["ts"]), d["op"], d["outcome"], d["reason"], d["check_id"],
+                       keyword_of_reason(d["reason"]), d["action"], d["run_id"], d["detail"]))
+        for table, ids in (("runs", list(runs)), ("drains", [d["id"] for d in st.rows_after("drains", 0, 10**6)])):
+            if ids:
+                st.set_cursor(f"fleet:shipped:{table}", {"id": max(ids), "db": db_fingerprint(url), "at": time.time()})
+
+
+def test_upgrade_from_schema_version_1_keeps_every_record(pg, db, tmp_path):
+    from pgfixtures import new_db
+
+    cfg = write_cfg(tmp_path, db)
+    fleet_stores(tmp_path / "state")
+    with Store(str(tmp_path / "state" / "n7.db")) as st:
+        record(st, "n7", drained_node_timeline(9))
+    for stmt in V1_SCHEMA:
+        _exec(db, stmt)
+    nodes = ("node1", "node2", "node3", "n7")
+    for node in nodes:
+        ship_as_version_1(str(tmp_path / "state" / f"{node}.db"), db)
+    n1 = str(tmp_path / "state" / "node1.db")
+    fresh = new_db(pg, "t_fresh_v2")  # what this gpuguard ships from the same stores (copies: own watermarks)
+    (tmp_path / "copy").mkdir()
+    for node in nodes:
+        shutil.copy(tmp_path / "state" / f"{node}.db", tmp_path / "copy" / f"{node}.db")
+        ship_py(str(tmp_path / "copy" / f"{node}.db"), fresh)
+    with Store(n1) as st:  # recorded after the last version-1 ship
+        st.record_run(started=t(13), duration_ms=90.0, node="node1", kind="healthcheck", job_id=None, profile="p5",
+                      verdict="warn", action=None, reason=None, exit_code=0, error=None, boot_id="b",
+                      findings=[Finding("gpu.temperature", Severity.WARN, "warm", "THERMAL", gpu=2)])
+
+    p = gg(cfg, "fleet", "ship")  # this gpuguard does not write into the old tables: the rows wait
+    assert p.returncode == 1 and "schema version 1" in p.stdout and "gpuguard fleet init-db" in p.stdout
+    p = gg(cfg, "fleet", "init-db")
+    assert p.returncode == 0 and "migrated from version 1 to 2" in p.stdout, p.stderr
+    assert not q(db, "SELECT 1 FROM pg_namespace WHERE nspname = 'gpuguard_v1'")
+    assert central_rows(db) == central_rows(fresh)  # row for row, repeats and day counts included
+    assert q(db, "SELECT SUM(repeats) FROM gpuguard.runs") == [(167 + 71,)]
+    p = gg(cfg, "fleet", "ship", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [r["sent"]["runs"] for r in json.loads(p.stdout) if r["store"] == n1] == [1]  # only the new run
+
+    window = ("--since", datetime.fromtimestamp(t(0), timezone.utc).isoformat(),
+              "--until", datetime.fromtimestamp(t(14), timezone.utc).isoformat())
+    for node in ("node1", "node2", "node3", "n7"):
+        assert pg_counts(db, node) == local_counts(str(tmp_path / "state" / f"{node}.db")), node
+    for filters in ((), ("--keyword", "XID"), ("--gpu", "3"), ("--verdict", "warn")):
+        central = _strip(json.loads(gg(cfg, "fleet", "history", "--json", *window, *filters).stdout))
+        local = _strip(json.loads(gg(cfg, "fleet", "history", "--json", "--local", *window, *filters).stdout))
+        central["counts"].pop("healthy_runs")
+        assert central["counts"] == local["counts"], filters  # the rows: compared with a fresh ship above
+    central = json.loads(gg(cfg, "fleet", "report", "--json", *window).stdout)
+    local = json.loads(gg(cfg, "fleet", "report", "--json", "--local", *window).stdout)
+    central.pop("source"), local.pop("source")
+    assert central == local
+
+
+def _exec(url, sql):
+    import psycopg
+
+    with psycopg.connect(url) as c:
+        c.execute(sql)
+
+
+# --------------------------------------------------------------------------- least privilege
+
+
+def test_least_privilege_roles_as_docs_fleet_md_grants_them(pg, db, tmp_path):
+    """The nodes ship as a role that may only read, insert and update (repeat counts, day counts) the gpuguard
+    tables; readers only read. Neither may create months: rows of a month nobody created land in the DEFAULT
+    partition and stay readable."""
+    import psycopg
+    from psycopg import sql
+
+    owner = write_cfg(tmp_path, db)
+    assert gg(owner, "fleet", "init-db").returncode == 0
+    tag = db.rsplit("_", 1)[1][:8]
+    ship_role, read_role = f"gg_ship_{tag}", f"gg_read_{tag}"
+    with psycopg.connect(pg.admin_url, autocommit=True) as c:
+        for role in (ship_role, read_role):
+            c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+            c.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'pw-{}'").format(sql.Identifier(role), sql.SQL(tag)))
+    grants = [f"GRANT USAGE ON SCHEMA gpuguard TO {ship_role}, {read_role}",
+              f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA gpuguard TO {ship_role}",
+              f"GRANT SELECT ON ALL TABLES IN SCHEMA gpuguard TO {read_role}"]
+    for stmt in grants:
+        _exec(db, stmt)
+    _exec(db, "DROP TABLE gpuguard.runs_p" + datetime.now(timezone.utc).strftime("%Y_%m"))  # a month nobody made
+
+    def url(role):
+        return db.replace(f"{pg.user}:{pg.password}@", f"{role}:pw-{tag}@")
+
+    fleet_stores(tmp_path / "state")
+    with Store(str(tmp_path / "state" / "n7.db")) as st:
+        record(st, "n7", drained_node_timeline(1))
+    with Store(str(tmp_path / "state" / "n8.db")) as st:
+        st.record_run(started=time.time() - 60, duration_ms=90.0, node="n8", kind="healthcheck", job_id=None,
+                      profile="p5", verdict="warn", action=None, reason=None, exit_code=0, error=None, boot_id="b",
+                      findings=[Finding("gpu.temperature", Severity.WARN, "warm", "THERMAL", gpu=2)])
+    shipper = write_cfg(tmp_path / "s", url(ship_role), store={"path": str(tmp_path / "state" / "{node}.db")})
+    p = gg(shipper, "fleet", "ship")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert ("n8",) in q(db, "SELECT node FROM gpuguard.runs_default")
+    reader = write_cfg(tmp_path / "r", url(read_role), store={"path": str(tmp_path / "state" / "{node}.db")})
+    assert gg(reader, "fleet", "history", "--since", "60d").returncode == 0
+    assert gg(reader, "fleet", "report", "--since", "60d").returncode == 0
+    with Store(str(tmp_path / "state" / "n8.db")) as st:
+        st.record_run(started=time.time() - 30, duration_ms=90.0, node="n8", kind="healthcheck", job_id=None,
+                      profile="p5", verdict="pass", action=None, reason=None, exit_code=0, error=None, boot_id="b",
+                      findings=[])
+    p = gg(reader, "fleet", "ship")
+    assert p.returncode == 1 and "permission denied" in p.stdout, p.stdout
+    assert gg(reader, "fleet", "prune").returncode == 1  # only the owner drops months
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def test_prune_drops_the_months_past_retention_and_keeps_the_rest(db, tmp_path):
+    import psycopg
+
+    from gpuguard.fleet.partitions import create_month_partitions, month_of
+
+    now = time.time()
+    cfg = write_cfg(tmp_path, db, store={"fleet_retention_days": 60})
+    assert gg(cfg, "fleet", "init-db").returncode == 0
+    path = str(tmp_path / "state" / "n1.db")
+    with Store(path) as st:
+        for age_days, verdict in ((150, "drain"), (150, "pass"), (100, "drain"), (1, "drain"), (1, "pass")):
+            st.record_run(started=now - age_days * 86400, duration_ms=90.0, node="n1", kind="healthcheck",
+                          job_id=None, profile="p5", verdict=verdict, action=None,
+                          reason=XID_N7 if verdict == "drain" else None, exit_code=0, error=None, boot_id="b",
+                          findings=[Finding("gpu.xid", Severity.FAIL, "x", "XID79", gpu=3)] if verdict == "drain"
+                          else [])
+    assert gg(cfg, "fleet", "ship").returncode == 0
+    assert q(db, "SELECT COUNT(*) FROM gpuguard.runs_default") == [(2,) if month_of(now - 86400) == month_of(now)
+                                                                    else (3,)]
+    old = month_of(now - 150 * 86400)  # as if gpuguard had run then: that month has its partitions
+    with psycopg.connect(db) as c:
+        assert len(create_month_partitions(c, [old])) == 4
+    p = gg(cfg, "fleet", "prune", "--json")
+    assert p.returncode == 0, p.stderr
+    done = json.loads(p.stdout)
+    assert sorted(done["dropped"]) == sorted(f"{t}_p{old:%Y_%m}" for t in ("runs", "findings", "drains", "run_days"))
+    assert done["deleted"]["runs"] == 1  # 100 days old, in the DEFAULT partition (no month of its own)
+    left = q(db, "SELECT EXTRACT(EPOCH FROM started)::bigint FROM gpuguard.runs")
+    assert [abs(r[0] - (now - 86400)) < 2 for r in left] == [True]
+    assert q(db, "SELECT SUM(runs) FROM gpuguard.run_days") == [(1,)]
+    h = json.loads(gg(cfg, "fleet", "history", "--json", "--since", "400d").stdout)
+    assert h["counts"]["runs"] == 2 and len(h["findings"]) == 1
+    text = gg(cfg, "fleet", "prune").stdout
+    assert "dropped 0 month partition(s)" in text and "created 0 ahead" in text
 
 
 # --------------------------------------------------------------------------- a real cluster

@@ -197,3 +197,101 @@ def test_json_times_are_utc_iso(tmp_path):
     stamps = [n003["drained_at"], n003["reason_time"], n003["last_run"]["started"]]
     assert all(s.endswith("Z") and "T" in s for s in stamps)
 
+
+
+# --------------------------------------------------------------------------- 10,000 nodes
+
+
+def fleet_scontrol_text(drained_at: float) -> str:
+    """10,000 drained nodes as `scontrol show node -o` prints them: 6,000 idle with an Xid 79, 3,990 still running
+    jobs with an ECC error (draining), 10 down with a GPU missing, plus 5 that an admin drained."""
+    lines = []
+    for i in range(1, 10006):
+        name = f"gpu-{i:05d}"
+        if i > 10000:
+            lines.append(f"NodeName={name} State=IDLE+DRAIN Reason=admin: rack move [bob@{_slurm_local(drained_at)}]")
+            continue
+        check, kw, state = (("gpu.xid", "XID79", "IDLE+DRAIN") if i <= 6000 else
+                            ("gpu.ecc", "ECC", "MIXED+DRAIN") if i <= 9990 else ("gpu.count", "GPUCOUNT", "DOWN+DRAIN"))
+        reason = format_reason(check, kw, f"{kw} on GPU {i % 8}", "healthcheck", "reboot")
+        since = drained_at - (10000 - i) * 60  # the lower the number, the longer ago
+        lines.append(f"NodeName={name} Arch=x86_64 State={state} ThreadsPerCore=1 Reason={reason} "
+                     f"[root@{_slurm_local(since)}]")
+    return "\n".join(lines) + "\n"
+
+
+def _with_slurm_times(nodes):
+    for n in nodes:
+        n["drained_since"] = slurm_time(n.get("reason_time"))
+    return nodes
+
+
+def test_ten_thousand_drained_nodes_are_a_summary_that_fits_a_screen():
+    """Before: two lines per node (10,021 lines at 10,000 nodes). Now the summary: counts by state and by fault,
+    hostlists clipped to a line, the oldest drains, and how to get the details."""
+    nodes = _with_slurm_times(drained_nodes(fleet_scontrol_text(NOW - 3600)))
+    text = render_status(nodes, None, NOW, show_foreign=True)
+    lines = text.splitlines()
+    assert len(lines) <= 20, text[:3000]
+    assert lines[0] == ("gpuguard status at 2026-11-24T20:06:33Z: 10000 node(s) drained by gpuguard, "
+                        "5 drained or down by someone else")
+    assert "  state: 6000 drained (idle), 3990 draining (jobs still running), 10 down" in lines
+    xid = next(line for line in lines if line.startswith("  XID79"))
+    assert " 6000 " in xid and "gpu-[00001-06000]" in xid and "reboot" in xid
+    gpucount = next(line for line in lines if line.startswith("  GPUCOUNT"))
+    assert " 10 " in gpucount and "gpu-[09991-10000]" in gpucount
+    assert all(len(line) <= 140 for line in lines)
+    at = lines.index("  oldest drains:")
+    assert [line.split()[1] for line in lines[at + 1:at + 6]] == [f"gpu-{i:05d}" for i in range(1, 6)]
+    assert lines[at + 1].split() == ["6d23h", "gpu-00001", "XID79", "gpu.xid"]
+    assert "gpuguard status --details" in text and "--node HOSTLIST" in text
+
+
+def test_details_for_every_node_or_a_hostlist_on_request():
+    nodes = _with_slurm_times(drained_nodes(fleet_scontrol_text(NOW - 3600)))
+    detailed = render_status(nodes, None, NOW, show_foreign=False, details=True).splitlines()
+    assert sum(1 for line in detailed if line.startswith("  gpu-")) == 10000
+    few = [n for n in nodes if n["node"] in {"gpu-00017", "gpu-09995"}]
+    text = render_status(few, None, NOW, show_foreign=False)  # a handful: details without asking
+    assert "ECC" not in text and any(line.startswith("  gpu-09995") for line in text.splitlines())
+    doc = to_json(nodes, None, NOW)
+    assert doc["summary"]["by_state"] == {"drained": 6000, "draining": 3990, "down": 10}
+    assert [f["count"] for f in doc["summary"]["by_fault"]] == [6000, 3990, 10]
+
+
+def test_many_scattered_nodes_make_a_clipped_hostlist():
+    nodes = _with_slurm_times(drained_nodes(fleet_scontrol_text(NOW - 3600)))
+    every_third = [n for n in nodes if n["ours"] and int(n["node"][4:]) % 3 == 0]
+    summary = render_status(every_third, None, NOW, show_foreign=False).splitlines()
+    line = next(x for x in summary if x.startswith("  XID79"))
+    assert "more)" in line and len(line) <= 140
+
+
+def test_the_command_reads_only_the_stores_it_shows(tmp_path):
+    """`gpuguard status` on 10,000 drained nodes prints the summary without opening 10,000 stores; `--node` shows
+    those nodes' details (scontrol here is a stub printing a recorded `show node -o`)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "nodes.txt").write_text(fleet_scontrol_text(NOW - 3600))
+    stub = tmp_path / "scontrol"
+    stub.write_text(f"#!/bin/sh\ncat {tmp_path / 'nodes.txt'}\n")
+    stub.chmod(0o755)
+    make_store(tmp_path / "state" / "gpu-00017.db", "gpu-00017", NOW - 7980, [(NOW - 60, Severity.OK)])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"slurm": {"scontrol": str(stub)}, "logging": {"syslog": False},
+                                   "store": {"path": str(tmp_path / "state" / "{node}.db")}}))
+
+    def status(*args):
+        p = subprocess.run([sys.executable, "-m", "gpuguard", "status", "--config", str(cfg), *args],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.splitlines()
+
+    summary = status()
+    assert len(summary) <= 20 and "no history store here" not in "\n".join(summary)
+    picked = status("--node", "gpu-[00017-00018]")
+    assert picked[0].endswith(": 2 node(s) drained by gpuguard")
+    rows = [line for line in picked if line.startswith("  gpu-")]
+    assert [r.split()[0] for r in rows] == ["gpu-00017", "gpu-00018"]
+    assert "pass" in rows[0] and " no store " in rows[1]  # gpu-00017's last health check, from its store

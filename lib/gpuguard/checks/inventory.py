@@ -10,7 +10,7 @@ node's remembered inventory, the most it was ever seen with:
   first records it, so a notification goes out once);
 - below what this node had: the device or link disappeared, a hardware fault: fail.
 
-Pure functions. The remembered inventory comes in as `Observations.previous["inventory"]` (the runner loads it from
+Pure functions. The remembered inventory comes in as `Observations.previous["inventory"]` (the pipeline loads it from
 the store, like `previous["pcie_replay"]`), and `update_inventory` gives the new one to save after the run.
 Shape: {"efa": n, "ib": n, "nvlinks": {gpu: n}, "pcie": {gpu: [gen, width]}}; gpu = UUID (index when none).
 """

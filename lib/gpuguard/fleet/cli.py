@@ -1,5 +1,5 @@
-"""`gpuguard fleet init-db | ship | history | report`. Imports are lazy (gpuguard.cli builds every feature's parser
-for `--help`); psycopg is imported only by commands that talk to PostgreSQL."""
+"""`gpuguard fleet init-db | ship | prune | history | report`. Imports are lazy (gpuguard.cli builds every
+feature's parser for `--help`); psycopg is imported only by commands that talk to PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,11 +12,19 @@ from typing import Any
 def add_parser(sub: Any) -> None:
     from gpuguard.history import add_arguments as add_history_arguments
 
-    p = sub.add_parser("fleet", help="central history in PostgreSQL (store.url): init-db, ship, history, report")
+    p = sub.add_parser("fleet", help="central history in PostgreSQL (store.url): init-db, ship, prune, history, "
+                                     "report")
     fs = p.add_subparsers(dest="fleet_cmd", metavar="SUBCOMMAND")
 
-    s = fs.add_parser("init-db", help="create or migrate the gpuguard schema in store.url's database")
+    s = fs.add_parser("init-db", help="create or upgrade the gpuguard schema in store.url's database (as its owner)")
     s.add_argument("--config", help="config file")
+    s.add_argument("--timeout-s", type=float, default=3600.0,
+                   help="longest an upgrade may take (it copies every row of an older schema; default 3600)")
+
+    s = fs.add_parser("prune", help="retention: drop months older than store.fleet_retention_days, create the "
+                                    "months ahead (as the database owner; e.g. a daily timer on one host)")
+    s.add_argument("--config", help="config file")
+    s.add_argument("--json", action="store_true")
 
     s = fs.add_parser("ship", help="send what the local store(s) recorded to store.url (for a systemd timer)")
     s.add_argument("--config", help="config file")
@@ -53,22 +61,22 @@ def _need_url(cfg: Any, what: str) -> str:
 
 def cmd_init_db(args: argparse.Namespace) -> int:
     from gpuguard.config import load_config
-    from gpuguard.fleet.pg import FleetDBError, connect, ensure_schema
+    from gpuguard.fleet.pg import FleetDBError, clean_error, connect
+    from gpuguard.fleet.schema import ensure_schema
     from gpuguard.fleet.url import redact_url
 
     cfg = load_config(args.config)
     url = _need_url(cfg, "gpuguard fleet init-db")
     try:
-        conn = connect(url, timeout_s=10.0, application_name="gpuguard-init-db")
+        conn = connect(url, timeout_s=10.0, statement_timeout_s=max(30.0, args.timeout_s),
+                       application_name="gpuguard-init-db")
     except FleetDBError as e:
         print(f"gpuguard fleet init-db: {e}", file=sys.stderr)
         return 1
     try:
-        before, now = ensure_schema(conn)
+        before, now = ensure_schema(conn, upgrade=True)
     except Exception as e:  # noqa: BLE001 - psycopg errors (permissions)
-        from gpuguard.fleet.pg import _clean_error
-
-        print(f"gpuguard fleet init-db: {redact_url(url)}: {_clean_error(e, url)}", file=sys.stderr)
+        print(f"gpuguard fleet init-db: {redact_url(url)}: {clean_error(e, url)}", file=sys.stderr)
         return 1
     finally:
         conn.close()
@@ -77,12 +85,49 @@ def cmd_init_db(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    from gpuguard.config import load_config
+    from gpuguard.fleet.partitions import prune
+    from gpuguard.fleet.pg import FleetDBError, clean_error
+    from gpuguard.fleet.url import redact_url
+    from gpuguard.timefmt import iso_utc
+
+    cfg = load_config(args.config)
+    url = _need_url(cfg, "gpuguard fleet prune")
+    days = cfg.sections["store"].get("fleet_retention_days")
+    try:
+        conn = _open_pg(cfg, statement_timeout_s=300.0)
+    except FleetDBError as e:
+        print(f"gpuguard fleet prune: {e}", file=sys.stderr)
+        return 1
+    try:
+        if days:
+            done = prune(conn, float(days))
+        else:
+            from gpuguard.fleet.partitions import ensure_partitions
+
+            done = {"cutoff": None, "dropped": [], "deleted": {}, "created": ensure_partitions(conn)}
+    except Exception as e:  # noqa: BLE001 - psycopg errors: not the owner, lock timeout
+        print(f"gpuguard fleet prune: {redact_url(url)}: {clean_error(e, url)}", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps({**done, "cutoff": iso_utc(done["cutoff"])}, indent=2))
+        return 0
+    kept = f"rows before {iso_utc(done['cutoff'])}" if done["cutoff"] else "nothing (store.fleet_retention_days: null)"
+    deleted = ", ".join(f"{n} {t}" for t, n in done["deleted"].items() if n) or "none"
+    print(f"{redact_url(url)}: pruned {kept}: dropped {len(done['dropped'])} month partition(s) "
+          f"{' '.join(done['dropped'])}".rstrip() + f"; deleted {deleted}; created {len(done['created'])} ahead")
+    return 0
+
+
 def cmd_ship(args: argparse.Namespace) -> int:
     import time
 
     from gpuguard.config import load_config
-    from gpuguard.fleet.ship import ship_path
-    from gpuguard.history import store_paths
+    from gpuguard.fleet.ship import ConnectionKeeper, ship_path
+    from gpuguard.history_sqlite import store_paths
 
     cfg = load_config(args.config)
     _need_url(cfg, "gpuguard fleet ship")
@@ -102,11 +147,15 @@ def cmd_ship(args: argparse.Namespace) -> int:
         return 0
     until = time.monotonic() + args.budget_s
     results = []
-    for path in paths:
-        left = until - time.monotonic()
-        if left <= 0:
-            break
-        results.append(ship_path(cfg, path, left))
+    keeper = ConnectionKeeper()  # one connection for every store here
+    try:
+        for path in paths:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            results.append(ship_path(cfg, path, left, keeper=keeper))
+    finally:
+        keeper.release()
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:
@@ -115,19 +164,19 @@ def cmd_ship(args: argparse.Namespace) -> int:
     return 0 if results and all(r.error is None for r in results) else 1
 
 
-def _open_pg(cfg: Any) -> Any:
-    from gpuguard.fleet.pg import open_fleet_db
+def _open_pg(cfg: Any, statement_timeout_s: float = 30.0) -> Any:
+    from gpuguard.fleet.pg import connect
 
-    return open_fleet_db(_need_url(cfg, "gpuguard fleet"), timeout_s=10.0, migrate=False,
-                         application_name="gpuguard-fleet")
+    return connect(_need_url(cfg, "gpuguard fleet"), timeout_s=10.0, statement_timeout_s=statement_timeout_s,
+                   application_name="gpuguard-fleet")
 
 
 def cmd_history(args: argparse.Namespace) -> int:
     from gpuguard.config import load_config
     from gpuguard.fleet.pg import FleetDBError
     from gpuguard.fleet.url import redact_url
-    from gpuguard.history import (SqliteHistory, filters_from_args, output_format, requeue_source, store_paths,
-                                  write_history)
+    from gpuguard.history import filters_from_args, output_format, requeue_source, write_history
+    from gpuguard.history_sqlite import SqliteHistory, store_paths
 
     cfg = load_config(args.config)
     f = filters_from_args(args)
@@ -149,10 +198,10 @@ def cmd_history(args: argparse.Namespace) -> int:
         write_history(sys.stdout, output_format(args), source, requeue_source(cfg), f, args.limit or None, title)
     except Exception as e:  # noqa: BLE001 - psycopg errors: undefined table (no init-db yet), timeouts
         if type(e).__module__.startswith("psycopg"):
-            from gpuguard.fleet.pg import _clean_error
+            from gpuguard.fleet.pg import clean_error
 
             hint = " (run `gpuguard fleet init-db`)" if "does not exist" in str(e) else ""
-            print(f"\ngpuguard fleet history: {_clean_error(e, cfg.sections['store']['url'] or '')}{hint}",
+            print(f"\ngpuguard fleet history: {clean_error(e, cfg.sections['store']['url'] or '')}{hint}",
                   file=sys.stderr)
             return 1
         raise
@@ -167,7 +216,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from gpuguard.fleet.query import build_filters
     from gpuguard.fleet.report import format_report, report_pg, report_sqlite
     from gpuguard.fleet.url import redact_url
-    from gpuguard.history import store_paths
+    from gpuguard.history_sqlite import store_paths
 
     cfg = load_config(args.config)
     if args.flap_min < 1:
@@ -184,10 +233,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             rep = report_pg(conn, f, f"PostgreSQL {redact_url(cfg.sections['store']['url'])}", args.flap_min)
         except Exception as e:  # noqa: BLE001
-            from gpuguard.fleet.pg import _clean_error
+            from gpuguard.fleet.pg import clean_error
 
             hint = " (run `gpuguard fleet init-db`)" if "does not exist" in str(e) else ""
-            print(f"gpuguard fleet report: {_clean_error(e, cfg.sections['store']['url'])}{hint}", file=sys.stderr)
+            print(f"gpuguard fleet report: {clean_error(e, cfg.sections['store']['url'])}{hint}", file=sys.stderr)
             return 1
         finally:
             conn.close()
@@ -199,9 +248,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    handlers = {"init-db": cmd_init_db, "ship": cmd_ship, "history": cmd_history, "report": cmd_report}
+    handlers = {"init-db": cmd_init_db, "ship": cmd_ship, "prune": cmd_prune, "history": cmd_history,
+                "report": cmd_report}
     handler = handlers.get(getattr(args, "fleet_cmd", None) or "")
     if handler is None:
-        print("usage: gpuguard fleet {init-db,ship,history,report} ...", file=sys.stderr)
+        print("usage: gpuguard fleet {init-db,ship,prune,history,report} ...", file=sys.stderr)
         return 2
     return handler(args)

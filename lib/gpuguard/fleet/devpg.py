@@ -58,7 +58,8 @@ def free_port() -> int:
 class DevPostgres:
     """start() -> a server with role `gpuguard` (password `password`) owning database `gpuguard`."""
 
-    def __init__(self, password: str = "gg-Secret-3141", user: str = "gpuguard", dbname: str = "gpuguard") -> None:
+    def __init__(self, password: str = "gg-Secret-3141", user: str = "gpuguard", dbname: str = "gpuguard",
+                 settings: Optional[dict[str, str]] = None) -> None:
         self.bindir = pg_bindir()
         if self.bindir is None:
             raise RuntimeError("; ".join(missing_requirements()))
@@ -66,6 +67,9 @@ class DevPostgres:
         self.data = self.dir / "data"
         self.port = free_port()
         self.user, self.password, self.dbname = user, password, dbname
+        # server settings (-c name=value); the defaults suit a test, the fleet benchmark raises shared_buffers
+        self.settings = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+                         "max_connections": "50", "shared_buffers": "32MB", **(settings or {})}
         self._as_root = os.geteuid() == 0
         if self._as_root:
             pw = pwd.getpwnam("postgres")
@@ -118,8 +122,8 @@ class DevPostgres:
         return self
 
     def _start(self) -> None:
-        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=50 -c shared_buffers=32MB")
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 " + " ".join(
+            f"-c {k}={v}" for k, v in self.settings.items())
         self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.dir / "server.log"), "-w", "-t", "60",
                   "start", timeout=90)
 

@@ -1,13 +1,6 @@
-"""The central history database: connection (bounded in time, password never shown) and schema.
-
-Tables live in their own PostgreSQL schema `gpuguard`, so the database can be shared. Every row carries the
-`origin` it came from (a random id each node's SQLite store keeps in its cursors table) and its id there
-(`local_id`): the primary key (origin, local_id) makes shipping idempotent (`INSERT ... ON CONFLICT DO NOTHING`).
-The node name is a column, not the key: a store recreated after corruption restarts its row ids under a new
-origin, and an admin host's store may record another node's undrain.
-
-The schema is created and migrated by gpuguard (`gpuguard fleet init-db`, and idempotently by the first ship),
-under an advisory lock so 512 nodes shipping at once migrate it once.
+"""The central history database: a connection bounded in time whose errors never show the password, and the
+cleaning of text for PostgreSQL. The schema is gpuguard.fleet.schema; partitions and retention
+gpuguard.fleet.partitions.
 """
 
 from __future__ import annotations
@@ -17,78 +10,6 @@ from typing import Any, Optional
 
 from gpuguard.fleet.url import redact_url
 
-SCHEMA = "gpuguard"
-_LOCK_KEY = 0x67707567756172  # pg_advisory_xact_lock key for schema migrations ("gpuguar")
-
-# version reached -> statements, applied in order, each version in one transaction
-MIGRATIONS: list[tuple[int, list[str]]] = [
-    (1, [
-        "CREATE SCHEMA IF NOT EXISTS gpuguard",
-        """CREATE TABLE IF NOT EXISTS gpuguard.origins (
-            origin uuid PRIMARY KEY,
-            host text,
-            store_path text,
-            first_ship timestamptz NOT NULL DEFAULT now(),
-            last_ship timestamptz NOT NULL DEFAULT now())""",
-        """CREATE TABLE IF NOT EXISTS gpuguard.runs (
-            origin uuid NOT NULL,
-            local_id bigint NOT NULL,
-            node text NOT NULL,
-            started timestamptz NOT NULL,
-            duration_ms double precision,
-            kind text NOT NULL,
-            job_id text,
-            restart_count integer,
-            profile text,
-            verdict text NOT NULL,
-            action text,
-            reason text,
-            exit_code integer,
-            error text,
-            boot_id text,
-            shipped timestamptz NOT NULL DEFAULT now(),
-            PRIMARY KEY (origin, local_id))""",
-        "CREATE INDEX IF NOT EXISTS runs_started ON gpuguard.runs (started)",
-        "CREATE INDEX IF NOT EXISTS runs_node_started ON gpuguard.runs (node, started)",
-        # only problem findings (warn / fail / incomplete) are shipped: a healthy run's 17 ok findings are not news
-        """CREATE TABLE IF NOT EXISTS gpuguard.findings (
-            origin uuid NOT NULL,
-            run_local_id bigint NOT NULL,
-            seq integer NOT NULL,
-            node text NOT NULL,
-            started timestamptz NOT NULL,
-            check_id text NOT NULL,
-            severity text NOT NULL,
-            keyword text,
-            gpu integer,
-            action text,
-            message text,
-            remediation text,
-            evidence jsonb,
-            PRIMARY KEY (origin, run_local_id, seq))""",
-        "CREATE INDEX IF NOT EXISTS findings_started ON gpuguard.findings (started)",
-        "CREATE INDEX IF NOT EXISTS findings_check_started ON gpuguard.findings (check_id, started)",
-        """CREATE TABLE IF NOT EXISTS gpuguard.drains (
-            origin uuid NOT NULL,
-            local_id bigint NOT NULL,
-            node text NOT NULL,
-            ts timestamptz NOT NULL,
-            op text NOT NULL,
-            outcome text NOT NULL,
-            reason text,
-            check_id text,
-            keyword text,
-            action text,
-            run_local_id bigint,
-            detail text,
-            PRIMARY KEY (origin, local_id))""",
-        "CREATE INDEX IF NOT EXISTS drains_ts ON gpuguard.drains (ts)",
-        "CREATE INDEX IF NOT EXISTS drains_node_ts ON gpuguard.drains (node, ts)",
-        "CREATE TABLE IF NOT EXISTS gpuguard.schema_version (version integer NOT NULL)",
-    ]),
-]
-LATEST = MIGRATIONS[-1][0]
-
 
 class FleetDBError(RuntimeError):
     """The central database cannot be reached or used. The message never contains the password."""
@@ -97,7 +18,11 @@ class FleetDBError(RuntimeError):
 def connect(url: str, timeout_s: float = 5.0, statement_timeout_s: float = 30.0,
             application_name: str = "gpuguard") -> Any:
     """A psycopg 3 connection, never waiting longer than `timeout_s` to connect (libpq's connect_timeout is whole
-    seconds, at least 2) or `statement_timeout_s` for a statement or a lock. Raises FleetDBError."""
+    seconds, at least 2) or `statement_timeout_s` for a statement or a lock. Raises FleetDBError.
+
+    No server-side prepared statements (`prepare_threshold=None`): the connection also works through a
+    transaction-pooling PgBouncer (docs/fleet.md), where a prepared statement could land on another server
+    connection."""
     try:
         import psycopg
     except ImportError as e:
@@ -107,14 +32,15 @@ def connect(url: str, timeout_s: float = 5.0, statement_timeout_s: float = 30.0,
     try:
         return psycopg.connect(url, connect_timeout=max(2, math.ceil(timeout_s)), application_name=application_name,
                                options=f"-c statement_timeout={ms} -c lock_timeout={ms}",
-                               keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
+                               keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3,
+                               prepare_threshold=None)
     except psycopg.Error as e:
-        raise FleetDBError(f"{redact_url(url)}: {_clean_error(e, url)}") from None
+        raise FleetDBError(f"{redact_url(url)}: {clean_error(e, url)}") from None
     except Exception as e:  # noqa: BLE001 - a malformed conninfo is a ProgrammingError or ValueError
-        raise FleetDBError(f"{redact_url(url)}: {type(e).__name__}: {_clean_error(e, url)}") from None
+        raise FleetDBError(f"{redact_url(url)}: {type(e).__name__}: {clean_error(e, url)}") from None
 
 
-def _clean_error(e: BaseException, url: str) -> str:
+def clean_error(e: BaseException, url: str) -> str:
     """psycopg's message, first line, with anything that looks like the password removed."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     from urllib.parse import parse_qsl, urlsplit
@@ -128,50 +54,6 @@ def _clean_error(e: BaseException, url: str) -> str:
     for s in secrets:
         text = text.replace(s, "***")
     return text
-
-
-def schema_version(conn: Any) -> int:
-    row = conn.execute("SELECT to_regclass('gpuguard.schema_version') IS NOT NULL").fetchone()
-    if not row or not row[0]:
-        return 0
-    row = conn.execute("SELECT max(version) FROM gpuguard.schema_version").fetchone()
-    return int(row[0] or 0)
-
-
-def ensure_schema(conn: Any) -> tuple[int, int]:
-    """Create or migrate the schema; returns (version before, version now). Cheap when up to date (one query).
-    A database newer than this gpuguard is left alone (its columns are a superset)."""
-    before = schema_version(conn)
-    conn.commit()
-    if before >= LATEST:
-        return before, before
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        current = schema_version(conn)  # someone else may have migrated while we waited for the lock
-        for target, statements in MIGRATIONS:
-            if current < target:
-                for stmt in statements:
-                    conn.execute(stmt)
-                conn.execute("DELETE FROM gpuguard.schema_version")
-                conn.execute("INSERT INTO gpuguard.schema_version(version) VALUES (%s)", (target,))
-                current = target
-    return before, current
-
-
-def open_fleet_db(url: str, timeout_s: float = 5.0, migrate: bool = True, **kw: Any) -> Any:
-    """connect() + ensure_schema(); raises FleetDBError (with a hint when the role may not create the schema)."""
-    conn = connect(url, timeout_s, **kw)
-    if not migrate:
-        return conn
-    try:
-        ensure_schema(conn)
-    except Exception as e:  # noqa: BLE001 - psycopg errors: permissions, timeouts
-        conn.close()
-        hint = ""
-        if "permission denied" in str(e).lower():
-            hint = " (the role cannot create the schema: run `gpuguard fleet init-db` as the database owner once)"
-        raise FleetDBError(f"{redact_url(url)}: creating the gpuguard schema: {_clean_error(e, url)}{hint}") from None
-    return conn
 
 
 def clean_text(value: Optional[str]) -> Optional[str]:

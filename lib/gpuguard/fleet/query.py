@@ -1,13 +1,8 @@
-"""History filters and the SQL they become, for the node's SQLite store and for the central PostgreSQL database.
+"""History filters, shared by every history source: the node's SQLite store (gpuguard.history_sqlite) and the
+central PostgreSQL database (gpuguard.fleet.pgquery). Times, the filters an admin types and `SqlBuilder`, which
+turns them into SQL parameters for either database. Pure: no connection is made here.
 
-Everything is filtered, ordered and limited in SQL, per kind of record: runs, problem findings (severity other
-than ok/skip) and drains each get their own LIMIT, so a week of healthy health checks can never push a drain or
-an Xid finding out of view. Rows come back through cursors and are consumed as generators: memory does not grow
-with the store.
-
-Time values are epoch seconds in SQLite and `timestamptz` in PostgreSQL; `Dialect` hides that, the table names and
-the run key (SQLite: `runs.id`; PostgreSQL: `(origin, local_id)`, see gpuguard.fleet.pg). Pure: no connection is
-made here.
+Time values are epoch seconds in SQLite and `timestamptz` in PostgreSQL; `SqlBuilder.t()` hides that.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from gpuguard.timefmt import iso_utc  # noqa: F401 - also imported from here by history and report
+from gpuguard.timefmt import iso_utc
 
 PROBLEM = "f.severity NOT IN ('ok','skip')"  # the same text as the store's partial index findings_problems
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -162,178 +157,43 @@ def keyword_of_reason(reason: Optional[str]) -> Optional[str]:
     return parsed.keyword if parsed else None
 
 
-# --------------------------------------------------------------------------- dialects
+# --------------------------------------------------------------------------- SQL parameters
 
 
-@dataclass(frozen=True)
-class Dialect:
-    name: str
-    runs: str
-    findings: str
-    drains: str
-    run_cols: str  # SELECT list of a run, aliased to the SQLite column names
-    drain_cols: str
-    finding_cols: str
-    find_join: str  # findings f -> runs r
-    run_key: str  # the run's key, to compare with a findings subquery
-    find_run_key: str  # the select list of that subquery
-    drain_run_key: str
-    drain_keyword: str
-    run_order: str
-    drain_order: str
-    finding_order: str
+class SqlBuilder:
+    """Collects named parameters for one statement: `:name` for SQLite, `%(name)s` for psycopg."""
 
-    def p(self, name: str) -> str:
-        return f":{name}" if self.name == "sqlite" else f"%({name})s"
+    def __init__(self, dialect: str) -> None:
+        if dialect not in ("sqlite", "pg"):
+            raise ValueError(f"unknown SQL dialect {dialect!r}")
+        self.dialect = dialect
+        self.params: dict[str, Any] = {}
 
     def t(self, value: Optional[float]) -> Any:
         """A time parameter: epoch seconds (SQLite) or an aware datetime (PostgreSQL timestamptz)."""
-        if value is None or self.name == "sqlite":
+        if value is None or self.dialect == "sqlite":
             return value
         return datetime.fromtimestamp(value, timezone.utc)
-
-
-_RUN_FIELDS = "node, started, duration_ms, kind, job_id, restart_count, profile, verdict, action, reason, exit_code, " \
-              "error, boot_id"
-_FINDING_FIELDS = "check_id, severity, keyword, gpu, action, message, remediation, evidence"
-
-SQLITE = Dialect(
-    name="sqlite", runs="runs", findings="findings", drains="drains",
-    run_cols="r.id, " + ", ".join(f"r.{c.strip()}" for c in _RUN_FIELDS.split(",")),
-    drain_cols="d.id, d.ts, d.node, d.op, d.outcome, d.reason, d.check_id, d.action, d.run_id, d.detail",
-    finding_cols="r.id AS run_id, r.node, r.started, r.kind, r.job_id, r.verdict AS run_verdict, "
-                 + ", ".join(f"f.{c.strip()}" for c in _FINDING_FIELDS.split(",")),
-    find_join="f.run_id = r.id", run_key="r.id", find_run_key="f.run_id", drain_run_key="d.run_id",
-    drain_keyword="gg_keyword(d.reason)",
-    run_order="r.started DESC, r.id DESC", drain_order="d.ts DESC, d.id DESC",
-    finding_order="r.started DESC, r.id DESC, f.rowid")
-
-PG = Dialect(
-    name="pg", runs="gpuguard.runs", findings="gpuguard.findings", drains="gpuguard.drains",
-    run_cols="r.local_id AS id, r.origin::text AS origin, "
-             + ", ".join(f"r.{c.strip()}" for c in _RUN_FIELDS.split(",")),
-    drain_cols="d.local_id AS id, d.origin::text AS origin, d.ts, d.node, d.op, d.outcome, d.reason, d.check_id, "
-               "d.action, d.run_local_id AS run_id, d.detail",
-    finding_cols="r.local_id AS run_id, r.origin::text AS origin, r.node, r.started, r.kind, r.job_id, "
-                 "r.verdict AS run_verdict, " + ", ".join(f"f.{c.strip()}" for c in _FINDING_FIELDS.split(",")),
-    find_join="f.origin = r.origin AND f.run_local_id = r.local_id", run_key="(r.origin, r.local_id)",
-    find_run_key="f.origin, f.run_local_id", drain_run_key="(d.origin, d.run_local_id)",
-    drain_keyword="d.keyword",
-    run_order="r.started DESC, r.local_id DESC", drain_order="d.ts DESC, d.local_id DESC",
-    finding_order="r.started DESC, r.local_id DESC, f.seq")
-
-
-@dataclass
-class Query:
-    sql: str
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-class _Builder:
-    def __init__(self, d: Dialect) -> None:
-        self.d = d
-        self.params: dict[str, Any] = {}
 
     def add(self, prefix: str, value: Any) -> str:
         name = f"{prefix}{len(self.params)}"
         self.params[name] = value
-        return self.d.p(name)
+        return f":{name}" if self.dialect == "sqlite" else f"%({name})s"
 
     def in_list(self, expr: str, values: tuple[Any, ...], prefix: str) -> str:
         return f"{expr} IN ({', '.join(self.add(prefix, v) for v in values)})"
 
-    def keyword_match(self, expr: str, keywords: tuple[str, ...]) -> str:
-        """upper(expr) is one of the keywords; a bare XID also matches XID<code>."""
-        parts = [self.in_list(f"upper({expr})", keywords, "kw")]
-        for k in keywords:
-            if k == "XID":
-                parts.append(f"upper({expr}) LIKE {self.add('kwp', 'XID%')}")
-        return "(" + " OR ".join(parts) + ")"
-
-    def time_range(self, expr: str, f: Filters) -> list[str]:
-        out = [f"{expr} >= {self.add('t', self.d.t(f.since))}"]
-        if f.until is not None:
-            out.append(f"{expr} < {self.add('t', self.d.t(f.until))}")
-        return out
-
-    def finding_conds(self, f: Filters) -> list[str]:
-        out = []
-        if f.checks:
-            out.append(self.in_list("f.check_id", f.checks, "c"))
-        if f.keywords:
-            out.append(self.keyword_match("f.keyword", f.keywords))
-        if f.gpus:
-            out.append(self.in_list("f.gpu", f.gpus, "g"))
+    def time_range(self, expr: str, since: float, until: Optional[float]) -> list[str]:
+        out = [f"{expr} >= {self.add('t', self.t(since))}"]
+        if until is not None:
+            out.append(f"{expr} < {self.add('t', self.t(until))}")
         return out
 
     def limit(self, limit: Optional[int]) -> str:
         return f" LIMIT {self.add('lim', int(limit))}" if limit else ""
 
 
-def runs_query(d: Dialect, f: Filters, limit: Optional[int], count: bool = False) -> Query:
-    """Runs in the window, newest first. A check/keyword/GPU filter keeps the runs with such a problem finding."""
-    b = _Builder(d)
-    where = b.time_range("r.started", f)
-    if f.nodes:
-        where.append(b.in_list("r.node", f.nodes, "n"))
-    if f.verdicts:
-        where.append(b.in_list("r.verdict", f.verdicts, "v"))
-    conds = b.finding_conds(f)
-    if conds:
-        where.append(f"{d.run_key} IN (SELECT {d.find_run_key} FROM {d.findings} f WHERE {PROBLEM} AND "
-                     + " AND ".join(conds) + ")")
-    body = f"FROM {d.runs} r WHERE " + " AND ".join(where)
-    if count:
-        return Query(f"SELECT COUNT(*) {body}", b.params)
-    return Query(f"SELECT {d.run_cols} {body} ORDER BY {d.run_order}{b.limit(limit)}", b.params)
-
-
-def findings_query(d: Dialect, f: Filters, limit: Optional[int], count: bool = False) -> Query:
-    """Problem findings (warn, fail, incomplete) with their run's time, node, kind and job, newest first."""
-    b = _Builder(d)
-    where = [PROBLEM] + b.time_range("r.started", f)
-    if f.nodes:
-        where.append(b.in_list("r.node", f.nodes, "n"))
-    if f.verdicts:
-        where.append(b.in_list("r.verdict", f.verdicts, "v"))
-    where += b.finding_conds(f)
-    join = "CROSS JOIN" if d.name == "sqlite" else "JOIN"  # SQLite: walk the (small) problem index first
-    body = f"FROM {d.findings} f {join} {d.runs} r ON {d.find_join} WHERE " + " AND ".join(where)
-    if count:
-        return Query(f"SELECT COUNT(*) {body}", b.params)
-    return Query(f"SELECT {d.finding_cols} {body} ORDER BY {d.finding_order}{b.limit(limit)}", b.params)
-
-
-def drains_query(d: Dialect, f: Filters, limit: Optional[int], count: bool = False) -> Query:
-    """Drain and undrain records, newest first. Not filtered by verdict (a drain record is its own outcome)."""
-    b = _Builder(d)
-    where = b.time_range("d.ts", f)
-    if f.nodes:
-        where.append(b.in_list("d.node", f.nodes, "n"))
-    if f.checks:
-        where.append(b.in_list("d.check_id", f.checks, "c"))
-    if f.keywords:
-        where.append(b.keyword_match(d.drain_keyword, f.keywords))
-    if f.gpus:
-        where.append(f"{d.drain_run_key} IN (SELECT {d.find_run_key} FROM {d.findings} f WHERE {PROBLEM} AND "
-                     + b.in_list("f.gpu", f.gpus, "g") + ")")
-    body = f"FROM {d.drains} d WHERE " + " AND ".join(where)
-    if count:
-        return Query(f"SELECT COUNT(*) {body}", b.params)
-    return Query(f"SELECT {d.drain_cols} {body} ORDER BY {d.drain_order}{b.limit(limit)}", b.params)
-
-
-def run_findings_query(d: Dialect, run_ids: list[Any]) -> Query:
-    """The problem findings of a page of listed runs (SQLite: ids; PostgreSQL: (origin, local_id) pairs)."""
-    b = _Builder(d)
-    if d.name == "sqlite":
-        cond = b.in_list("f.run_id", tuple(run_ids), "r")
-        key = "f.run_id AS run_key"
-        order = "f.run_id, f.rowid"
-    else:
-        pairs = ", ".join(f"({b.add('o', o)}::uuid, {b.add('r', i)}::bigint)" for o, i in run_ids)
-        cond = f"(f.origin, f.run_local_id) IN ({pairs})"
-        key = "f.origin::text AS origin, f.run_local_id AS run_key"
-        order = "f.origin, f.run_local_id, f.seq"
-    return Query(f"SELECT {key}, {_FINDING_FIELDS} FROM {d.findings} f WHERE {PROBLEM} AND {cond} ORDER BY {order}",
-                 b.params)
+@dataclass
+class Query:
+    sql: str
+    params: dict[str, Any] = field(default_factory=dict)

@@ -4,9 +4,9 @@ The aggregations are SQL over two relations:
 - `ev`: drain records (node, t epoch seconds, seq, op, outcome, check_id, keyword, week) up to the window's end
   (earlier ones too: a node drained before the window is drained at its start);
 - `seen`: per node, its first run in the window.
-On PostgreSQL both are CTEs over gpuguard.drains / gpuguard.runs. Over SQLite stores (the embedded default, the
-demo) the few drain rows and one first-seen row per node are copied from each store into an in-memory database
-(rows streamed, runs aggregated in each store), so the same SQL answers across per-node files.
+On PostgreSQL both are CTEs that read only what the window needs (`pg_ctes`). Over SQLite stores (the embedded
+default, the demo) the few drain rows and one first-seen row per node are copied from each store into an in-memory
+database (rows streamed, runs aggregated in each store), so the same SQL answers across per-node files.
 
 Definitions (also in docs/fleet.md):
 - a *failure* is a drain gpuguard applied (op=drain, outcome=done) in the window;
@@ -25,7 +25,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuguard.fleet.query import PG, SQLITE, Dialect, Filters, _Builder, duration_text, iso_utc
+from gpuguard.fleet.pgquery import keyword_match
+from gpuguard.fleet.query import Filters, SqlBuilder, duration_text
+from gpuguard.fleet.schema import DRAIN_MARK
+from gpuguard.history_sqlite import open_store_ro
+from gpuguard.timefmt import iso_utc
 
 WEEKLY = """
 SELECT week, COALESCE(check_id, '-') AS check_id, COUNT(*) AS drains, COUNT(DISTINCT node) AS nodes
@@ -108,22 +112,15 @@ def _pg_params(sql: str) -> str:
     return re.sub(r"(?<![:\w]):([a-z_]+)\b", r"%(\1)s", sql)
 
 
-def _drain_filters(b: _Builder, d: Dialect, f: Filters, until: float) -> str:
-    where = [f"d.ts < {b.add('t', d.t(until))}"]
+def _drain_filters(b: SqlBuilder, f: Filters, keyword_expr: str) -> list[str]:
+    where = []
     if f.nodes:
         where.append(b.in_list("d.node", f.nodes, "n"))
     if f.checks:
         where.append(b.in_list("d.check_id", f.checks, "c"))
     if f.keywords:
-        where.append(b.keyword_match(d.drain_keyword, f.keywords))
-    return " AND ".join(where)
-
-
-def _seen_filters(b: _Builder, d: Dialect, f: Filters, until: float) -> str:
-    where = [f"r.started >= {b.add('t', d.t(f.since))}", f"r.started < {b.add('t', d.t(until))}"]
-    if f.nodes:
-        where.append(b.in_list("r.node", f.nodes, "n"))
-    return " AND ".join(where)
+        where.append(keyword_match(b, keyword_expr, f.keywords))
+    return where
 
 
 def _rows(cur: Any) -> list[dict[str, Any]]:
@@ -151,29 +148,69 @@ def _finish(rep: FleetReport, weekly: list[dict[str, Any]], nodes: list[dict[str
     return rep
 
 
+_EV_COLS = ("d.node, EXTRACT(EPOCH FROM d.ts)::float8 AS t, d.local_id AS seq, d.op, d.outcome, d.check_id, "
+            "d.keyword, to_char(date_trunc('week', d.ts AT TIME ZONE 'UTC'), 'YYYY-MM-DD') AS week")
+
+
+def pg_ctes(f: Filters, until: float, episodes: bool) -> tuple[str, dict[str, Any]]:
+    """`ev` (and `seen`) over the central database, reading only what the window needs. Without `episodes` (the
+    weekly and per-check counts): the window's drain records. With: also each node's latest episode mark before
+    the window (a node drained then is drained at its start; one index probe per node) and `seen`, each node's
+    first run in the window: the window's first day from `run_days` and `runs`, and index probes only for the few
+    nodes without a healthy run that day."""
+    b = SqlBuilder("pg")
+    since_t, until_t = b.add("t", b.t(f.since)), b.add("t", b.t(until))
+    extra = "".join(f" AND {c}" for c in _drain_filters(b, f, "d.keyword"))
+    window = f"SELECT {_EV_COLS} FROM gpuguard.drains d WHERE d.ts >= {since_t} AND d.ts < {until_t}{extra}"
+    if not episodes:
+        return f"ev AS ({window})", b.params
+    node_in = (lambda col: f" AND {b.in_list(col, f.nodes, 'n')}") if f.nodes else (lambda col: "")
+    nodes = f"(SELECT node FROM gpuguard.nodes WHERE TRUE{node_in('node')}) n"
+    ev = (f"ev AS ({window} UNION ALL SELECT p.* FROM {nodes} CROSS JOIN LATERAL (SELECT {_EV_COLS} "
+          f"FROM gpuguard.drains d WHERE d.node = n.node AND d.ts < {since_t} AND {DRAIN_MARK}{extra} "
+          "ORDER BY d.ts DESC, d.local_id DESC LIMIT 1) p)")
+    first_day, last_day = b.add("d", b.t(f.since).date()) + "::date", b.add("d", b.t(until).date()) + "::date"
+    day_end = b.add("t", b.t(min(until, (f.since // 86400 + 1) * 86400)))  # the end of the window's first UTC day
+    in_window = f"h.last_started >= {since_t} AND h.first_started < {until_t}"
+    on_first_day = (f"SELECT h.node, MIN(GREATEST(h.first_started, {since_t})) AS first FROM gpuguard.run_days h "
+                    f"WHERE h.day = {first_day} AND {in_window}{node_in('h.node')} GROUP BY h.node")
+    problems_first_day = (f"SELECT r.node, MIN(r.started) FROM gpuguard.runs r WHERE r.started >= {since_t} "
+                          f"AND r.started < {day_end}{node_in('r.node')} GROUP BY r.node")
+    later_healthy = (f"(SELECT GREATEST(h.first_started, {since_t}) FROM gpuguard.run_days h WHERE h.node = n.node "
+                     f"AND h.day > {first_day} AND h.day <= {last_day} AND {in_window} "
+                     "ORDER BY h.day, h.first_started LIMIT 1)")
+    later_problem = (f"(SELECT r.started FROM gpuguard.runs r WHERE r.node = n.node AND r.started >= {since_t} "
+                     f"AND r.started < {until_t} ORDER BY r.started LIMIT 1)")
+    later = (f"SELECT n.node, LEAST({later_healthy}, {later_problem}) FROM {nodes} WHERE NOT EXISTS (SELECT 1 FROM "
+             f"gpuguard.run_days h WHERE h.node = n.node AND h.day = {first_day} AND {in_window})")
+    seen = (f"seen AS (SELECT node, EXTRACT(EPOCH FROM MIN(first))::float8 AS first_t FROM ({on_first_day} "
+            f"UNION ALL {problems_first_day} UNION ALL {later}) s GROUP BY node HAVING MIN(first) IS NOT NULL)")
+    return f"{ev}, {seen}", b.params
+
+
+def report_statements(f: Filters, until: float, flap_min: int) -> list[tuple[str, dict[str, Any]]]:
+    """The report's three statements over the central database (weekly, per node, checks per node)."""
+    out = []
+    for sql, episodes in ((WEEKLY, False), (f"{NODE_CTES} {NODES}", True), (NODE_CHECKS, False)):
+        base, params = pg_ctes(f, until, episodes)
+        params = {**params, "since": float(f.since), "until": float(until), "flap_min": int(flap_min)}
+        joiner = ", " if sql.lstrip().startswith("marks AS") else " "
+        out.append((f"WITH {base}{joiner}{_pg_params(sql)}", params))
+    return out
+
+
 def report_pg(conn: Any, f: Filters, label: str, flap_min: int = 3, now: Optional[float] = None) -> FleetReport:
     until = f.until if f.until is not None else (time.time() if now is None else now)
-    b = _Builder(PG)
-    base = (f"ev AS (SELECT d.node, EXTRACT(EPOCH FROM d.ts)::float8 AS t, d.local_id AS seq, d.op, d.outcome, "
-            f"d.check_id, upper(d.keyword) AS keyword, "
-            f"to_char(date_trunc('week', d.ts AT TIME ZONE 'UTC'), 'YYYY-MM-DD') AS week "
-            f"FROM gpuguard.drains d WHERE {_drain_filters(b, PG, f, until)}), "
-            f"seen AS (SELECT r.node, EXTRACT(EPOCH FROM MIN(r.started))::float8 AS first_t "
-            f"FROM gpuguard.runs r WHERE {_seen_filters(b, PG, f, until)} GROUP BY r.node)")
-    params = {**b.params, "since": float(f.since), "until": float(until), "flap_min": int(flap_min)}
     rep = FleetReport(f.since, until, label, f.describe(), flap_min)
     with conn.cursor() as cur:
-        weekly = _rows(cur.execute(f"WITH {base} {_pg_params(WEEKLY)}", params))
-        nodes = _rows(cur.execute(f"WITH {base}, {_pg_params(NODE_CTES)} {_pg_params(NODES)}", params))
-        checks = _rows(cur.execute(f"WITH {base} {_pg_params(NODE_CHECKS)}", params))
+        weekly, nodes, checks = (_rows(cur.execute(sql, params)) for sql, params in
+                                 report_statements(f, until, flap_min))
     conn.rollback()  # read-only: end the transaction
     return _finish(rep, weekly, nodes, checks)
 
 
 def report_sqlite(paths: list[str], f: Filters, flap_min: int = 3, now: Optional[float] = None) -> FleetReport:
     """The same report over SQLite store files (per-node or one)."""
-    from gpuguard.history import open_store_ro
-
     until = f.until if f.until is not None else (time.time() if now is None else now)
     mem = sqlite3.connect(":memory:")
     mem.execute("CREATE TABLE ev (node TEXT, t REAL, seq INTEGER, op TEXT, outcome TEXT, check_id TEXT, "
@@ -186,14 +223,16 @@ def report_sqlite(paths: list[str], f: Filters, flap_min: int = 3, now: Optional
             continue
         used.append(path)
         try:
-            b = _Builder(SQLITE)
+            b = SqlBuilder("sqlite")
+            where = [f"d.ts < {b.add('t', until)}"] + _drain_filters(b, f, "upper(gg_keyword(d.reason))")
             cur = conn.execute(
                 "SELECT d.node, d.ts, d.id, d.op, d.outcome, d.check_id, upper(gg_keyword(d.reason)), "
-                "date(d.ts, 'unixepoch', 'weekday 0', '-6 days') FROM drains d WHERE "
-                + _drain_filters(b, SQLITE, f, until), b.params)
+                "date(d.ts, 'unixepoch', 'weekday 0', '-6 days') FROM drains d WHERE " + " AND ".join(where),
+                b.params)
             mem.executemany("INSERT INTO ev VALUES (?,?,?,?,?,?,?,?)", cur)
-            b = _Builder(SQLITE)
-            cur = conn.execute(f"SELECT r.node, MIN(r.started) FROM runs r WHERE {_seen_filters(b, SQLITE, f, until)} "
+            b = SqlBuilder("sqlite")
+            where = b.time_range("r.started", f.since, until) + ([b.in_list("r.node", f.nodes, "n")] if f.nodes else [])
+            cur = conn.execute(f"SELECT r.node, MIN(r.started) FROM runs r WHERE {' AND '.join(where)} "
                                "GROUP BY r.node", b.params)
             mem.executemany("INSERT INTO seen_raw VALUES (?,?)", cur)
         finally:

@@ -7,11 +7,14 @@ Hooks never wait on the network: they record locally (gpuguard.store) and are do
 - from `gpuguard fleet ship` (a systemd timer; see docs/fleet.md).
 
 Per table (drains first, the news that matters most; then runs with their problem findings) a watermark in the
-store's `cursors` table (`fleet:shipped:<table>` = {"id": last shipped row id, "db": host:port/db}) says how far
-shipping got. Rows above it are sent in batches, each batch in one PostgreSQL transaction; the watermark moves
-only after the commit. Inserts are `ON CONFLICT DO NOTHING` on (origin, local id): a shipper that dies between the
-commit and the watermark, or two shippers racing, send rows twice and store them once. When the database is down
-nothing moves, the hooks go on recording, and the next ship sends the backlog.
+store's `cursors` table (`fleet:shipped:<table>` = {"id": last shipped row id, "db": host:port/db, "streaks": the
+repeats still open}) says how far shipping got. Rows above it are sent in batches, each batch in one PostgreSQL
+transaction; the watermark moves only after the commit. Healthy runs become per-day counts and repeated problems
+one row with a count (gpuguard.fleet.shipbatch); inserts are `ON CONFLICT DO NOTHING` on (origin, local id) and
+counts are recomputed, never added: a shipper that dies between the commit and the watermark, or two shippers
+racing, send rows twice and store them once. When the database is down nothing moves, the hooks go on recording,
+and the next ship sends the backlog. A ship with nothing waiting opens no connection; the watch daemon and
+`fleet ship` reuse theirs (`ConnectionKeeper`).
 
 Retention (`store.retention_days`) prunes the store in bounded batches from the health check; never rows that
 are not shipped yet when a url is configured, never less than `reboot.window_days` (escalation reads that far).
@@ -19,14 +22,18 @@ are not shipped yet when a url is configured, never less than `reboot.window_day
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Optional
+
+from gpuguard.fleet.pg import FleetDBError, clean_error
+from gpuguard.fleet.schema import open_fleet_db
+from gpuguard.fleet.shipbatch import execute, plan_drains, plan_runs
+from gpuguard.fleet.url import db_fingerprint, redact_url
+from gpuguard.store import Store
 
 ORIGIN_CURSOR = "fleet:origin"
 TABLES = ("drains", "runs")  # drains first: they are few and they are the news
@@ -65,69 +72,6 @@ class ShipResult:
         return text + (f"; ERROR {self.error}" if self.error else "")
 
 
-# --------------------------------------------------------------------------- rows -> PostgreSQL parameters
-
-
-def _ts(value: Any) -> datetime:
-    return datetime.fromtimestamp(float(value), timezone.utc)
-
-
-def _int(value: Any) -> Optional[int]:
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _evidence(text: Any) -> Any:
-    from psycopg.types.json import Jsonb
-
-    from gpuguard.fleet.pg import clean_json
-
-    if text is None or text == "":
-        return None
-    try:
-        value = json.loads(text) if isinstance(text, str) else text
-    except ValueError:
-        value = {"raw": str(text)}
-    return Jsonb(clean_json(value))
-
-
-def run_params(origin: str, r: dict[str, Any]) -> tuple[Any, ...]:
-    from gpuguard.fleet.pg import clean_text as t
-
-    return (origin, int(r["id"]), t(r["node"]), _ts(r["started"]), r.get("duration_ms"), t(r["kind"]),
-            t(r.get("job_id")), _int(r.get("restart_count")), t(r.get("profile")), t(r["verdict"]), t(r.get("action")),
-            t(r.get("reason")), _int(r.get("exit_code")), t(r.get("error")), t(r.get("boot_id")))
-
-
-def finding_params(origin: str, run: dict[str, Any], seq: int, f: dict[str, Any]) -> tuple[Any, ...]:
-    from gpuguard.fleet.pg import clean_text as t
-
-    return (origin, int(run["id"]), seq, t(run["node"]), _ts(run["started"]), t(f["check_id"]), t(f["severity"]),
-            t(f.get("keyword")), _int(f.get("gpu")), t(f.get("action")), t(f.get("message")),
-            t(f.get("remediation")), _evidence(f.get("evidence")))
-
-
-def drain_params(origin: str, d: dict[str, Any]) -> tuple[Any, ...]:
-    from gpuguard.fleet.pg import clean_text as t
-    from gpuguard.fleet.query import keyword_of_reason
-
-    return (origin, int(d["id"]), t(d["node"]), _ts(d["ts"]), t(d["op"]), t(d["outcome"]), t(d.get("reason")),
-            t(d.get("check_id")), t(keyword_of_reason(d.get("reason"))), t(d.get("action")), _int(d.get("run_id")),
-            t(d.get("detail")))
-
-
-INSERT_RUN = ("INSERT INTO gpuguard.runs (origin, local_id, node, started, duration_ms, kind, job_id, restart_count, "
-              "profile, verdict, action, reason, exit_code, error, boot_id) VALUES "
-              "(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING")
-INSERT_FINDING = ("INSERT INTO gpuguard.findings (origin, run_local_id, seq, node, started, check_id, severity, "
-                  "keyword, gpu, action, message, remediation, evidence) VALUES "
-                  "(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING")
-INSERT_DRAIN = ("INSERT INTO gpuguard.drains (origin, local_id, node, ts, op, outcome, reason, check_id, keyword, "
-                "action, run_local_id, detail) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING")
-
-
 # --------------------------------------------------------------------------- shipping one store
 
 
@@ -137,15 +81,41 @@ def origin_of(store: Any) -> str:
     return str(uuid.UUID(str(value["id"])))
 
 
-def shipped_up_to(store: Any, table: str, db: str) -> int:
-    """The watermark for `table`, 0 when none or when it belongs to another database."""
+def watermark(store: Any, table: str, db: str) -> tuple[int, dict[str, Any]]:
+    """(last shipped id, the repeat streaks open at it) for `table`; (0, {}) when none or another database's."""
     wm = store.get_cursor(watermark_name(table)) or {}
     if wm.get("db") != db:
-        return 0
+        return 0, {}
     try:
-        return int(wm.get("id") or 0)
+        shipped = int(wm.get("id") or 0)
     except (TypeError, ValueError):
-        return 0
+        return 0, {}
+    streaks = wm.get("streaks")
+    return shipped, streaks if isinstance(streaks, dict) else {}
+
+
+def shipped_up_to(store: Any, table: str, db: str) -> int:
+    """The watermark for `table`, 0 when none or when it belongs to another database."""
+    return watermark(store, table, db)[0]
+
+
+def backlog_of(store: Any, db: str) -> dict[str, int]:
+    return {t: store.count_after(t, shipped_up_to(store, t, db)) for t in TABLES}
+
+
+def _ship_batch(conn: Any, store: Any, origin: str, table: str, rows: list[dict[str, Any]],
+                streaks: dict[str, Any]) -> int:
+    """One batch in one transaction; returns the findings written."""
+    if table == "drains":
+        plan = plan_drains(origin, rows, streaks)
+    else:
+        found = store.problem_findings(rows[0]["id"], rows[-1]["id"])
+        by_run: dict[int, list[dict[str, Any]]] = {}
+        for f in found:
+            by_run.setdefault(int(f["run_id"]), []).append(f)
+        plan = plan_runs(origin, rows, by_run, streaks)
+    with conn.transaction():
+        return execute(conn.cursor(), origin, plan, store, int(rows[-1]["id"]))
 
 
 def ship_store(store: Any, conn: Any, db: str, *, deadline: float, batch: int = BATCH,
@@ -160,55 +130,82 @@ def ship_store(store: Any, conn: Any, db: str, *, deadline: float, batch: int = 
                          "ON CONFLICT (origin) DO UPDATE SET last_ship=now(), host=excluded.host, "
                          "store_path=excluded.store_path", (origin, socket.gethostname()[:200], store.path[:1000]))
         for table in TABLES:
-            after = shipped_up_to(store, table, db)
+            after, streaks = watermark(store, table, db)
             while time.monotonic() < deadline:
                 rows = store.rows_after(table, after, batch)
                 if not rows:
                     break
-                with conn.transaction():
-                    cur = conn.cursor()
-                    if table == "drains":
-                        cur.executemany(INSERT_DRAIN, [drain_params(origin, d) for d in rows])
-                    else:
-                        cur.executemany(INSERT_RUN, [run_params(origin, r) for r in rows])
-                        found = store.problem_findings(rows[0]["id"], rows[-1]["id"])
-                        if found:
-                            by_id = {r["id"]: r for r in rows}
-                            seqs: dict[int, int] = {}
-                            params = []
-                            for f in found:
-                                run = by_id.get(f["run_id"])
-                                if run is None:
-                                    continue
-                                seq = seqs[f["run_id"]] = seqs.get(f["run_id"], -1) + 1
-                                params.append(finding_params(origin, run, seq, f))
-                            cur.executemany(INSERT_FINDING, params)
-                            res.sent["findings"] += len(params)
+                res.sent["findings"] += _ship_batch(conn, store, origin, table, rows, streaks)
                 after = int(rows[-1]["id"])
-                store.advance_watermark(watermark_name(table), {"id": after, "db": db, "at": time.time()})
+                store.advance_watermark(watermark_name(table), {"id": after, "db": db, "at": time.time(),
+                                                                "streaks": streaks})
                 res.sent[table] += len(rows)
     except Exception as e:  # noqa: BLE001 - psycopg / sqlite errors: report, keep the backlog
-        from gpuguard.fleet.pg import _clean_error
-
-        res.error = f"{type(e).__name__}: {_clean_error(e, '')}"
+        res.error = f"{type(e).__name__}: {clean_error(e, '')}"
         try:
             conn.rollback()
         except Exception:  # noqa: BLE001
             pass
-    for table in TABLES:
-        try:
-            res.backlog[table] = store.count_after(table, shipped_up_to(store, table, db))
-        except Exception:  # noqa: BLE001
-            pass
+    try:
+        res.backlog = backlog_of(store, db)
+    except Exception:  # noqa: BLE001
+        pass
     return res
 
 
-def ship_path(cfg: Any, path: str, budget_s: float, *, prune: bool = False) -> ShipResult:
-    """Open the store at `path`, prune it (if asked and configured), ship it (if store.url is set)."""
-    from gpuguard.fleet.pg import FleetDBError, open_fleet_db
-    from gpuguard.fleet.url import db_fingerprint, redact_url
-    from gpuguard.store import Store
+class ConnectionKeeper:
+    """Reuses one connection per database across ships in a long-lived process (the watch daemon; `fleet ship`
+    over many stores), instead of one new connection per ship. A ship with nothing to send opens none and closes
+    the kept one, so an idle node holds no connection; a connection that fails is dropped and the next ship opens
+    a new one. Thread-safe: a connection is lent to one ship at a time."""
 
+    def __init__(self) -> None:
+        self._idle: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.opened = 0  # connections opened, for tests and docs
+
+    def take(self, url: str, opener: Any) -> Any:
+        with self._lock:
+            conn = self._idle.pop(url, None)
+        if conn is not None:
+            try:
+                conn.execute("SELECT 1")
+                conn.rollback()
+                return conn
+            except Exception:  # noqa: BLE001 - the server went away: open a new one
+                _close(conn)
+        conn = opener()
+        self.opened += 1
+        return conn
+
+    def give_back(self, url: str, conn: Any, healthy: bool) -> None:
+        if not healthy:
+            _close(conn)
+            return
+        with self._lock:
+            old, self._idle[url] = self._idle.get(url), conn
+        if old is not None and old is not conn:
+            _close(old)
+
+    def release(self, url: Optional[str] = None) -> None:
+        """Close the kept connection(s): nothing to ship, or the process ends."""
+        with self._lock:
+            conns = [self._idle.pop(u) for u in list(self._idle) if url is None or u == url]
+        for conn in conns:
+            _close(conn)
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def ship_path(cfg: Any, path: str, budget_s: float, *, prune: bool = False,
+              keeper: Optional[ConnectionKeeper] = None) -> ShipResult:
+    """Open the store at `path`, prune it (if asked and configured), ship it (if store.url is set and something
+    waits: no connection is opened for nothing). With a `keeper`, the connection is reused."""
     scfg = cfg.sections["store"]
     url = scfg.get("url")
     until = time.monotonic() + budget_s
@@ -224,30 +221,41 @@ def ship_path(cfg: Any, path: str, budget_s: float, *, prune: bool = False) -> S
         if not url:
             return res
         db = db_fingerprint(url)
-        try:
-            conn = open_fleet_db(url, timeout_s=max(1.0, until - time.monotonic()),
-                                 statement_timeout_s=max(1.0, min(30.0, budget_s)),
-                                 application_name="gpuguard-ship")
-        except FleetDBError as e:
-            res.error = str(e)
-            for table in TABLES:
-                res.backlog[table] = store.count_after(table, shipped_up_to(store, table, db))
+        res.backlog = backlog_of(store, db)
+        if not any(res.backlog.values()):
+            if keeper is not None:
+                keeper.release(url)
             return res
-        try:
-            ship_store(store, conn, db, deadline=until, result=res)
-        finally:
-            conn.close()
-        if res.error:
-            res.error = f"{redact_url(url)}: {res.error}"
+        _ship_with_connection(url, store, db, until, budget_s, res, keeper)
         return res
     finally:
         store.close()
 
 
+def _ship_with_connection(url: str, store: Any, db: str, until: float, budget_s: float, res: ShipResult,
+                          keeper: Optional[ConnectionKeeper]) -> None:
+    def opener() -> Any:
+        return open_fleet_db(url, timeout_s=max(1.0, until - time.monotonic()),
+                             statement_timeout_s=max(1.0, min(30.0, budget_s)), application_name="gpuguard-ship")
+
+    try:
+        conn = keeper.take(url, opener) if keeper is not None else opener()
+    except FleetDBError as e:
+        res.error = str(e)
+        return
+    try:
+        ship_store(store, conn, db, deadline=until, result=res)
+    finally:
+        if keeper is not None:
+            keeper.give_back(url, conn, healthy=res.error is None)
+        else:
+            _close(conn)
+    if res.error:
+        res.error = f"{redact_url(url)}: {res.error}"
+
+
 def prune_store(cfg: Any, store: Any, now: Optional[float] = None, batch: int = PRUNE_BATCH) -> dict[str, int]:
     """One bounded retention batch. Never below reboot.window_days; with store.url, only shipped rows."""
-    from gpuguard.fleet.url import db_fingerprint
-
     scfg = cfg.sections["store"]
     days = max(float(scfg["retention_days"]), float(cfg.sections["reboot"]["window_days"]))
     now = time.time() if now is None else now
@@ -293,13 +301,24 @@ def ship_after_run(cfg: Any, result: Any, deadline: Any) -> Optional[ShipResult]
 _background: dict[str, threading.Thread] = {}
 
 
+def wait_for_background_ship(cfg: Any, node: str, timeout_s: float) -> bool:
+    """Wait for the node's background ship (if one is running); True when none is left running."""
+    t = _background.get(cfg.sections["store"]["path"].replace("{node}", node))
+    if t is not None:
+        t.join(timeout_s)
+    return t is None or not t.is_alive()
+BACKGROUND_KEEPER = ConnectionKeeper()  # the watch daemon's connection, reused from ship to ship
+
+
 def ship_in_background(cfg: Any, node: str, budget_s: float = 30.0) -> bool:
-    """The watch daemon's periodic ship: one thread per store at a time; returns False when one is still going."""
+    """The watch daemon's periodic ship: one thread per store at a time; returns False when one is still going.
+    It reuses its connection, and opens none while the health check has already shipped everything."""
     path = cfg.sections["store"]["path"].replace("{node}", node)
     running = _background.get(path)
     if running is not None and running.is_alive():
         return False
-    t = threading.Thread(target=ship_path, args=(cfg, path, budget_s), name="gpuguard-fleet-ship", daemon=True)
+    t = threading.Thread(target=ship_path, args=(cfg, path, budget_s), kwargs={"keeper": BACKGROUND_KEEPER},
+                         name="gpuguard-fleet-ship", daemon=True)
     _background[path] = t
     t.start()
     return True

@@ -37,6 +37,9 @@ def add_parser(sub: Any) -> None:
                                       "health check, undelivered notifications")
     p.add_argument("--config", help="config file")
     p.add_argument("--all", action="store_true", help="also list nodes drained or down by someone else")
+    p.add_argument("--details", action="store_true", help="every drained node, not only the summary (shown "
+                   "without asking for up to 20 nodes)")
+    p.add_argument("--node", help="only these nodes, with their details: a Slurm hostlist, e.g. gpu-[0100-0163]")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("history", help="drains, findings, runs and requeues from the history store")

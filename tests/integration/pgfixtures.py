@@ -1,0 +1,100 @@
+"""Shared by the central-history tests (test_fleet_pg.py, test_fleet_pg_scale.py): a real PostgreSQL server booted
+once per test module (Debian's postgresql in a temp dir, gpuguard.fleet.devpg), a fresh database per test, and the
+ways an admin drives gpuguard (the CLI, the health check as slurmd runs it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuguard.fleet.devpg import DevPostgres, missing_requirements
+from gpuguard.simulate.build import build_fake_nvml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "examples" / "scenarios"
+
+
+@pytest.fixture(scope="module")
+def pg():
+    missing = missing_requirements()
+    if missing:
+        pytest.skip("cannot boot PostgreSQL: " + "; ".join(missing))
+    server = DevPostgres(settings={"log_connections": "on"}).start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def db(pg, request):
+    """A fresh database owned by the gpuguard role; its URL carries the password."""
+    import psycopg
+    from psycopg import sql
+
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower()
+    with psycopg.connect(pg.admin_url, autocommit=True) as c:
+        c.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        c.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(pg.user)))
+    return f"postgresql://{pg.user}:{pg.password}@127.0.0.1:{pg.port}/{name}"
+
+
+def q(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(url) as c:
+        return c.execute(sql, args).fetchall()
+
+
+def write_cfg(tmp_path: Path, url: str, **extra: Any) -> Path:
+    data: dict[str, Any] = {
+        "store": {"path": str(tmp_path / "state" / "{node}.db"), "url": url},
+        "simulation": {"scenario_dir": str(tmp_path / "scenarios"), "workdir": str(tmp_path / "sim"),
+                       "fake_nvml": str(build_fake_nvml())},
+        "logging": {"syslog": False, "file": str(tmp_path / "gpuguard.log")},
+        "slurm": {"scontrol": "/bin/false"}}  # no cluster here: a drain is attempted and recorded as failed
+    for k, v in extra.items():
+        data.setdefault(k, {}).update(v)
+    (tmp_path / "scenarios").mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    return cfg
+
+
+def gg(cfg: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuguard", *args, "--config", str(cfg)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def healthcheck(cfg: Path, node: str) -> tuple[int, float]:
+    """What slurmd runs (HealthCheckProgram gets only SLURMD_NODENAME); returns (exit code, seconds)."""
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "gpuguard", "healthcheck", "--config", str(cfg)], capture_output=True,
+                       text=True, timeout=60, env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin"})
+    return p.returncode, time.monotonic() - t0
+
+
+def sessions(pg: DevPostgres, url: str, application: str) -> int:
+    """Connections the server accepted for this database and application so far (log_connections)."""
+    dbname = url.rsplit("/", 1)[1].split("?")[0]
+    text = (pg.dir / "server.log").read_text(errors="replace")
+    return sum(1 for line in text.splitlines() if "connection authorized" in line and f"database={dbname}" in line
+               and f"application_name={application}" in line)
+
+
+def new_db(pg: DevPostgres, name: str) -> str:
+    """Another fresh database on the same server (for comparing two ways of shipping)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(pg.admin_url, autocommit=True) as c:
+        c.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        c.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(pg.user)))
+    return f"postgresql://{pg.user}:{pg.password}@127.0.0.1:{pg.port}/{name}"
