@@ -217,7 +217,7 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
             with_processes=want_procs), dl["nvml_s"], _timed_out(NvmlObservation, init_error="TIMEOUT"),
             grace_s=dl["nvml_s"]))
     if "kernel_log" in needs:
-        from gpuguard.probes.kernel_log import read_xid_events
+        from gpuguard.kernellog.sources import read_xid_events
 
         probes.append(_Probe("kernel_log", lambda: read_xid_events(
             sources.kernel_log, kernel_cursor, timeout_s=dl["kernel_log_s"], boot_id_path=sources.boot_id_path,
