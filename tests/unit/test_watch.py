@@ -568,6 +568,23 @@ def test_non_fatal_and_forged_lines_are_recorded_not_drained(tmp_path, slurm):
     assert messages[1].startswith("non-fatal Xid 31 in the kernel log: recorded")
 
 
+def test_nvlink5_events_get_the_health_checks_verdict_in_the_daemon(tmp_path, slurm):
+    """Real B200/GB200 lines (tests/fixtures/kernel_log/nvlink5_and_driver.txt): the driver's Nonfatal event is
+    recorded, its Fatal one drains for a GPU reset, as the health check decides."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    with Running(tmp_path, slurm, f"kmsg:{kmsg}") as w:
+        append(kmsg, kmsg_record(1, "NVRM: Xid (PCI:0000:5f:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 02"))
+        wait_for(lambda: len(w.runs()) == 1, what="the Nonfatal event's record")
+        assert slurm.drains() == []
+        append(kmsg, kmsg_record(2, "NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 "
+                                    "(0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"))
+        wait_for(lambda: slurm.drains(), what="the drain for the Fatal event")
+    assert slurm.reason() == "gpuguard: XID149 gpu.xid: NVLINK: NETIR Error on 0000:00:00 [watch reset]"
+    nonfatal = [r for r in w.runs() if r["verdict"] == "warn"][0]["findings"][0]
+    assert (nonfatal["severity"], nonfatal["keyword"]) == ("warn", "XID145")
+
+
 def test_admin_drained_node_keeps_its_reason(tmp_path, slurm):
     slurm.set("state", text="IDLE+DRAIN")
     slurm.set("reason", text="admin: bad PSU [ticket 7]")

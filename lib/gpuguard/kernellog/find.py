@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 from gpuguard.kernellog.formats import JSON_ARRAY_NEEDLE, NEEDLE
 
 Buffer = Union[bytes, bytearray]
-MEMMEM_MIN_BYTES = 1 << 20  # below this, ctypes' per-call cost is more than memmem saves
+MEMMEM_MIN_BYTES = 256 << 10  # below this, memmem saves less than importing ctypes costs (~4 ms)
 
 _memmem: Any = None  # None: not loaded yet; False: not available
 
@@ -45,9 +45,10 @@ def _address(ctypes: Any, buf: Buffer) -> Optional[tuple[int, Any]]:
     return ctypes.cast(keep, ctypes.c_void_p).value, keep
 
 
-def finder(buf: Buffer, needle: bytes) -> Callable[[int, int], int]:
-    """`find(start, end)`: index of the next `needle` that lies wholly in buf[start:end], or -1."""
-    if len(buf) < MEMMEM_MIN_BYTES or not _load_memmem():
+def finder(buf: Buffer, needle: bytes, span: int) -> Callable[[int, int], int]:
+    """`find(start, end)`: index of the next `needle` that lies wholly in buf[start:end], or -1; `span`: how many
+    bytes will be searched in all (what decides between bytes.find and memmem)."""
+    if span < MEMMEM_MIN_BYTES or not _load_memmem():
         return lambda start, end: buf.find(needle, start, end)
     fn, ctypes = _memmem
     addressed = _address(ctypes, buf)
@@ -70,7 +71,7 @@ def finder(buf: Buffer, needle: bytes) -> Callable[[int, int], int]:
 def candidate_lines(buf: Buffer, start: int, end: int, *, json_lines: bool = False) -> Iterator[tuple[int, int]]:
     """(line_start, line_end) of each line of buf[start:end] that holds the needle (`json_lines`: or the needle
     as a journal JSON byte array); line_end is at its newline or at `end`. buf[start:end] must start a line."""
-    finders = [finder(buf, NEEDLE)] + ([finder(buf, JSON_ARRAY_NEEDLE)] if json_lines else [])
+    finders = [finder(buf, n, end - start) for n in ((NEEDLE, JSON_ARRAY_NEEDLE) if json_lines else (NEEDLE,))]
     next_hit = [f(start, end) for f in finders]  # each needle searched once per hit, not once per line
     pos = start
     while True:
