@@ -378,6 +378,43 @@ def test_kmsg_device_follower_wakes_on_a_record_and_never_trusts_userspace():
     again.close()
 
 
+def _real_dmesg_works() -> bool:
+    try:
+        return subprocess.run(["dmesg", "--kernel", "--raw"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not (_kmsg_rw() and _real_dmesg_works()), reason="needs util-linux dmesg and /dev/kmsg (root)")
+def test_real_dmesg_follow_resumes_and_never_returns_userspace_records():
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    f = make_follower("dmesg", cursor=None, boot_id=boot)  # start_at auto: this boot's buffer
+    try:
+        first = wait_for(lambda: f.poll(), what="this boot's kernel records")
+        cursor = first.cursor_at(len(first.data))
+        assert cursor["kind"] == "dmesg" and cursor["boot_id"] == boot and cursor["monotonic_s"] > 0
+        marker = f"gpuguard-dmesg-test-{os.getpid()}-{time.monotonic_ns()}"
+        w = os.open("/dev/kmsg", os.O_WRONLY)
+        try:
+            os.write(w, f"<0>NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name={marker}, forged\n".encode())
+        finally:
+            os.close(w)
+        time.sleep(0.5)
+        later = read_all(f)
+        assert marker.encode() not in later  # `--kernel`: a userspace record never reaches the judge
+    finally:
+        f.close()
+    again = make_follower("dmesg", cursor=cursor, boot_id=boot, follow=False)
+    try:
+        data = b""
+        while not again.finished:
+            data += read_all(again)
+            time.sleep(0.01)
+    finally:
+        again.close()
+    assert first.data.splitlines()[-1] not in data.splitlines()  # resumed after the cursor
+
+
 def _journal_lines() -> list[str]:
     return [ln for ln in (FIXTURES / "journal_json.txt").read_text().splitlines() if ln.startswith("{")]
 
