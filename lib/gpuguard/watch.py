@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.config import Config, ConfigError, load_config
-from gpuguard.log import HookLog
-from gpuguard.metrics import WatchHeartbeat
-from gpuguard.model import Finding
 from gpuguard.kernellog.base import FollowError, KernelLogSource, StoredCursor, read_boot_id
 from gpuguard.kernellog.cursor import describe as describe_cursor
 from gpuguard.kernellog.sources import make_follower
+from gpuguard.log import HookLog
+from gpuguard.metrics import WatchHeartbeat
+from gpuguard.model import Finding
 from gpuguard.watch_judge import CHECK_ID, WatchEvent, WatchJudge, node_verdict, xid_line_spans
 
 Cursor = StoredCursor
@@ -662,7 +662,7 @@ class WatchDaemon:
             if we.fatal:
                 fatal = True
                 self.log.error(f"watch {self.node}: fatal Xid {we.event.code} ({we.info.name}) on {we.event.pci}: "
-                               f"draining [{we.findings[0].action.value}]")
+                               f"draining [{we.action.value}]")
             else:
                 self.log.info(f"watch {self.node}: Xid {we.event.code} ({we.info.name}) on {we.event.pci}: "
                               f"{we.info.severity}-class, recorded"

@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 from gpuguard.checks.xid import judge_kernel_log, xid_info
 from gpuguard.kernellog.find import candidate_lines
 from gpuguard.kernellog.formats import MAX_LINE_BYTES, LineResult, Verdict, parse_kernel_log_line
-from gpuguard.model import Finding, KernelLogObservation, Severity, XidEvent
+from gpuguard.model import Action, Finding, KernelLogObservation, Severity, XidEvent
 from gpuguard.policy import Verdict as NodeVerdict
 from gpuguard.policy import decide
 from gpuguard.xid import NVLINK5_CODES, XidCatalog, XidInfo
@@ -79,6 +79,12 @@ class WatchEvent:
     @property
     def fatal(self) -> bool:
         return any(f.severity is Severity.FAIL for f in self.findings)
+
+    @property
+    def action(self) -> Action:
+        """What the check asks for the node (NONE unless fatal)."""
+        return max((f.action for f in self.findings if f.severity is Severity.FAIL), key=lambda a: a.rank,
+                   default=Action.NONE)
 
 
 @dataclass
