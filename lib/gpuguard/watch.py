@@ -1,6 +1,6 @@
 """`gpuguard watch`: a daemon that follows the kernel log and drains the node within a second of a fatal Xid.
 
-    follower (kernellog source) --lines--> judge (watch_judge: gpu.xid + policy) --events--> DrainWorker --> Slurm, store
+    follower (kernellog source) --lines--> judge (gpu.xid + policy) --events--> DrainWorker thread --> Slurm, store
          ^                                                                         |
          +------------------- cursor: only past what is judged and acted on <------+
 

@@ -167,7 +167,8 @@ def test_xid_scan_of_journal_json_finds_a_message_printed_as_bytes(tmp_path):
     log = tmp_path / "journal.json"
     log.write_text("\n".join(lines) + "\n")
     out = json.loads(xid_scan("--file", str(log), "--json").stdout)
-    assert [(e["code"], e["pci"]) for e in out["events"]] == [(79, "0000:44:00"), (13, "0000:43:00"), (79, "0000:44:00")]
+    want = [(79, "0000:44:00"), (13, "0000:43:00"), (79, "0000:44:00")]
+    assert [(e["code"], e["pci"]) for e in out["events"]] == want
     assert out["events"][2]["process"] == "p\ufffdy"  # its MESSAGE is an array of byte values
     assert out["rejected_non_kernel"] == 2
 

@@ -14,7 +14,7 @@ from gpuguard.kernellog.base import Batch, KernelLogSource, StoredCursor
 from gpuguard.kernellog.chunks import DEFAULT_CHUNK_SIZE
 from gpuguard.kernellog.cursor import FileCursor, decode, encode
 from gpuguard.kernellog.filetail import FileTail, Region
-from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, observation, scan_lines
+from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, observation, scan_chunks
 from gpuguard.model import KernelLogObservation
 
 
@@ -45,26 +45,13 @@ class FileSource(KernelLogSource):
         tail = self._new_tail()
         if not tail.open(c.position if c else None):
             raise FileNotFoundError(2, "No such file or directory", self.path)
-        acc = Accumulator(None, self.max_events)
         try:
-            while True:
-                if time.monotonic() > deadline:
-                    acc.result.timed_out = True
-                    break
-                region = tail.next_region()
-                if region is None:
-                    break
-                assert tail.chunker is not None
-                scan_lines(tail.chunker.buf, region.start, region.end, acc)
             assert tail.chunker is not None
-            r = acc.result
-            r.lines_scanned += tail.chunker.overlong
-            r.malformed += tail.chunker.overlong_xid
-            r.end_offset = tail.chunker.committed
+            r = scan_chunks(tail.chunker, Accumulator(None, self.max_events), deadline=deadline)
             new_cursor = encode(FileCursor(tail.position(r.end_offset)))
         finally:
             tail.close()
-        return observation(acc.result, self.spec, new_cursor)
+        return observation(r, self.spec, new_cursor)
 
     # ---------------------------------------------------------------- following
     def follow(self, cursor: Optional[StoredCursor], *, start_at: str = "auto", once: bool = False) -> None:

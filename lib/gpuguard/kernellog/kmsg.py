@@ -21,7 +21,7 @@ from gpuguard.kernellog import kmsgdev
 from gpuguard.kernellog.base import DEFAULT_BOOT_ID_PATH, Batch, KernelLogSource, StoredCursor, read_boot_id
 from gpuguard.kernellog.cursor import KmsgCursor, decode, encode, same_boot
 from gpuguard.kernellog.filetail import FileTail, Region
-from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, ScanResult, observation, scan_lines
+from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, observation, scan_chunks, scan_lines
 from gpuguard.model import KernelLogObservation
 
 _BATCH_RECORDS = 4096  # records per followed batch (the ring buffer holds a few thousand at most)
@@ -98,7 +98,8 @@ class KmsgSource(KernelLogSource):
             raise FileNotFoundError(2, "No such file or directory", self.path)
         resumed = tail.chunker is not None and tail.chunker.committed > 0
         try:
-            r = _scan_tail(tail, Accumulator(after_seq, self.max_events), deadline)
+            assert tail.chunker is not None
+            r = scan_chunks(tail.chunker, Accumulator(after_seq, self.max_events), final=True, deadline=deadline)
             last = _seq_before(tail.fd, r.end_offset)
             new_seq = after_seq if r.timed_out or last is None else max(last, after_seq or 0)
             pos = tail.position(r.end_offset)
@@ -203,23 +204,6 @@ class KmsgSource(KernelLogSource):
 def _incomplete(obs: KernelLogObservation, error: str) -> None:
     obs.status.complete = False
     obs.status.error = error
-
-
-def _scan_tail(tail: FileTail, acc: Accumulator, deadline: float) -> ScanResult:
-    while True:
-        if time.monotonic() > deadline:
-            acc.result.timed_out = True
-            break
-        region = tail.next_region(final=True)
-        if region is None:
-            break
-        assert tail.chunker is not None
-        scan_lines(tail.chunker.buf, region.start, region.end, acc)
-    assert tail.chunker is not None
-    acc.result.lines_scanned += tail.chunker.overlong
-    acc.result.malformed += tail.chunker.overlong_xid
-    acc.result.end_offset = tail.chunker.committed
-    return acc.result
 
 
 def _last_seq_in(data: bytes, off: int) -> Optional[int]:

@@ -114,24 +114,32 @@ def scan_xid_stream(read_into: ReadInto, *, base_offset: int = 0, final: bool = 
                     limit: Optional[int] = None, json_lines: bool = False) -> ScanResult:
     """Scan a stream in chunks. `deadline` (time.monotonic()) stops between chunks and sets `timed_out`;
     `limit`: stop after this many bytes (a region of a file that starts and ends at line boundaries)."""
-    acc = acc or Accumulator()
-    r = acc.result
     chunker = LineChunker(read_into if limit is None else _bounded(read_into, limit), offset=base_offset,
                           chunk_size=chunk_size)
     try:
-        while True:
-            if deadline is not None and time.monotonic() > deadline:
-                r.timed_out = True
-                break
-            region = chunker.next(final)
-            if region is None:
-                break
-            scan_lines(chunker.buf, region[0], region[1], acc, count_lines=count_lines, json_lines=json_lines)
+        return scan_chunks(chunker, acc or Accumulator(), final=final, deadline=deadline, count_lines=count_lines,
+                           json_lines=json_lines)
     finally:
         chunker.release()
-    r.bytes_scanned += chunker.bytes_read
-    r.lines_scanned += chunker.overlong if count_lines else 0
-    r.malformed += chunker.overlong_xid
+
+
+def scan_chunks(chunker: LineChunker, acc: Accumulator, *, final: bool = False, deadline: Optional[float] = None,
+                count_lines: bool = True, json_lines: bool = False) -> ScanResult:
+    """Scan what `chunker` reads until its stream has no more (or `deadline` passes: `timed_out`); `end_offset` is
+    where the next read may resume."""
+    r = acc.result
+    read_before, overlong_before, xid_before = chunker.bytes_read, chunker.overlong, chunker.overlong_xid
+    while True:
+        if deadline is not None and time.monotonic() > deadline:
+            r.timed_out = True
+            break
+        region = chunker.next(final)
+        if region is None:
+            break
+        scan_lines(chunker.buf, region[0], region[1], acc, count_lines=count_lines, json_lines=json_lines)
+    r.bytes_scanned += chunker.bytes_read - read_before
+    r.lines_scanned += chunker.overlong - overlong_before if count_lines else 0
+    r.malformed += chunker.overlong_xid - xid_before
     r.end_offset = chunker.committed
     return r
 
