@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import abc
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from gpuguard.model import KernelLogObservation, ProbeStatus
 from gpuguard.tools import ToolRun, run_tool
@@ -28,8 +27,7 @@ class FollowError(RuntimeError):
     """The source cannot be followed at all (unknown spec, nothing readable)."""
 
 
-@dataclass
-class Batch:
+class Batch(NamedTuple):
     """Complete lines read in one go. `cursor_at(off)` (off = 0 or just past a newline in `data`) is the cursor to
     store once everything in data[:off] has been judged."""
 
@@ -39,14 +37,16 @@ class Batch:
     skip_seq_upto: Optional[int] = None  # kmsg records with seq <= this were judged before a restart
 
 
-@dataclass
 class FollowStats:
-    bytes_read: int = 0
-    lines_skipped_overlong: int = 0
-    truncations: int = 0
-    rotations: int = 0
-    kmsg_lost: int = 0  # records overwritten in the ring buffer before they were read
-    restarts: int = 0  # journalctl / dmesg restarts
+    """Counters of a followed source (a plain class: see cursor.py on dataclasses and import time)."""
+
+    def __init__(self) -> None:
+        self.bytes_read = 0
+        self.lines_skipped_overlong = 0
+        self.truncations = 0
+        self.rotations = 0
+        self.kmsg_lost = 0  # records overwritten in the ring buffer before they were read
+        self.restarts = 0  # journalctl / dmesg restarts
 
 
 class KernelLogSource(abc.ABC):

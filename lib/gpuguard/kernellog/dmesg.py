@@ -10,7 +10,6 @@ prints the whole ring buffer, so records up to the cursor are skipped by their t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Optional
 
 from gpuguard.kernellog.base import (DEFAULT_BOOT_ID_PATH, Batch, KernelLogSource, StoredCursor, read_boot_id,
@@ -24,21 +23,15 @@ from gpuguard.model import KernelLogObservation
 _TS_RE = re.compile(rb"<\d{1,4}>\[\s*(\d+\.\d+)\]")
 
 
-@dataclass
 class DmesgFilter:
-    """Which records of a dmesg run are new after (last_ts, same_ts), and the cursor after each one."""
+    """Which records of a dmesg run are new after `cursor` (by timestamp, counting the records that share the
+    cursor's), and the cursor after each one (new_ts, new_same)."""
 
-    last_ts: Optional[float] = None
-    same_ts: int = 0
-    new_ts: Optional[float] = None
-    new_same: int = 0
-    _seen_at_last: int = 0
-    _skipping: bool = False  # the current record (and its continuation lines) is not new
-
-    @classmethod
-    def after(cls, c: Optional[DmesgCursor]) -> "DmesgFilter":
-        last = c.monotonic_s if c else None
-        return cls(last, c.same_ts if c else 0, last, c.same_ts if c else 0)
+    def __init__(self, cursor: Optional[DmesgCursor] = None) -> None:
+        self.last_ts = self.new_ts = cursor.monotonic_s if cursor else None
+        self.same_ts = self.new_same = cursor.same_ts if cursor else 0
+        self._seen_at_last = 0
+        self._skipping = False  # the current record (and its continuation lines) is not new
 
     def feed(self, line: bytes) -> bool:
         """True when `line` (without its newline) is new; updates the running cursor."""
@@ -114,7 +107,7 @@ class DmesgSource(KernelLogSource):
     def parse_output(self, stdout: bytes, cursor: Optional[StoredCursor], *,
                      complete_output: bool = True) -> KernelLogObservation:
         """Pure: events after `cursor` and the new cursor from `dmesg --kernel --raw` output."""
-        f = DmesgFilter.after(self._cursor_of(cursor))
+        f = DmesgFilter(self._cursor_of(cursor))
         acc = Accumulator(None, self.max_events)
         r = acc.result
         lines = stdout.split(b"\n")
@@ -139,7 +132,7 @@ class DmesgSource(KernelLogSource):
         c = self._cursor_of(cursor)
         if c is None and start_at == "end":
             c = self._cursor_now()
-        self._filter = DmesgFilter.after(c)
+        self._filter = DmesgFilter(c)
         self._follower = ToolFollower(lambda: self.argv(follow=not once), self.stats, self.notes,
                                       keep_running=not once, on_exit=self._exited,
                                       restart_initial_s=self.restart_initial_s, restart_max_s=self.restart_max_s)

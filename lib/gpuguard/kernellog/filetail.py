@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from gpuguard.kernellog.base import FollowError, FollowStats
 from gpuguard.kernellog.chunks import DEFAULT_CHUNK_SIZE, LineChunker
@@ -22,8 +21,7 @@ from gpuguard.kernellog.formats import MAX_LINE_BYTES
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-@dataclass
-class Region:
+class Region(NamedTuple):
     """Complete lines: chunker.buf[start:end], whose first byte is at `offset` in the file."""
 
     start: int

@@ -11,7 +11,6 @@ import errno
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from typing import Optional
 
 READ_SIZE = 1 << 16  # /dev/kmsg returns EINVAL when the buffer is smaller than one record
@@ -24,18 +23,18 @@ def record_seq(line: bytes, start: int = 0, end: Optional[int] = None) -> Option
     return int(m.group(1)) if m else None
 
 
-@dataclass
 class Records:
     """What one pass over the device returned: message lines (with their newline) of records after `after_seq`."""
 
-    lines: list[bytes] = field(default_factory=list)
-    seqs: list[int] = field(default_factory=list)
-    first_seq: Optional[int] = None  # oldest record still in the ring buffer (the first one read)
-    max_seen: Optional[int] = None
-    bytes_read: int = 0
-    lost: int = 0  # EPIPE: records overwritten before they were read
-    timed_out: bool = False
-    more: bool = False  # stopped at max_records: the device has more
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        self.seqs: list[int] = []
+        self.first_seq: Optional[int] = None  # oldest record still in the ring buffer (the first one read)
+        self.max_seen: Optional[int] = None
+        self.bytes_read = 0
+        self.lost = 0  # EPIPE: records overwritten before they were read
+        self.timed_out = False
+        self.more = False  # stopped at max_records: the device has more
 
 
 def open_device(path: str) -> int:
