@@ -9,7 +9,7 @@ whatever the input.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 from gpuguard.kernellog.formats import MAX_LINE_BYTES, NEEDLE
 
@@ -17,6 +17,20 @@ DEFAULT_CHUNK_SIZE = 1 << 20  # fastest of 128 KiB-16 MiB here: the chunk stays 
 _KEEP = len(NEEDLE) - 1  # bytes kept while skipping an overlong line, to see a needle split by a read
 
 ReadInto = Callable[[memoryview], Optional[int]]
+T = TypeVar("T")
+
+
+def last_in_lines(data: bytes, off: int, value: Callable[[bytes, int, int], Optional[T]]) -> Optional[T]:
+    """`value(data, start, end)` of the last line of data[:off] (off: 0 or just past a newline) that has one:
+    what a cursor says after a batch's first `off` bytes (the last record's sequence number, journal cursor)."""
+    end = off - 1
+    while end > 0:
+        start = data.rfind(b"\n", 0, end) + 1
+        found = value(data, start, end)
+        if found is not None:
+            return found
+        end = start - 1
+    return None
 
 
 class LineChunker:

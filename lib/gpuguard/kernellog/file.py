@@ -71,11 +71,8 @@ class FileSource(KernelLogSource):
 
     def _batch(self, region: Region) -> Batch:
         tail = self._tail
-        assert tail is not None and tail.chunker is not None
-        data = bytes(tail.chunker.buf[region.start:region.end])
-        consumed = len(data)
-        if not data.endswith(b"\n"):
-            data += b"\n"  # the unterminated last line of a rotated file: complete now
+        assert tail is not None
+        data, consumed = tail.region_bytes(region)
         position = tail.positions()
 
         def cursor_at(off: int) -> StoredCursor:

@@ -117,6 +117,13 @@ class FileTail:
         return position
 
     # ---------------------------------------------------------------- reading
+    def region_bytes(self, region: Region) -> tuple[bytes, int]:
+        """(the region's lines as a batch holds them, how many of those bytes are the file's): a rotated file's
+        unterminated last line gets its newline, it is complete now."""
+        assert self.chunker is not None
+        data = bytes(self.chunker.buf[region.start:region.end])
+        return (data, len(data)) if data.endswith(b"\n") else (data + b"\n", len(data))
+
     def next_region(self, final: bool = False) -> Optional[Region]:
         """The next complete lines of the open file (None: none now)."""
         assert self.chunker is not None

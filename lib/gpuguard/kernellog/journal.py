@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from gpuguard.kernellog.base import (DEFAULT_BOOT_ID_PATH, Batch, KernelLogSource, StoredCursor, read_boot_id,
                                      run_log_tool, stderr_text, tool_failed)
+from gpuguard.kernellog.chunks import last_in_lines
 from gpuguard.kernellog.cursor import JournalCursor, decode, encode, same_boot
 from gpuguard.kernellog.formats import JSON_ARRAY_NEEDLE, NEEDLE
 from gpuguard.kernellog.proc import ToolFollower
@@ -133,25 +134,23 @@ class JournalSource(KernelLogSource):
             self._follower.close()
 
 
+def _first_group(regex: "re.Pattern[bytes]") -> Callable[[bytes, int, int], Optional[str]]:
+    def value(data: bytes, start: int, end: int) -> Optional[str]:
+        m = regex.search(data, start, end)
+        return m.group(1).decode("utf-8", errors="replace") if m else None
+
+    return value
+
+
+_cursor_of_line = _first_group(_CURSOR_RE)
+_boot_of_line = _first_group(_BOOT_RE)
+
+
 def last_journal_cursor(data: bytes, off: int) -> Optional[str]:
     """__CURSOR of the last JSON entry ending at or before `off` (0 or just past a newline)."""
-    end = off - 1
-    while end > 0:
-        start = data.rfind(b"\n", 0, end) + 1
-        m = _CURSOR_RE.search(data, start, end)
-        if m:
-            return m.group(1).decode("utf-8", errors="replace")
-        end = start - 1
-    return None
+    return last_in_lines(data, off, _cursor_of_line)
 
 
 def last_boot_id(data: bytes, off: int) -> Optional[str]:
     """_BOOT_ID of the last entry ending at or before `off` that names one."""
-    end = off - 1
-    while end > 0:
-        start = data.rfind(b"\n", 0, end) + 1
-        m = _BOOT_RE.search(data, start, end)
-        if m:
-            return m.group(1).decode()
-        end = start - 1
-    return None
+    return last_in_lines(data, off, _boot_of_line)

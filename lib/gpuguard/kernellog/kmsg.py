@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from gpuguard.kernellog import kmsgdev
 from gpuguard.kernellog.base import DEFAULT_BOOT_ID_PATH, Batch, KernelLogSource, StoredCursor, read_boot_id
+from gpuguard.kernellog.chunks import last_in_lines
 from gpuguard.kernellog.cursor import KmsgCursor, decode, encode, same_boot
 from gpuguard.kernellog.filetail import FileTail, Region
 from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, observation, scan_chunks, scan_lines
@@ -175,11 +176,8 @@ class KmsgSource(KernelLogSource):
 
     def _file_batch(self, region: Region) -> Batch:
         tail = self._tail
-        assert tail is not None and tail.chunker is not None
-        data = bytes(tail.chunker.buf[region.start:region.end])
-        consumed = len(data)
-        if not data.endswith(b"\n"):
-            data += b"\n"
+        assert tail is not None
+        data, consumed = tail.region_bytes(region)
         skip, prev_seq, position = self._after_seq, self._last_seq, tail.positions()
         self._last_seq = _last_seq_in(data, len(data)) or prev_seq
 
@@ -208,14 +206,7 @@ def _incomplete(obs: KernelLogObservation, error: str) -> None:
 
 def _last_seq_in(data: bytes, off: int) -> Optional[int]:
     """Sequence number of the last record line ending at or before `off` (just past a newline) in `data`."""
-    end = off - 1
-    while end > 0:
-        start = data.rfind(b"\n", 0, end) + 1
-        seq = kmsgdev.record_seq(data, start, end)
-        if seq is not None:
-            return seq
-        end = start - 1
-    return None
+    return last_in_lines(data, off, kmsgdev.record_seq)
 
 
 def _seq_before(fd: int, offset: int) -> Optional[int]:
