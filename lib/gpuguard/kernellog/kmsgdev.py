@@ -34,7 +34,6 @@ class Records:
         self.bytes_read = 0
         self.lost = 0  # EPIPE: records overwritten before they were read
         self.timed_out = False
-        self.more = False  # stopped at max_records: the device has more
 
 
 def open_device(path: str) -> int:
@@ -66,7 +65,6 @@ def read_records(fd: int, after_seq: Optional[int], *, max_records: Optional[int
             return out
         out.bytes_read += len(rec)
         _take(out, rec, after_seq)
-    out.more = not out.timed_out
     return out
 
 
