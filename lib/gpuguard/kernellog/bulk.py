@@ -24,7 +24,8 @@ MAX_WORKERS = 8
 
 def scan_file(path: str, *, workers: Optional[int] = None, max_events: int = DEFAULT_MAX_EVENTS) -> ScanResult:
     """Every kernel Xid line in the file (any supported format), the last line complete even without its newline.
-    `workers`: at most this many processes (default: the CPUs this process may run on). Raises OSError."""
+    `workers`: at most this many processes (default: the CPUs this process may run on; pass 1 from a process that
+    runs threads, where forking is unsafe). Raises OSError."""
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         st = os.fstat(fd)
