@@ -1,6 +1,6 @@
 """`gpuguard watch`: a daemon that follows the kernel log and drains the node within a second of a fatal Xid.
 
-    follower (watch_follow) --lines--> judge (watch_judge, pure) --events--> DrainWorker thread --> Slurm, store
+    follower (kernellog source) --lines--> judge (gpu.xid + policy) --events--> DrainWorker thread --> Slurm, store
          ^                                                                         |
          +------------------- cursor: only past what is judged and acted on <------+
 
@@ -31,12 +31,16 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.config import Config, ConfigError, load_config
+from gpuguard.kernellog.base import FollowError, KernelLogSource, StoredCursor, read_boot_id
+from gpuguard.kernellog.cursor import describe as describe_cursor
+from gpuguard.kernellog.sources import make_follower
 from gpuguard.log import HookLog
 from gpuguard.metrics import WatchHeartbeat
-from gpuguard.model import Finding, Severity
-from gpuguard.watch_follow import Cursor, Follower, FollowError, make_follower
-from gpuguard.watch_judge import (CHECK_ID, WatchEvent, WatchJudge, event_finding, finding_reason, forged_finding,
-                                  xid_line_spans)
+from gpuguard.model import Finding
+from gpuguard.watch_judge import CHECK_ID, WatchEvent, WatchJudge, node_verdict, xid_line_spans
+
+Cursor = StoredCursor
+Follower = KernelLogSource
 
 CURSOR_FLUSH_S = 1.0  # how often a moving cursor is written to the store (it only saves re-reading)
 NOTIFY_FLUSH_S = 60.0  # how often undelivered notifications are retried (only when notify.urls is set)
@@ -178,8 +182,8 @@ class DrainWorker(threading.Thread):
     def submit_cursor(self, cursor: Cursor) -> None:
         self.q.put(("cursor", cursor))
 
-    def submit_forged(self, count: int) -> None:
-        self.q.put(("forged", count))
+    def submit_forged(self, findings: list[Finding]) -> None:
+        self.q.put(("forged", findings))
 
     def reconfigure(self, cfg: Config) -> None:
         self.q.put(("config", cfg))
@@ -244,20 +248,21 @@ class DrainWorker(threading.Thread):
         elif kind == "event":
             self._on_event(msg[1], msg[2], msg[3], msg[4])
         elif kind == "forged":
-            self._record_run(time.time(), "warn", None, None, [forged_finding(msg[1])], None)
+            self._record_run(time.time(), "warn", None, None, msg[1], None)
         elif kind == "config":
             self._configure(msg[1])
 
     def _on_event(self, we: WatchEvent, before: Optional[Cursor], seen_wall: float, seen_mono: float) -> None:
-        finding = event_finding(we)
+        findings = list(we.findings)
         if not we.fatal:
             if self.settings.record_non_fatal:
-                verdict = "warn" if finding.severity is Severity.WARN else "pass"
-                self._record_run(seen_wall, verdict, None, None, [finding], None)
+                self._record_run(seen_wall, node_verdict(findings).outcome, None, None, findings, None)
             return
-        finding = self._escalated(finding)
-        p = _Pending(we, finding_reason(finding), finding, before, seen_wall, seen_mono)
-        if self.settings.on_failure == "report":
+        verdict = node_verdict([self._escalated(f) for f in findings], self.settings.on_failure)
+        finding = verdict.primary
+        assert finding is not None and verdict.reason is not None
+        p = _Pending(we, verdict.reason, finding, before, seen_wall, seen_mono)
+        if verdict.reported_only:
             # a first rollout: record what would have been drained, touch nothing
             run_id = self._record_run(seen_wall, "warn", p.reason, finding, [finding], None)
             self._record_drain(p, "skipped", "policy.on_failure is report: not drained", run_id)
@@ -502,7 +507,6 @@ class WatchDaemon:
     def _resolve_spec(self, cfg: Config) -> tuple[str, Optional[str]]:
         """(source spec, boot id): --source, else the simulated node's kmsg file, else watch.source, else
         sources.kernel_log. simulate.sources.resolve_sources is what makes a simulated node look like a real one."""
-        from gpuguard.probes.kernel_log import read_boot_id
         from gpuguard.simulate.sources import resolve_sources
 
         if self.source_override:  # an explicit log: this host's boot, whatever the simulation config says
@@ -543,7 +547,7 @@ class WatchDaemon:
         self._cursor = cursor
         self.worker = DrainWorker(self.cfg, self.node, self.boot_id, self.log, self.slurm_client)
         self.worker.start()
-        resumed = f"resuming after {_cursor_text(cursor)}" if cursor else f"start_at={self.settings.start_at}"
+        resumed = f"resuming after {describe_cursor(cursor)}" if cursor else f"start_at={self.settings.start_at}"
         self.log.info(f"watch {self.node}: following {self.follower.spec} ({resumed}, boot {self.boot_id})")
 
     # ---------------------------------------------------------------- main loop
@@ -630,7 +634,7 @@ class WatchDaemon:
         until = time.monotonic() + PUMP_BUDGET_S
         while not self._stop:
             try:
-                batch = self.follower.read()
+                batch = self.follower.poll()
             except OSError as e:
                 self.log.error(f"watch {self.node}: reading {self.follower.spec}: {e}")
                 self._wait(1.0, follower=False)  # do not spin on a source that keeps failing
@@ -658,7 +662,7 @@ class WatchDaemon:
             if we.fatal:
                 fatal = True
                 self.log.error(f"watch {self.node}: fatal Xid {we.event.code} ({we.info.name}) on {we.event.pci}: "
-                               f"draining [{we.info.action}]")
+                               f"draining [{we.action.value}]")
             else:
                 self.log.info(f"watch {self.node}: Xid {we.event.code} ({we.info.name}) on {we.event.pci}: "
                               f"{we.info.severity}-class, recorded"
@@ -687,7 +691,8 @@ class WatchDaemon:
         assert self.worker is not None
         self.log.warning(f"watch {self.node}: {new} Xid-looking line(s) not from the kernel ignored (logger?); "
                          "investigate, the node is not drained for them")
-        self.worker.submit_forged(new)
+        assert self.judge is not None
+        self.worker.submit_forged(self.judge.forged_findings(new))
         self.stats.forged_reported = self._forged_seen
         self._forged_reported_at = now
 
@@ -766,11 +771,6 @@ class WatchDaemon:
             if worker.quiet() and (not pending or pending[0].attempts > 0):
                 return
             time.sleep(0.01)
-
-
-def _cursor_text(cursor: Cursor) -> str:
-    keys = ("seq", "offset", "cursor")
-    return f"{cursor.get('kind')} " + " ".join(f"{k}={cursor[k]}" for k in keys if cursor.get(k) is not None)
 
 
 # --------------------------------------------------------------------------- CLI

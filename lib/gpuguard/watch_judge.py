@@ -1,9 +1,10 @@
 """Judging kernel-log lines as they arrive, for `gpuguard watch`. Pure: no I/O, no clock (callers pass `now`).
 
-Each line goes through the one kernel-log parser (`gpuguard.probes.kernel_log.parse_kernel_log_line`, with its
-kernel-only rules: a line forged from userspace is never an event), the Xid catalog decides fatal or not, and
-a de-duplicator folds repeats (the same code on the same GPU within a window) into the first event, so a flood
-of Xid 13 costs one parse per line and nothing else.
+Each line goes through the one kernel-log parser (`gpuguard.kernellog.formats.parse_kernel_log_line`, with its
+kernel-only rules: a line forged from userspace is never an event) and each Xid through the one Xid verdict the
+hooks use (`gpuguard.checks.xid.judge_kernel_log`; `gpuguard.policy.decide` turns its findings into the drain).
+What is the watch's own is the de-duplicator: repeats (the same code on the same GPU within a window) fold into
+the first event, so a flood of Xid 13 costs one parse per line and nothing else.
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from gpuguard.model import Action, Finding, Severity, XidEvent
-from gpuguard.probes.kernel_log import _JSON_ARRAY_NEEDLE, MAX_LINE_BYTES, NEEDLE, LineResult, Verdict
-from gpuguard.reason import format_reason
+from gpuguard.checks.xid import judge_kernel_log, xid_info
+from gpuguard.kernellog.find import candidate_lines
+from gpuguard.kernellog.formats import MAX_LINE_BYTES, LineResult, Verdict, parse_kernel_log_line
+from gpuguard.model import Action, Finding, KernelLogObservation, Severity, XidEvent
+from gpuguard.policy import Verdict as NodeVerdict
+from gpuguard.policy import decide
 from gpuguard.xid import NVLINK5_CODES, XidCatalog, XidInfo
 
 CHECK_ID = "gpu.xid"
 CONTEXT = "watch"
+SOURCE = "watch"
 
 # (code, GPU) of an Xid line without the full parse, to skip repeats cheaply during a flood. Only ever used to
 # *skip* a line whose key is already being folded: a key is only admitted by a fully parsed kernel line, so a
@@ -29,20 +34,7 @@ _FAST_KEY = re.compile(rb"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:
 def xid_line_spans(data: bytes, json_lines: bool = False) -> Iterator[tuple[int, int]]:
     """(start, end) of each line of `data` that may hold an Xid, `end` before its newline. Only these lines are
     decoded and parsed; the search itself runs in C, so a busy log costs little."""
-    needles = (NEEDLE, _JSON_ARRAY_NEEDLE) if json_lines else (NEEDLE,)
-    pos = 0
-    n = len(data)
-    while pos < n:
-        hits = [h for h in (data.find(needle, pos) for needle in needles) if h >= 0]
-        if not hits:
-            return
-        hit = min(hits)
-        start = data.rfind(b"\n", 0, hit) + 1
-        end = data.find(b"\n", hit)
-        if end < 0:
-            end = n
-        yield start, end
-        pos = end + 1
+    return candidate_lines(data, 0, len(data), json_lines=json_lines)
 
 
 class XidDeduper:
@@ -51,9 +43,9 @@ class XidDeduper:
     def __init__(self, window_s: float, max_keys: int = 4096) -> None:
         self.window_s = window_s
         self.max_keys = max_keys
-        self._last: dict[tuple[int, str, str], list[float]] = {}  # key -> [reported at, repeats since]
+        self._last: dict[tuple[object, ...], list[float]] = {}  # key -> [reported at, repeats since]
 
-    def fold_if_suppressed(self, key: tuple[int, str, str], now: float) -> bool:
+    def fold_if_suppressed(self, key: tuple[object, ...], now: float) -> bool:
         """Count a repeat without admitting anything: True when `key` is inside its window."""
         entry = self._last.get(key)
         if entry is not None and now - entry[0] < self.window_s:
@@ -61,7 +53,7 @@ class XidDeduper:
             return True
         return False
 
-    def admit(self, key: tuple[int, str, str], now: float) -> Optional[int]:
+    def admit(self, key: tuple[object, ...], now: float) -> Optional[int]:
         """None for a repeat; else how many repeats were folded into the previous report of this key."""
         entry = self._last.get(key)
         if entry is not None and now - entry[0] < self.window_s:
@@ -77,15 +69,22 @@ class XidDeduper:
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One Xid worth acting on or recording (repeats already folded away)."""
+    """One Xid worth acting on or recording (repeats already folded away), with the check's findings on it."""
 
     event: XidEvent
-    info: XidInfo
+    info: XidInfo  # how the check read the event (catalog entry with the driver's own verdict applied)
+    findings: tuple[Finding, ...]
     repeats_before: int = 0  # repeats of this code on this GPU folded into the previous report
 
     @property
     def fatal(self) -> bool:
-        return self.info.severity == "fatal"
+        return any(f.severity is Severity.FAIL for f in self.findings)
+
+    @property
+    def action(self) -> Action:
+        """What the check asks for the node (NONE unless fatal)."""
+        return max((f.action for f in self.findings if f.severity is Severity.FAIL), key=lambda a: a.rank,
+                   default=Action.NONE)
 
 
 @dataclass
@@ -107,8 +106,6 @@ class WatchJudge:
 
     def judge_bytes(self, line: bytes, now: float, skip_seq_upto: Optional[int] = None) -> Optional[WatchEvent]:
         """Judge one raw line (no newline)."""
-        from gpuguard.probes.kernel_log import parse_kernel_log_line
-
         if len(line) > MAX_LINE_BYTES:  # no kernel record is this long
             self.counts.xid_lines += 1
             self.counts.malformed += 1
@@ -139,61 +136,32 @@ class WatchJudge:
             c.malformed += 1
             return None
         ev = result.event
-        # Xid 154 names its own recovery action; Xids 144-150 say Fatal/Nonfatal: resolve before de-duplicating,
-        # so a Fatal event is never folded into the Nonfatal ones of the same code on the same GPU.
-        info = self.catalog.resolve(ev.code, ev.detail)
+        # resolved before de-duplicating, so a Fatal NVLink5 event is never folded into the Nonfatal ones of the
+        # same code on the same GPU
+        info = xid_info(ev, self.catalog)
         repeats = self.dedupe.admit((ev.code, ev.pci, info.severity), now)
         if repeats is None:
             c.duplicates += 1
             return None
+        we = WatchEvent(ev, info, tuple(self._check(ev, repeats)), repeats)
         c.events += 1
-        if info.severity == "fatal":
-            c.fatal += 1
-        return WatchEvent(ev, info, repeats)
+        c.fatal += we.fatal
+        return we
+
+    def _check(self, ev: XidEvent, repeats: int) -> list[Finding]:
+        findings = judge_kernel_log(KernelLogObservation(source=SOURCE, events=[ev]), self.catalog, kind=CONTEXT)
+        for f in findings:
+            f.keyword = f.keyword or f"XID{ev.code}"  # the watch records one event per run: searchable by its code
+            f.evidence.update(pid=ev.pid, process=ev.process_name, seq=ev.seq, timestamp=ev.timestamp,
+                              repeats_before=repeats, source=SOURCE)
+        return findings
+
+    def forged_findings(self, count: int) -> list[Finding]:
+        """What the check says about `count` Xid-looking lines that did not come from the kernel."""
+        return judge_kernel_log(KernelLogObservation(source=SOURCE, rejected_non_kernel=count), self.catalog,
+                                kind=CONTEXT)
 
 
-# --------------------------------------------------------------------------- what gets recorded
-
-
-def node_action(info: XidInfo) -> Action:
-    """The node action for a fatal Xid (the catalog's, at least a drain)."""
-    try:
-        action = Action(info.action)
-    except ValueError:
-        return Action.DRAIN
-    return Action.DRAIN if action is Action.NONE else action
-
-
-def finding_reason(finding: Finding) -> str:
-    """The same reason shape the prolog writes, with `watch` as the context."""
-    return format_reason(CHECK_ID, finding.keyword, finding.message, CONTEXT, finding.action.value)
-
-
-def drain_reason(we: WatchEvent) -> str:
-    return finding_reason(event_finding(we))
-
-
-def _evidence(we: WatchEvent) -> dict[str, object]:
-    ev = we.event
-    return {"xid": ev.code, "pci": ev.pci, "pid": ev.pid, "process": ev.process_name, "timestamp": ev.timestamp,
-            "seq": ev.seq, "first": ev.raw[:300], "nvidia_action": we.info.nvidia_action,
-            "catalog_severity": we.info.severity, "repeats_before": we.repeats_before, "source": CONTEXT}
-
-
-def event_finding(we: WatchEvent) -> Finding:
-    ev, info = we.event, we.info
-    if we.fatal:
-        return Finding(CHECK_ID, Severity.FAIL, f"{info.name} on {ev.pci}", keyword=f"XID{ev.code}",
-                       remediation=info.nvidia_action_text or f"see `gpuguard xid explain {ev.code}`",
-                       action=node_action(info), evidence=_evidence(we))
-    who = f", pid {ev.pid}" + (f" {ev.process_name}" if ev.process_name else "") if ev.pid is not None else ""
-    severity = Severity.WARN if info.severity == "warn" else Severity.OK
-    return Finding(CHECK_ID, severity, f"Xid {ev.code} ({info.name}) on {ev.pci}{who}: {info.severity}-class, "
-                   "recorded; the node stays in service", keyword=f"XID{ev.code}",
-                   remediation=info.nvidia_action_text, evidence=_evidence(we))
-
-
-def forged_finding(count: int) -> Finding:
-    return Finding(CHECK_ID, Severity.WARN, f"{count} Xid-looking line(s) not from the kernel ignored", keyword="XID",
-                   remediation="someone wrote fake NVRM lines to the log (logger?); investigate, the node is not "
-                   "drained for them", evidence={"rejected": count, "source": CONTEXT})
+def node_verdict(findings: list[Finding], on_failure: str = "drain") -> NodeVerdict:
+    """The policy's verdict on the check's findings, as the hooks reach theirs (reason context `watch`)."""
+    return decide(findings, CONTEXT, on_failure=on_failure)

@@ -1,4 +1,4 @@
-"""Kernel-log Xid probe: line formats, forged-line rejection, fast scanning, sources and cursors.
+"""The kernel-log package (gpuguard.kernellog): line formats, forged-line rejection, fast scanning, sources, cursors.
 
 Real-world lines live in tests/fixtures/kernel_log/*.txt, each block with its source; a `#=` line before a log
 line gives its expected parse (see the README there).
@@ -18,22 +18,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuguard.kernellog import formats
+from gpuguard.kernellog.base import kmsg_readable
+from gpuguard.kernellog.dmesg import DmesgSource
+from gpuguard.kernellog.file import FileSource
+from gpuguard.kernellog.formats import (MAX_LINE_BYTES, NEEDLE, Verdict, parse_kernel_log_line, parse_xid_line,
+                                        parse_xid_message)
+from gpuguard.kernellog.journal import JournalSource
+from gpuguard.kernellog.kmsg import KmsgSource
+from gpuguard.kernellog.scan import observation, scan_text_for_xids, scan_xid_bytes, scan_xid_file
+from gpuguard.kernellog.sources import make_follower, make_source, read_xid_events
 from gpuguard.model import KernelLogObservation, XidEvent
-from gpuguard.probes import kernel_log as kl
-from gpuguard.probes.kernel_log import (
-    DmesgSource,
-    FileSource,
-    JournalSource,
-    KmsgSource,
-    Verdict,
-    parse_kernel_log_line,
-    parse_xid_line,
-    parse_xid_message,
-    read_xid_events,
-    scan_text_for_xids,
-    scan_xid_bytes,
-    scan_xid_file,
-)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kernel_log"
 BOOT_A = "11111111-2222-3333-4444-555555555555"
@@ -266,7 +261,7 @@ def test_forged_lines_are_rejected(line):
 def test_kernel_tag_in_syslog_is_trusted_documented_limitation():
     # `logger -t kernel` produces exactly this in a syslog file; only kernel-only sources avoid it
     assert parse_kernel_log_line("Nov 20 10:11:12 node1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x").verdict == Verdict.XID
-    assert "logger -t kernel" in (kl.__doc__ or "")
+    assert "logger -t kernel" in (formats.__doc__ or "")
 
 
 # --------------------------------------------------------------------------- hostile content
@@ -294,7 +289,7 @@ def test_hostile_bytes_never_crash():
 
 
 def test_overlong_line_with_needle_is_malformed_not_parsed():
-    line = b"[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, " + b"z" * (kl.MAX_LINE_BYTES + 10)
+    line = b"[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, " + b"z" * (MAX_LINE_BYTES + 10)
     data = b"ok line\n" + line + b"\n[ 2.0] NVRM: Xid (PCI:0000:3b:00): 48, y\n"
     for chunk in (None, 7, 1000, 1 << 20):
         r = scan_xid_bytes(data, chunk_size=chunk)
@@ -330,7 +325,7 @@ def test_chunked_scan_equals_whole_scan(pieces: list[bytes], chunk: int, final: 
     lines = data.split(b"\n")
     complete = lines[:-1] + ([lines[-1]] if final and lines[-1] else [])
     verdicts = [parse_kernel_log_line(x.decode("utf-8", errors="replace")) for x in complete
-                if kl.NEEDLE in x and len(x) <= kl.MAX_LINE_BYTES]
+                if NEEDLE in x and len(x) <= MAX_LINE_BYTES]
     assert [v.event for v in verdicts if v.event] == whole.events
 
 
@@ -392,7 +387,7 @@ def test_events_are_capped_but_every_code_and_gpu_kept():
     r = scan_xid_bytes(("\n".join(lines) + "\n").encode(), max_events=10)
     assert len(r.events) == 12 and r.events_dropped == 40
     assert {(e.code, e.pci) for e in r.events} == {(13, "0000:3b:00"), (79, "0000:3b:00"), (13, "0000:5d:00")}
-    obs = kl._observation(r, "x", None)
+    obs = observation(r, "x", None)
     assert obs.status.complete and "40" in (obs.status.error or "")
 
 
@@ -551,6 +546,10 @@ def _kmsg_file(path: Path, first: int, last: int, xid_every: int = 3) -> None:
         f.write(_kmsg(last + 1, "NVRM: Xid (PCI:0000:3b:00): 79, forged by a user", pri=12))
 
 
+def _kmsg_keys(cursor: dict) -> dict:
+    return {k: cursor[k] for k in ("kind", "boot_id", "seq")}
+
+
 def test_kmsg_file_cursor_by_seq_and_boot_id(tmp_path):
     path = tmp_path / "kmsg"
     _kmsg_file(path, 0, 20)
@@ -559,7 +558,8 @@ def test_kmsg_file_cursor_by_seq_and_boot_id(tmp_path):
     assert [e.seq for e in obs.events] == [0, 3, 6, 9, 12, 15, 18]
     assert obs.rejected_non_kernel == 1
     assert obs.events[1].monotonic_s == pytest.approx(0.003) and obs.events[1].timestamp == "0.003000"
-    assert obs.cursor == {"kind": "kmsg", "boot_id": BOOT_A, "seq": 21}
+    assert _kmsg_keys(obs.cursor) == {"kind": "kmsg", "boot_id": BOOT_A, "seq": 21}
+    assert obs.cursor["offset"] == path.stat().st_size  # a file of records also resumes by position
 
     same = read_xid_events(f"kmsg:{path}", obs.cursor, timeout_s=5, boot_id=BOOT_A)
     assert same.events == [] and same.rejected_non_kernel == 0 and same.cursor == obs.cursor
@@ -604,7 +604,7 @@ def test_kmsg_records_lost_from_ring_buffer_is_incomplete(tmp_path):
     assert [e.seq for e in obs.events] == [42, 45, 48, 51, 54, 57, 60]
 
 
-@pytest.mark.skipif(not kl._kmsg_readable("/dev/kmsg"), reason="/dev/kmsg not readable here")
+@pytest.mark.skipif(not kmsg_readable("/dev/kmsg"), reason="/dev/kmsg not readable here")
 def test_real_dev_kmsg_reads_and_resumes():
     obs = read_xid_events("kmsg", None, timeout_s=10)
     assert obs.status.complete, obs.status.error
@@ -775,14 +775,118 @@ def test_unknown_spec_is_incomplete(spec):
 
 
 def test_make_source_specs(tmp_path):
-    assert isinstance(kl.make_source("kmsg", boot_id=BOOT_A), KmsgSource)
-    assert kl.make_source("kmsg:/tmp/x", boot_id=BOOT_A).spec == "kmsg:/tmp/x"
-    assert isinstance(kl.make_source("journal"), JournalSource)
-    assert isinstance(kl.make_source("dmesg"), DmesgSource)
-    assert kl.make_source(f"file:{tmp_path}/a:b.log").path == f"{tmp_path}/a:b.log"
-    assert isinstance(kl.make_source("auto"), (KmsgSource, JournalSource, DmesgSource))
+    assert isinstance(make_source("kmsg", boot_id=BOOT_A), KmsgSource)
+    assert make_source("kmsg:/tmp/x", boot_id=BOOT_A).spec == "kmsg:/tmp/x"
+    assert isinstance(make_source("journal"), JournalSource)
+    assert isinstance(make_source("dmesg"), DmesgSource)
+    assert make_source(f"file:{tmp_path}/a:b.log").path == f"{tmp_path}/a:b.log"
+    assert isinstance(make_source("auto"), (KmsgSource, JournalSource, DmesgSource))
 
 
 def test_auto_never_raises():
     obs = read_xid_events("auto", None, timeout_s=10)
     assert isinstance(obs, KernelLogObservation) and obs.source
+
+
+# --------------------------------------------------------------------------- cursors stored by earlier releases
+# A fleet being upgraded has kernel-log cursors in its SQLite stores that the previous code wrote (the JSON below is
+# exactly what probes/kernel_log.py and watch_follow.py stored for these contents; only path and inode vary). The
+# one codec must read each of them, for the hooks and for the watch, and resume after it: nothing judged twice,
+# nothing skipped.
+
+OLD_KMSG = "".join(f"4,{s},{s * 1000},-;{'NVRM: Xid (PCI:0000:3b:00): 79, x' if s % 3 == 0 else 'ordinary'}\n"
+                   for s in range(1, 8))
+OLD_KERN_LOG = "Nov 20 10:11:12 n kernel: [ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, a\n"
+OLD_CURSORS = {
+    "kmsg-oldest": '{"kind": "kmsg", "seq": 7}',
+    "kmsg": '{"kind": "kmsg", "boot_id": "%(boot)s", "seq": 7}',
+    "kmsg-watch": '{"kind": "kmsg", "boot_id": "%(boot)s", "seq": 7, "path": "%(path)s", "inode": %(inode)d, '
+                  '"offset": 190, "head": "1b404cbf9b8ac6149f9dc4a47da17fb6", "head_len": 190}',
+    "file": '{"kind": "file", "path": "%(path)s", "inode": %(inode)d, "offset": 67, '
+            '"head": "9411c63fdfb5322101df8d2e03a050f7", "head_len": 67}',
+    "journal": '{"kind": "journal", "cursor": "s=6f1d;i=1a2c;b=2c5e;m=6de0b4f2;t=6410a0e6d1f41;x=2", '
+               '"boot_id": "%(boot)s"}',
+    "dmesg": '{"kind": "dmesg", "boot_id": "%(boot)s", "monotonic_s": 10.000001, "same_ts": 2}',
+}
+
+
+def _stored(tmp_path: Path, name: str, **values: object) -> dict:
+    """The old cursor as the new code gets it: written into a real store's cursors table, read back by Store."""
+    import sqlite3
+
+    from gpuguard.store import Store
+
+    db = tmp_path / "state.db"
+    Store(str(db)).close()
+    text = OLD_CURSORS[name] % {"boot": BOOT_A, **values}
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT OR REPLACE INTO cursors VALUES (?, ?, ?)", ("kernel_log:n1", text, 1.0))
+    with Store(str(db)) as st:
+        cursor = st.get_cursor("kernel_log:n1")
+    assert cursor == json.loads(text)
+    return cursor
+
+
+@pytest.mark.parametrize("name", ["kmsg-oldest", "kmsg", "kmsg-watch"])
+def test_old_kmsg_cursors_resume_after_their_record(tmp_path, name):
+    path = tmp_path / "kmsg"
+    path.write_text(OLD_KMSG)
+    cursor = _stored(tmp_path, name, path=str(path), inode=path.stat().st_ino)
+    with open(path, "a") as f:
+        f.write("4,8,8000,-;NVRM: Xid (PCI:0000:3b:00): 48, new\n4,9,9000,-;ordinary\n")
+    obs = read_xid_events(f"kmsg:{path}", cursor, timeout_s=5, boot_id=BOOT_A)
+    assert obs.status.complete and [(e.seq, e.code) for e in obs.events] == [(8, 48)]
+    assert obs.cursor["seq"] == 9
+    follower = make_follower(f"kmsg:{path}", cursor=cursor, boot_id=BOOT_A)
+    batch = follower.poll()
+    follower.close()
+    assert batch is not None and batch.skip_seq_upto == 7  # the watch's judge skips records up to the cursor
+    if name == "kmsg-watch":  # ... and this one also still knew where they ended in the file
+        assert batch.data.count(b"\n") == 2
+    new = [ln for ln in batch.data.splitlines() if int(ln.split(b",")[1]) > 7]
+    assert new == [b"4,8,8000,-;NVRM: Xid (PCI:0000:3b:00): 48, new", b"4,9,9000,-;ordinary"]
+
+
+def test_old_file_cursor_resumes_after_its_line(tmp_path):
+    path = tmp_path / "kern.log"
+    path.write_text(OLD_KERN_LOG)
+    cursor = _stored(tmp_path, "file", path=str(path), inode=path.stat().st_ino)
+    with open(path, "a") as f:
+        f.write("Nov 20 10:11:13 n kernel: [ 2.0] NVRM: Xid (PCI:0000:3b:00): 94, b\n")
+    obs = read_xid_events(f"file:{path}", cursor, timeout_s=5)
+    assert obs.status.complete and [e.code for e in obs.events] == [94] and obs.lines_scanned == 1
+    follower = make_follower(f"file:{path}", cursor=cursor, boot_id=None)
+    batch = follower.poll()
+    follower.close()
+    assert batch is not None and batch.data.count(b"\n") == 1 and b": 94, b" in batch.data
+
+
+def test_old_journal_cursor_is_resumed_by_journalctl(tmp_path):
+    journalctl, args = _printing_stub(tmp_path, "journalctl", "")
+    cursor = _stored(tmp_path, "journal")
+    read_xid_events(f"journal:{journalctl}", cursor, timeout_s=10, boot_id=BOOT_A)
+    assert f"--after-cursor={cursor['cursor']}" in args.read_text().split("\n")
+    args.unlink()
+    follower = make_follower(f"journal:{journalctl}", cursor=cursor, boot_id=BOOT_A, follow=False)
+    while not follower.finished:
+        follower.poll()
+        time.sleep(0.01)
+    follower.close()
+    assert f"--after-cursor={cursor['cursor']}" in args.read_text().split("\n")
+
+
+def test_old_dmesg_cursor_skips_what_it_covers(tmp_path):
+    out = ("<4>[   10.000001] NVRM: Xid (PCI:0000:3b:00): 79, a\n<4>[   10.000001] NVRM: Xid (PCI:0000:3b:00): 79, b\n"
+           "<4>[   10.000001] NVRM: Xid (PCI:0000:3b:00): 48, c\n<4>[   11.5] NVRM: Xid (PCI:0000:3b:00): 94, d\n")
+    dmesg, _args = _printing_stub(tmp_path, "dmesg", out)
+    cursor = _stored(tmp_path, "dmesg")
+    obs = read_xid_events(f"dmesg:{dmesg}", cursor, timeout_s=10, boot_id=BOOT_A)
+    assert [e.detail for e in obs.events] == ["c", "d"]
+    follower = make_follower(f"dmesg:{dmesg}", cursor=cursor, boot_id=BOOT_A, follow=False)
+    data = b""
+    while not follower.finished:
+        batch = follower.poll()
+        data += batch.data if batch else b""
+        time.sleep(0.01)
+    follower.close()
+    assert [ln.rsplit(b", ", 1)[1] for ln in data.splitlines()] == [b"c", b"d"]

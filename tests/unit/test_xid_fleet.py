@@ -3,6 +3,11 @@ drains; NVLink5 Xids 144-150 follow the driver's own Fatal/Nonfatal token, in th
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 from gpuguard.model import Severity
 from simnode import run_sim
 from gpuguard.watch_judge import WatchJudge
@@ -73,3 +78,73 @@ def test_unknown_xid_alerts_a_human_without_draining(tmp_path):
     (req,) = hook.wait_for(1)
     text = req["body"]["message"]
     assert "Xid 199" in text and "not in gpuguard's Xid catalog" in text and "n1" in text
+
+
+# --------------------------------------------------------------------------- one verdict path: `xid scan` and the watch
+# Real NVLink5 lines (tests/fixtures/kernel_log/nvlink5_and_driver.txt: a B200 HGX from NVIDIA/TensorRT-LLM#4816 and
+# a GB200 from leptonai/gpud#1174). `xid scan` and the watch must say what the health check says about them.
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log" / "nvlink5_and_driver.txt"
+
+
+def _fixture_xid_lines() -> list[str]:
+    return [ln for ln in FIXTURE.read_text().splitlines() if not ln.startswith("#") and "NVRM: Xid" in ln]
+
+
+def _xid_scan(path: Path) -> tuple[int, dict]:
+    p = subprocess.run([sys.executable, "-m", "gpuguard", "xid", "scan", "--file", str(path), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    return p.returncode, json.loads(p.stdout)
+
+
+def _hook_verdict(tmp_path: Path, lines: list[str]):
+    messages = [ln.split("] ", 1)[1] for ln in lines]  # the kernel message without dmesg's timestamp
+    scen = write_scenario(tmp_path, "nvl5", {"kernel_log": messages})
+    slurm = MemorySlurm()
+    return execute(ctx("healthcheck", gpus=None), make_cfg(tmp_path), simulate=scen, slurm_client=slurm), slurm
+
+
+def test_xid_scan_honours_the_nvlink5_nonfatal_token_like_the_health_check(tmp_path):
+    nonfatal = [ln for ln in _fixture_xid_lines() if "Nonfatal" in ln]
+    assert len(nonfatal) == 2
+    log = tmp_path / "b200-dmesg.txt"
+    log.write_text("\n".join(nonfatal) + "\n")
+    rc, out = _xid_scan(log)
+    assert [(e["code"], e["fatal"]) for e in out["events"]] == [(145, False), (145, False)]
+    assert rc == 0  # nothing that drains
+    hook, slurm = _hook_verdict(tmp_path, nonfatal)
+    assert hook.verdict.outcome != "drain" and not slurm.calls  # the health check agrees
+    assert out["verdict"]["outcome"] == hook.verdict.outcome
+
+
+def test_xid_scan_drains_for_the_fatal_nvlink5_event_with_the_health_checks_action(tmp_path):
+    lines = _fixture_xid_lines()
+    log = tmp_path / "gb200-dmesg.txt"
+    log.write_text(FIXTURE.read_text())
+    rc, out = _xid_scan(log)
+    assert [(e["code"], e["fatal"]) for e in out["events"]] == [(145, False), (149, True), (145, False)]
+    assert rc == 1
+    hook, _slurm = _hook_verdict(tmp_path, lines)
+    assert hook.verdict.outcome == "drain" and out["verdict"]["outcome"] == "drain"
+    assert out["verdict"]["action"] == hook.verdict.action.value == "reset"
+    # the same reason as the health check's, but for the context in brackets
+    assert out["verdict"]["reason"].split(" [")[0] == hook.verdict.reason.split(" [")[0]
+
+
+def test_watch_verdict_is_the_health_checks_for_every_fixture_xid(tmp_path):
+    """The watch's finding for each real Xid line is the one `gpu.xid` gives for the same line in a health check."""
+    from gpuguard.checks import CheckInput
+    from gpuguard.checks.xid import check_xid
+    from gpuguard.model import KernelLogObservation, Observations
+    from gpuguard.kernellog.formats import parse_xid_line
+
+    catalog = load_catalog()
+    judge = WatchJudge(catalog, window_s=0)
+    for line in _fixture_xid_lines():
+        we = judge.judge_bytes(line.encode(), 0.0)
+        ev = parse_xid_line(line)
+        obs = Observations(kernel_log=KernelLogObservation(source="x", events=[ev]))
+        want = check_xid(obs, CheckInput(profile=None, kind="watch", xid_catalog=catalog))  # type: ignore[arg-type]
+        got = we.findings[0]
+        assert (got.severity, got.keyword, got.action, got.message) == \
+            (want[0].severity, want[0].keyword, want[0].action, want[0].message), line

@@ -1,40 +1,62 @@
-"""Xid check: fatal Xids in the kernel log since the last check drain the node."""
+"""Xid check: fatal Xids in the kernel log since the last check drain the node.
+
+`judge_kernel_log` is the one Xid verdict: the hooks (through `check_xid`), the watch daemon and `gpuguard xid scan`
+all judge their kernel-log observations with it, and `xid_info` is how it reads one event (the catalog entry,
+with the driver's own Fatal/Nonfatal token for NVLink5 Xids 144-150 and Xid 154's recovery action)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from gpuguard.checks import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
-from gpuguard.model import Action, Finding, GpuInfo, Observations, XidEvent
+from gpuguard.model import Action, Finding, GpuInfo, KernelLogObservation, Observations, XidEvent
 
 if TYPE_CHECKING:
-    from gpuguard.xid import XidInfo
+    from gpuguard.xid import XidCatalog, XidInfo
 
 _ACTIONS = {"none": Action.DRAIN, "drain": Action.DRAIN, "reset": Action.RESET, "reboot": Action.REBOOT,
             "replace": Action.REPLACE}
 
 
-def _gpu_for(event: XidEvent, gpus: list[GpuInfo]) -> Optional[GpuInfo]:
+# what "recorded, not a node fault" is about, per run kind
+_WHERE = {"epilog": "during the job", "watch": "in the kernel log", "scan": "in the log"}
+
+
+def _gpu_for(event: XidEvent, gpus: Sequence[GpuInfo]) -> Optional[GpuInfo]:
     for g in gpus:
         if g.pci_bus_id and g.pci_bus_id.lower().startswith(event.pci.lower()):
             return g
     return None
 
 
+def xid_info(event: XidEvent, catalog: "XidCatalog") -> "XidInfo":
+    """What one Xid event is: its catalog entry, resolved with the event's own message (Xid 154 names its recovery
+    action, Xids 144-150 carry the driver's Fatal/Nonfatal verdict)."""
+    return catalog.resolve(event.code, event.detail)
+
+
 def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
-    log = obs.kernel_log
-    if log is None:
+    if obs.kernel_log is None:
         return [incomplete(s, "kernel log not read")]
     if inp.xid_catalog is None:
         return [incomplete(s, "Xid catalog not loaded")]
-    gpus = obs.nvml.gpus if obs.nvml else []
+    return judge_kernel_log(obs.kernel_log, inp.xid_catalog, gpus=obs.nvml.gpus if obs.nvml else [], kind=inp.kind,
+                            spec=s)
+
+
+def judge_kernel_log(log: KernelLogObservation, catalog: "XidCatalog", *, gpus: Sequence[GpuInfo] = (),
+                     kind: str = "manual", spec: Any = None) -> list[Finding]:
+    """The gpu.xid findings for the Xid events of a kernel-log observation (`gpus`: NVML's, to name GPU indices)."""
+    from gpuguard.checks import get_check
+
+    s = spec or get_check("gpu.xid")
     findings: list[Finding] = []
     fatal: list[tuple[XidEvent, "XidInfo"]] = []
     recorded: list[dict[str, object]] = []
     for ev in log.events:
-        info = inp.xid_catalog.resolve(ev.code, ev.detail)  # Xid 154 names its own recovery action
+        info = xid_info(ev, catalog)
         entry = {"code": ev.code, "pci": ev.pci, "severity": info.severity, "detail": ev.detail[:160],
                  "catalog": info.source}  # "unknown": a code gpuguard's catalog does not know (alerted, not drained)
         recorded.append(entry)
@@ -69,7 +91,7 @@ def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
         findings.append(incomplete(s, f"kernel log {log.source} not fully read: {log.status.error}"))
     if not findings:
         codes = sorted({int(e["code"]) for e in recorded})  # type: ignore[call-overload]
-        where = "during the job" if inp.kind == "epilog" else "since the last check"
+        where = _WHERE.get(kind, "since the last check")
         msg = f"no Xid {where}" if not codes else \
             f"non-fatal Xid {', '.join(map(str, codes))} {where}: recorded, not a node fault"
         findings.append(ok(s, msg, xids=recorded, malformed=log.malformed, source=log.source))

@@ -109,7 +109,7 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
     if "nvml" in needs:
         probes.append(_nvml_probe(bool(opts["nvml"].get("with_processes")), dl, sources, profile))
     if "kernel_log" in needs:
-        from gpuguard.probes.kernel_log import read_xid_events
+        from gpuguard.kernellog.sources import read_xid_events
 
         probes.append(Probe("kernel_log", lambda: read_xid_events(
             sources.kernel_log, kernel_cursor, timeout_s=dl["kernel_log_s"], boot_id_path=sources.boot_id_path,

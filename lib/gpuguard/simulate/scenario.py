@@ -82,7 +82,7 @@ class SimSources:
     profile: Profile
     nvml_library: str
     nvml_env: dict[str, str]
-    kernel_log: str  # source spec for probes.kernel_log
+    kernel_log: str  # source spec for gpuguard.kernellog.sources
     boot_id: str
     sysfs_root: str
     procfs_root: str

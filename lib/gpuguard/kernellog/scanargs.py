@@ -1,0 +1,14 @@
+"""The arguments of `gpuguard xid scan`, apart from the command itself so that building the full command line does
+not import the scanner."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "find Xid events in a kernel log file (dmesg, journalctl -k, syslog, kmsg) and the verdict on them"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="config file: its xid.overrides and policy apply (default: the shipped catalog)")
+    p.add_argument("--file", required=True, help="log file ('-' for stdin)")
+    p.add_argument("--json", action="store_true")
