@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import re
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from gpuguard.config import Config, ConfigError, load_config
 from gpuguard.kernellog.base import FollowError, KernelLogSource, StoredCursor, read_boot_id
@@ -37,6 +38,9 @@ from gpuguard.kernellog.sources import make_follower
 from gpuguard.log import HookLog
 from gpuguard.metrics import WatchHeartbeat
 from gpuguard.model import Finding
+from gpuguard.pipeline.act import new_pending
+from gpuguard.pipeline.journal import Journal, runtime_dir
+from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.watch_judge import CHECK_ID, WatchEvent, WatchJudge, node_verdict, xid_line_spans
 
 Cursor = StoredCursor
@@ -130,6 +134,8 @@ class _Pending:
     attempts: int = 0
     run_id: Optional[int] = None
     failure_recorded: bool = False
+    pending_id: Optional[str] = None  # its entry in the node's verdict journal (gpuguard.pipeline.journal)
+    journaled: bool = False  # durable there: the kernel-log position may move past it, and the prolog refuses jobs
 
 
 @dataclass
@@ -168,6 +174,9 @@ class DrainWorker(threading.Thread):
         self._flusher: Optional[threading.Thread] = None
         self._next_flush = time.monotonic() + NOTIFY_FLUSH_S
         self._next_ship = time.monotonic() + 5.0  # central history (store.url): gpuguard.fleet.ship
+        self._next_peek = time.monotonic()  # drains the hooks could not apply: the watch retries them too
+        self.journal_pending = 0  # pending drains in the node's verdict journal (any writer), last seen
+        self.peeked = threading.Event()  # the journal was looked at once since the start (--once waits for it)
 
     def _configure(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -201,8 +210,14 @@ class DrainWorker(threading.Thread):
             self._open_store()
         except Exception as e:  # noqa: BLE001
             self._store_failed("opening the history store", e)
+        try:  # drains decided earlier (by a hook, or before this daemon restarted) are retried first
+            self._peek_journal()
+        except Exception as e:  # noqa: BLE001
+            self.log.error(f"watch {self.node}: reading the verdict journal: {type(e).__name__}: {e}")
+        finally:
+            self.peeked.set()
         while True:
-            due = [self._next_attempt] if self.pending else []
+            due = [self._next_attempt] if self.pending else [self._next_peek]
             if _notify_enabled(self.cfg):
                 due.append(self._next_flush)
             if self.cfg.sections["store"].get("url"):
@@ -228,6 +243,8 @@ class DrainWorker(threading.Thread):
                     ship_in_background(self.cfg, self.node)
                 if self.pending and time.monotonic() >= self._next_attempt:
                     self._attempt()
+                elif not self.pending and time.monotonic() >= self._next_peek:
+                    self._peek_journal()
                 if _notify_enabled(self.cfg) and time.monotonic() >= self._next_flush:
                     self._next_flush = time.monotonic() + NOTIFY_FLUSH_S
                     if self._flusher is None or not self._flusher.is_alive():
@@ -270,9 +287,44 @@ class DrainWorker(threading.Thread):
             self.log.warning(f"watch {self.node}: fatal {finding.message} (Xid {we.event.code}); "
                              f"policy.on_failure=report, not draining: {p.reason}")
             return
+        self._journal_pending(p, verdict, seen_wall)
         self.pending.append(p)
         if len(self.pending) == 1:
             self._next_attempt = 0.0  # Slurm is not known to be failing: try at once
+
+    # ---------------------------------------------------------------- the node's verdict journal (shared with hooks)
+    @contextlib.contextmanager
+    def _shared_journal(self) -> Iterator[Optional[Journal]]:
+        """The node's verdict journal, under the node lock (the hooks read-modify-write it too); None when the lock
+        cannot be had right now (a hook holds it: try again later)."""
+        rd = runtime_dir(self.cfg)
+        with NodeLock(lock_path(rd, self.node), 2.0,
+                      fallback=f"{store_path(self.cfg, self.node)}.{self.node}.lock") as locked:
+            yield Journal.load(rd, self.node) if locked else None
+
+    def _journal_pending(self, p: _Pending, verdict: Any, seen_wall: float) -> None:
+        """The drain stands until applied: recorded as pending before Slurm is asked, so a restart, a prolog (which
+        refuses jobs meanwhile) or the next health check carries it on even if this daemon dies."""
+        try:
+            with self._shared_journal() as j:
+                if j is None:
+                    return
+                entry = j.add_pending(new_pending(verdict, "watch", seen_wall))
+                if j.save() is None:
+                    p.pending_id, p.journaled = entry.id, True
+        except Exception as e:  # noqa: BLE001 - the in-memory pending and the held cursor still stand
+            self.log.error(f"watch {self.node}: cannot write the verdict journal: {type(e).__name__}: {e}")
+
+    def _peek_journal(self) -> None:
+        """Drains a hook decided but could not apply (slurmctld was down) are retried here as well."""
+        self._next_peek = time.monotonic() + max(self.settings.retry_initial_s, 5.0)
+        try:
+            j = Journal.load(runtime_dir(self.cfg), self.node)
+        except Exception:  # noqa: BLE001
+            return
+        self.journal_pending = len(j.pending)
+        if j.pending:
+            self._attempt_journal()
 
     def _escalated(self, finding: Finding) -> Finding:
         """As the prolog and health check do: a reboot/reset-class Xid that already drained this node in
@@ -301,10 +353,91 @@ class DrainWorker(threading.Thread):
         return self._client
 
     def _attempt(self) -> None:
+        if any(p.journaled for p in self.pending) or not self.pending:
+            self._attempt_journal()
+        if any(not p.journaled for p in self.pending) and not self._failing():
+            self._attempt_direct()
+
+    def _failing(self) -> bool:
+        return time.monotonic() < self._next_attempt
+
+    def _attempt_journal(self) -> None:
+        """Apply every pending drain of the node's journal (this daemon's and the hooks'), oldest first
+        (gpuguard.pipeline.act: applied exactly once, never over someone else's node)."""
+        from gpuguard.pipeline.act import SlurmHandle, retry_pending
+
+        with self._shared_journal() as j:
+            if j is None:
+                self._next_attempt = time.monotonic() + 1.0
+                return
+            handle = SlurmHandle(self.cfg, None, self._client_or_error())
+            applied = retry_pending(j, handle, self.node, bool((self.cfg.sections.get("reboot") or {}).get("auto")))
+            j.save()
+            self.journal_pending = len(j.pending)
+            still = {p.id for p in j.pending}
+        for a in applied:
+            self._applied(a)
+        if any(p.journaled and p.pending_id in still for p in self.pending) or still:
+            first = next((p for p in j.pending), None)
+            wait = self._backoff
+            self._next_attempt = time.monotonic() + wait
+            self._next_peek = self._next_attempt
+            self._backoff = min(self._backoff * 2, self.settings.retry_max_s)
+            attempts = first.attempts if first else 0
+            if attempts & (attempts - 1) == 0:  # attempts 1, 2, 4, 8, ...: loud but not a flood
+                self.log.error(f"watch {self.node}: pending drain not applied (attempt {attempts}, retrying in "
+                               f"{wait:g}s): {first.last_error if first else ''}")
+            tries = {q.id: q.attempts for q in j.pending}
+            for p in self.pending:
+                if p.journaled and p.pending_id in still:
+                    p.attempts = tries.get(p.pending_id, p.attempts)
+                if p.journaled and p.pending_id in still and not p.failure_recorded:
+                    p.run_id = p.run_id or self._record_run(p.seen_wall, "drain", p.reason, p.finding, [p.finding],
+                                                            None)
+                    self._record_drain(p, "failed", first.last_error or "" if first else "", p.run_id)
+                    p.failure_recorded = True
+        else:
+            self._backoff = self.settings.retry_initial_s
+        self._persist_cursor()
+
+    def _applied(self, a: dict[str, Any]) -> None:
+        """One journal entry Slurm took (or that someone else's node state made moot)."""
+        pd = a["pending"]
+        own = next((p for p in self.pending if p.pending_id == pd.id), None)
+        if pd.op != "drain":
+            self.log.warning(f"watch {self.node}: pending {pd.op} {a['outcome']}: {pd.reason}")
+            return
+        if own is None:  # a hook's drain, applied by the watch
+            self._record_drain_row(pd.reason, pd.check_id, pd.action, a["outcome"],
+                                   f"pending since {_iso(pd.created)} (decided by the {pd.origin}); {a['detail']}",
+                                   pd.run_id)
+            self.log.error(f"watch {self.node}: pending drain from the {pd.origin} applied ({a['outcome']}): "
+                           f"{pd.reason}")
+            if a["outcome"] == "done":
+                _notify_pending_drain(self.cfg, self.node, pd, self.log)
+            return
+        self.pending.remove(own)
+        own.attempts = pd.attempts + 1
+        latency = time.monotonic() - own.seen_mono
+        if own.run_id is None:
+            own.run_id = self._record_run(own.seen_wall, "drain", own.reason, own.finding, [own.finding], latency)
+        self._finish(own, a["outcome"], a["detail"], latency)
+
+    def _finish(self, p: _Pending, outcome: str, detail: str, latency: float) -> None:
+        self._record_drain(p, outcome, detail, p.run_id)
+        self.outcomes.append(DrainOutcomeRecord(p.reason, outcome, detail, p.attempts, latency))
+        level = "error" if outcome == "done" else "warning"
+        self.log.log(level, f"watch {self.node}: Xid {p.we.event.code} on {p.we.event.pci}: drain {outcome} "
+                     f"{latency:.3f}s after the log line was read: {p.reason}" + (f" ({detail})" if detail else ""))
+        if outcome == "done":
+            _notify_drain(self.cfg, self.node, p, self.log)
+
+    def _attempt_direct(self) -> None:
+        """Without a usable verdict journal: the drain is held in memory and the cursor before it."""
         from gpuguard.slurm import DrainOutcome, SlurmError, drain_node
 
-        while self.pending:
-            p = self.pending[0]
+        while any(not q.journaled for q in self.pending):
+            p = next(q for q in self.pending if not q.journaled)
             try:
                 out = drain_node(self._client_or_error(), self.node, p.reason)
             except SlurmError as e:  # e.g. slurm.backend pyslurm that is not usable
@@ -324,7 +457,7 @@ class DrainWorker(threading.Thread):
                     self._record_drain(p, "failed", out.detail, p.run_id)
                     p.failure_recorded = True
                 return
-            self.pending.pop(0)
+            self.pending.remove(p)
             self._backoff = self.settings.retry_initial_s
             detail = out.detail
             if out.outcome == "done" and p.finding.action.value == "reboot" and \
@@ -333,14 +466,7 @@ class DrainWorker(threading.Thread):
 
                 rb = request_reboot(self._client_or_error(), self.node, p.reason)  # never raises
                 detail = f"reboot {rb['outcome']}: {rb['detail']}"
-            self._record_drain(p, out.outcome, detail, p.run_id)
-            self.outcomes.append(DrainOutcomeRecord(p.reason, out.outcome, out.detail, p.attempts, latency))
-            level = "error" if out.outcome == "done" else "warning"
-            self.log.log(level, f"watch {self.node}: Xid {p.we.event.code} on {p.we.event.pci}: drain {out.outcome} "
-                         f"{latency:.3f}s after the log line was read: {p.reason}"
-                         + (f" ({detail})" if detail else ""))
-            if out.outcome == "done":
-                _notify_drain(self.cfg, self.node, p, self.log)
+            self._finish(p, out.outcome, detail, latency)
         self._persist_cursor()
 
     # ---------------------------------------------------------------- the store (failures are logged, never fatal)
@@ -381,18 +507,29 @@ class DrainWorker(threading.Thread):
         return int(run_id)
 
     def _record_drain(self, p: _Pending, outcome: str, detail: str, run_id: Optional[int]) -> None:
+        self._record_drain_row(p.reason, CHECK_ID, p.finding.action.value, outcome, detail, run_id)
+
+    def _record_drain_row(self, reason: str, check_id: Optional[str], action: str, outcome: str, detail: str,
+                          run_id: Optional[int]) -> None:
         try:
-            self._open_store().record_drain(node=self.node, op="drain", outcome=outcome, reason=p.reason,
-                                            check_id=CHECK_ID, action=p.finding.action.value, run_id=run_id,
-                                            detail=detail)
+            self._open_store().record_drain(node=self.node, op="drain", outcome=outcome, reason=reason,
+                                            check_id=check_id, action=action, run_id=run_id, detail=detail)
         except Exception as e:  # noqa: BLE001
             self._store_failed("recording a drain", e)
 
     def _persist_cursor(self) -> None:
-        # Held before the first unresolved fatal Xid: a restart must judge it again.
-        cursor = self.pending[0].before_cursor if self.pending else self._latest_cursor
+        # Held before the first fatal Xid whose drain is neither applied nor durable in the verdict journal: a
+        # restart must judge it again. One in the journal stands there: the position may move past it.
+        held = [p for p in self.pending if not p.journaled]
+        cursor = held[0].before_cursor if held else self._latest_cursor
         if cursor is None or cursor == self._persisted:
             return
+        try:  # the watch's own part of the journal (off the store's filesystem: a damaged store skips nothing)
+            part = Journal.load(runtime_dir(self.cfg), self.node, part="watch")
+            part.positions["watch"] = cursor
+            part.save()
+        except Exception:  # noqa: BLE001 - the store's copy below still holds it
+            pass
         try:
             self._open_store().set_cursor(cursor_name(self.node), cursor)
         except Exception as e:  # noqa: BLE001
@@ -402,7 +539,10 @@ class DrainWorker(threading.Thread):
 
 
 def _notify_enabled(cfg: Config) -> bool:
-    return bool((cfg.sections.get("notify") or {}).get("urls"))
+    """Any receiver configured (apprise URLs or Alertmanager)."""
+    from gpuguard.notify import enabled
+
+    return enabled(cfg) is not None
 
 
 def _notify_drain(cfg: Config, node: str, p: _Pending, log: HookLog) -> None:
@@ -425,6 +565,24 @@ def _notify_drain(cfg: Config, node: str, p: _Pending, log: HookLog) -> None:
             log.warning(f"watch {node}: notification failed: {type(e).__name__}: {e}")
 
     threading.Thread(target=send, name="gpuguard-watch-notify", daemon=True).start()
+
+
+def _notify_pending_drain(cfg: Config, node: str, pd: Any, log: HookLog) -> None:
+    """A hook's drain that the watch applied once slurmctld answered again."""
+    if not _notify_enabled(cfg):
+        return
+    from gpuguard.notify import Event, emit
+
+    event = Event(kind="drain", node=node, severity="critical", check_id=pd.check_id, action=pd.action,
+                  reason=pd.reason, message=f"drained once slurmctld answered again (decided by the {pd.origin}): "
+                                            f"{pd.reason}")
+    threading.Thread(target=lambda: emit(cfg, event), name="gpuguard-watch-notify", daemon=True).start()
+
+
+def _iso(ts: float) -> str:
+    from gpuguard.timefmt import iso_utc
+
+    return iso_utc(ts) or "?"
 
 
 def _notify_flush(cfg: Config, log: HookLog) -> None:
@@ -522,6 +680,12 @@ class WatchDaemon:
         from gpuguard.store import Store
 
         try:
+            part = Journal.load(runtime_dir(self.cfg), self.node, part="watch")
+            if part.positions.get("watch"):
+                return part.positions["watch"]  # survives a damaged store
+        except Exception:  # noqa: BLE001 - the store's copy
+            pass
+        try:
             with Store(store_path(self.cfg, self.node), timeout_s=5.0) as st:
                 return st.get_cursor(cursor_name(self.node))
         except Exception as e:  # noqa: BLE001 - no history: start as configured, loudly
@@ -589,7 +753,10 @@ class WatchDaemon:
         return bool(getattr(self.follower, "finished", True))
 
     def _pending_drains(self) -> int:
-        return len(self.worker.pending) if self.worker is not None else 0
+        if self.worker is None:
+            return 0
+        w = self.worker
+        return max(len(w.pending), w.journal_pending + sum(1 for p in w.pending if not p.journaled))
 
     def _timeout(self, now: float, wd_next: Optional[float]) -> Optional[float]:
         assert self.follower is not None
@@ -744,7 +911,7 @@ class WatchDaemon:
                 worker.submit_cursor(self._cursor)
             if self.once:
                 self._settle_once(worker)
-            unresolved = len(worker.pending)
+            unresolved = max(len(worker.pending), worker.journal_pending)
             worker.stop()
             worker.join(timeout=2 * self.settings.scontrol_s + 5)
         # a clean stop says so at once (gpuguard_watch_up 0); a crash leaves the heartbeat to go stale
@@ -757,8 +924,8 @@ class WatchDaemon:
             except OSError:
                 pass
         if unresolved:
-            self.log.error(f"watch {self.node}: exiting with {unresolved} drain(s) not done; the cursor stays "
-                           "before them, so the next start judges them again")
+            self.log.error(f"watch {self.node}: exiting with {unresolved} drain(s) not done; they stay pending in the "
+                           "verdict journal (or the cursor stays before them), so the next start applies them")
         else:
             self.log.info(f"watch {self.node}: stopped")
         return 1 if self.once and unresolved else 0
@@ -766,6 +933,7 @@ class WatchDaemon:
     def _settle_once(self, worker: DrainWorker) -> None:
         """--once: let every queued event get its first drain attempt (no back-off retries)."""
         limit = time.monotonic() + 2 * self.settings.scontrol_s + 5
+        worker.peeked.wait(max(0.0, limit - time.monotonic()))
         while time.monotonic() < limit:
             pending = list(worker.pending)
             if worker.quiet() and (not pending or pending[0].attempts > 0):

@@ -196,6 +196,12 @@ class Running:
         with self.store() as st:
             return st.get_cursor(cursor_name("n1"))
 
+    def journal(self) -> Any:
+        """The node's verdict journal (pending drains), shared with the hooks."""
+        from gpuguard.pipeline.journal import Journal, runtime_dir
+
+        return Journal.load(runtime_dir(self.cfg), "n1")
+
 
 # --------------------------------------------------------------------------- following a file
 
@@ -711,7 +717,9 @@ def test_a_hung_scontrol_does_not_stop_following_and_the_drain_is_retried(tmp_pa
         wait_for(lambda: w.daemon.judge.counts.events == 3, timeout=1.0, what="following to go on")
         assert time.monotonic() - t0 < 1.0
         wait_for(lambda: any(d["outcome"] == "failed" for d in w.drain_rows()), what="the failed attempt")
-        assert w.cursor()["offset"] == before_xid  # held before the undrained Xid: a restart judges it again
+        # pending in the verdict journal (a prolog refuses jobs meanwhile, a restart applies it): the cursor moves on
+        assert [p.reason[:15] for p in w.journal().pending][:1] == ["gpuguard: XID79"]
+        assert w.cursor()["offset"] > before_xid
         assert slurm.drains() == []
         slurm.set("hang", on=False)
         wait_for(lambda: len(slurm.drains()) == 1, timeout=5, what="the retried drain")
@@ -729,13 +737,51 @@ def test_once_judges_what_is_new_and_holds_the_cursor_when_slurm_is_down(tmp_pat
     slurm.set("fail")
     r = Running(tmp_path, slurm, f"kmsg:{kmsg}", once=True)
     assert r.daemon.run() == 1  # the drain did not happen
-    assert r.cursor() is None or r.cursor()["seq"] is None
+    # it stands as pending in the verdict journal, so the position moved past the Xid with it
+    assert [p.reason[:15] for p in r.journal().pending] == ["gpuguard: XID79"] and r.cursor()["seq"] == 1
     slurm.set("fail", on=False)
     r2 = Running(tmp_path, slurm, f"kmsg:{kmsg}", once=True)
     assert r2.daemon.run() == 0
     assert len(slurm.drains()) == 1 and r2.cursor()["seq"] == 1
     r3 = Running(tmp_path, slurm, f"kmsg:{kmsg}", once=True)
     assert r3.daemon.run() == 0 and len(slurm.drains()) == 1
+
+
+def test_the_watch_applies_a_drain_a_hook_could_not(tmp_path, slurm):
+    """A prolog decided a drain while slurmctld was down (pending in the node's verdict journal): the watch daemon
+    retries it like every later run does, and it is applied once (issue 14)."""
+    from gpuguard.model import PendingDrain
+
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    r = Running(tmp_path, slurm, f"file:{log}")
+    j = r.journal()
+    j.add_pending(PendingDrain(id="p1", op="drain", reason="gpuguard: XID119 gpu.xid: GSP RPC Timeout [prolog reset]",
+                               action="reset", check_id="gpu.xid", created=time.time() - 30, origin="prolog"))
+    assert j.save() is None
+    with r:
+        wait_for(lambda: len(slurm.drains()) == 1, what="the hook's pending drain applied by the watch")
+        wait_for(lambda: not r.journal().pending, what="the journal emptied")
+    assert "XID119" in slurm.reason()
+    assert [(d["outcome"], d["check_id"]) for d in r.drain_rows()] == [("done", "gpu.xid")]
+    assert "decided by the prolog" in r.drain_rows()[0]["detail"]
+
+
+def test_a_watch_drain_slurm_did_not_take_makes_the_prolog_refuse_jobs(tmp_path, slurm):
+    """One pipeline: the watch saw the fatal Xid but slurmctld was down; the next prolog on the node (its own
+    kernel-log position may be anywhere) refuses the job and applies the watch's drain first."""
+    from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg, run_sim
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(kmsg_record(1, "NVRM: Xid (PCI:0000:86:00): 79, pid=<unknown>, name=<unknown>, off the bus"))
+    slurm.set("fail")
+    assert Running(tmp_path, slurm, f"kmsg:{kmsg}", once=True).daemon.run() == 1
+    memory = MemorySlurm()
+    shared = {"runtime_dir": os.environ["GPUGUARD_RUNTIME_DIR"]}  # the node's one verdict journal
+    prolog = run_sim(ctx("prolog", "n1"), make_cfg(tmp_path / "hook", store=shared),
+                     str(SCENARIOS / "healthy-p5.yaml"), slurm_client=memory)
+    assert prolog.exit_code == 1 and prolog.verdict.outcome == "pass"
+    assert "XID79" in (memory.reason or "") and [a["outcome"] for a in prolog.applied] == ["done"]
 
 
 # --------------------------------------------------------------------------- the real command: signals, systemd

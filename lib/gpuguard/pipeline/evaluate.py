@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any
 
 from gpuguard.checks import CheckInput, CheckSpec, param_defaults, run_check
 from gpuguard.config import Config

@@ -35,8 +35,10 @@ def runtime_dir(cfg: Any) -> str:
     return cfg.sections["store"].get("runtime_dir") or os.environ.get(ENV_RUNTIME_DIR) or DEFAULT_RUNTIME_DIR
 
 
-def journal_path(runtime_dir: str, node: str) -> str:
-    return os.path.join(runtime_dir, f"{node}.journal.json")
+def journal_path(runtime_dir: str, node: str, part: str = "journal") -> str:
+    """The node's journal, or one of its single-writer parts (`watch`: the watch daemon's own kernel-log
+    position, written every second without taking the node lock)."""
+    return os.path.join(runtime_dir, f"{node}.{part}.json")
 
 
 @dataclass
@@ -50,8 +52,8 @@ class Journal:
     damaged_copy: Optional[str] = None  # where an unreadable journal was moved
 
     @classmethod
-    def load(cls, runtime_dir: str, node: str) -> "Journal":
-        j = cls(path=journal_path(runtime_dir, node), node=node)
+    def load(cls, runtime_dir: str, node: str, part: str = "journal") -> "Journal":
+        j = cls(path=journal_path(runtime_dir, node, part), node=node)
         try:
             with open(j.path, "rb") as f:
                 doc = json.loads(f.read(1 << 20) or b"{}")
@@ -88,15 +90,20 @@ class Journal:
             # fsync only with a pending drain in it: a position alone is worth nothing after a power cut (the
             # kernel log starts again with the next boot), and the prolog runs before every job
             atomic_write(self.path, json.dumps(doc, sort_keys=True), mode=0o600, durable=bool(self.pending))
+            self.error = None
         except OSError as e:
             self.error = f"verdict journal {self.path} could not be written: {e}"
             return self.error
         return None
 
     # ------------------------------------------------------------------ pending drains
-    def add_pending(self, p: PendingDrain) -> None:
-        if not any(q.reason == p.reason and q.op == p.op for q in self.pending):
-            self.pending.append(p)
+    def add_pending(self, p: PendingDrain) -> PendingDrain:
+        """Add `p` unless the same drain is already pending (another run decided it too); returns the entry."""
+        for q in self.pending:
+            if q.reason == p.reason and q.op == p.op:
+                return q
+        self.pending.append(p)
+        return p
 
     def resolve(self, pending_id: str) -> None:
         self.pending = [p for p in self.pending if p.id != pending_id]

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from gpuguard.checks import CheckSpec
 from gpuguard.config import Config
 from gpuguard.context import RunContext
-from gpuguard.model import Finding, Observations, PendingDrain, RunResult, Severity, Verdict
+from gpuguard.model import Observations, PendingDrain, RunResult, Severity, Verdict
 from gpuguard.pipeline.act import SlurmHandle, apply_drain, new_pending, retry_pending
 from gpuguard.pipeline.budget import StageBudget
 from gpuguard.pipeline.decide import is_unambiguous, judge
