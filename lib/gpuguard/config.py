@@ -298,7 +298,7 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "urls": (_str_list, []),
         "min_severity": (_choice("info", "warning", "critical"), "info"),
         "kinds": (_str_list, ["drain", "undrain", "prolog_failure", "straggler", "hang", "requeue",
-                              "internal_error", "flapping", "resource", "unknown_xid"]),  # resource: monitor thresholds
+                              "internal_error", "flapping", "resource", "unknown_xid", "gave_up"]),  # resource: monitor thresholds
         # one message per episode (node/GPU + check, until resolved); an episode nothing has repeated or resolved
         # for this long is over (the fallback for alerts that never resolve)
         "dedup_window_s": (_num(0, strict=False), 3600.0),

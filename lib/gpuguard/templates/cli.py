@@ -310,6 +310,7 @@ def cmd_job_attempt(args: argparse.Namespace) -> int:
                    ja.CheckpointSpec(args.checkpoint_dir, args.checkpoint_kind, args.checkpoint_glob,
                                      args.checkpoint_marker),
                    keep_excluded=args.keep_excluded)
+        ja.notify_outcome(cfg, ctx, job_dir, args.attempt, d)
         print(f"gpuguard: attempt {args.attempt}: {d.reason}: {d.detail} -> {d.action}"
               + (f" (excluding {','.join(d.exclude)})" if d.exclude else ""), file=sys.stderr)
         print(f"{d.action} {d.exit_code}")
