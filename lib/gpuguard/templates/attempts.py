@@ -52,6 +52,8 @@ DEFAULT_NO_RETRY: tuple[tuple[str, str], ...] = tuple((_LINE_PREFIX + p, why) fo
      "the command line is wrong (argparse usage error)"),
     (r"\S*python\S*: can't open file ", "the training script does not exist"),
     (r"torchrun: error: ", "torchrun's own arguments are wrong"),
+    (r"gpuguard: \S+: checkpoint_dir .* is not visible inside the container",
+     "checkpoint_dir is not mounted in the container: every attempt would restart from step 0"),
 ))
 _NODE_FAILURE_LOG = re.compile(r"(?:srun: error: Node failure on|NODE_FAIL on node|Node failure on) ([A-Za-z0-9_.\-\[\],]+)")
 
