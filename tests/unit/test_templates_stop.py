@@ -62,6 +62,13 @@ def _node_script(tmp: Path) -> Path:
     return script
 
 
+def _default_signals() -> None:
+    """As slurmstepd starts a task: default dispositions (an ignored signal is inherited, and bash cannot trap a
+    signal that was ignored when it started; a test process may have ignored one)."""
+    for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start(tmp: Path, help_extra: str, node: str = "node1", window: int = 3, fake_text: str = FAKE_TORCHRUN,
            **env: str) -> subprocess.Popen[str]:
     (tmp / "local").mkdir(exist_ok=True)
@@ -70,7 +77,7 @@ def _start(tmp: Path, help_extra: str, node: str = "node1", window: int = 3, fak
     fake.chmod(0o755)
     return subprocess.Popen(
         ["bash", str(_node_script(tmp)), str(fake), "--nnodes=2", "t.py"], cwd=tmp, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_default_signals,
         env={"PATH": "/usr/bin:/bin", "OUT": str(tmp), "HELP_EXTRA": help_extra, "SLURM_JOB_ID": "7",
              "SLURMD_NODENAME": node, "SLURM_NODEID": "0" if node == "node1" else "1", "SLURM_STEP_ID": "3",
              "GPUGUARD_RDZV_HEAD": "node1", "ATTEMPT_DIR": str(tmp), "GPUGUARD_LOCAL_ROOT": str(tmp / "local"),

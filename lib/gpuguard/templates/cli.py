@@ -300,6 +300,7 @@ def cmd_job_attempt(args: argparse.Namespace) -> int:
                        args.checkpoint_marker))
         return 0
     if args.attempt_cmd == "end":
+        ja.ignore_term()
         for p in args.no_retry_pattern:
             re.compile(p)
         max_failures = args.max_failures if args.max_failures is not None else \

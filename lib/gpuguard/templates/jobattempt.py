@@ -353,10 +353,8 @@ def _ours(ledger: Sequence[Mapping[str, Any]]) -> dict[str, Excluded]:
 
 def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str, policy: Policy,
         checkpoint: CheckpointSpec = CheckpointSpec(), keep_excluded: Sequence[str] = ()) -> Decision:
-    """End of an attempt: judge, record, act. Returns the decision (already carried out)."""
-    # `scontrol requeue` makes slurmstepd SIGTERM everything in the batch step, this process included: finish
-    # recording first (SIGKILL follows only after KillWait).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """End of an attempt: judge, record, act. Returns the decision (already carried out). The caller ignores SIGTERM
+    around it (`ignore_term`): `scontrol requeue` makes slurmstepd SIGTERM everything in the batch step."""
     job_dir.mkdir(parents=True, exist_ok=True)
     try:
         state = json.loads((job_dir / STATE).read_text())
@@ -525,6 +523,14 @@ def monitor_requeue_since(job_dir: Path, since: Optional[float]) -> Optional[str
     except OSError:
         return None
     return found
+
+
+def ignore_term() -> None:
+    """For the `job-attempt end` process, for the rest of its life: `scontrol requeue` makes slurmstepd SIGTERM
+    everything in the batch step, this process included, and the attempt must be recorded and its outcome printed
+    first (SIGKILL follows only after KillWait). Never done inside `end()`: a process-wide disposition that callers
+    (and their children, which inherit an ignored signal) did not ask for."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def notify_outcome(cfg: Any, ctx: JobContext, job_dir: Path, attempt: int, decision: Decision) -> Optional[str]:
