@@ -79,7 +79,7 @@ def _checkpoint_across_the_time_limit(site, job):
     (job.control / "finish-after-resume").touch()  # attempt 2 finishes soon after resuming
     job.wait_for(lambda: len(job.ledger()) >= 1, "attempt 1 to checkpoint and be requeued", timeout=240)
     # attempt 2 only has to resume and finish: give it room so that its own time-limit warning cannot come first
-    assert job.site.cluster.run(["scontrol", "update", f"JobId={job.id}", "TimeLimit=10"]).returncode == 0
+    assert job.site.cluster.run(["scontrol", "update", f"JobId={job.id}", "TimeLimit=20"]).returncode == 0
     info = job.wait(timeout=240)
     out = job.output()
     ledger = job.ledger()
@@ -131,11 +131,15 @@ def test_the_window_holds_on_the_oldest_pytorch_inside_a_container(site_factory,
     mounts_log = tmp_path / "mounts.log"
     jobs = site.cluster.jobs_dir
     path = f"{stubs}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    # a 3-minute limit (USR1 at 80-110 s): the CUDA build of the old PyTorch takes a while to import on 2 cores, and
-    # the stop must come once the training runs
+    # The stop request comes through the batch script's USR1 trap, as Slurm's time-limit warning does (that timer is
+    # exercised by the test above); sent here once both ranks train, since the CUDA build of the old PyTorch takes
+    # a while to start on 2 cores and Slurm's timer could fire before.
     job = Job(site, sbatch_args=[f"--export=ALL,PATH={path},PYXIS_LOG={mounts_log}"], steps=100000,
-              step_time=0.3, time_limit="3", requeue_grace_s=100, max_failures=0, save_delay=45,
+              step_time=0.3, time_limit="10", requeue_grace_s=100, max_failures=0, save_delay=45,
               torchrun="torchrun", container_image=str(image), container_mounts=[f"{jobs}:{jobs}"])
+    job.wait_for(lambda: job.output().count("training steps") >= 2, "both ranks to train", timeout=180)
+    time.sleep(2)
+    assert site.cluster.run(["scancel", "--batch", "--signal=USR1", job.id]).returncode == 0
     _info, out, _ledger = _checkpoint_across_the_time_limit(site, job)
     assert "this torchrun has no --shutdown-timeout" in out, out[-4000:]
     assert f"torch {OLDEST_TORCH}" in out  # the training itself reports the PyTorch it runs on
