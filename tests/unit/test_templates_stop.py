@@ -69,19 +69,38 @@ def _default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    """Whatever a test leaves running (a timeout, a failed assertion) is killed with its process group."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate(timeout=10)
+
+
 def _start(tmp: Path, help_extra: str, node: str = "node1", window: int = 3, fake_text: str = FAKE_TORCHRUN,
            **env: str) -> subprocess.Popen[str]:
     (tmp / "local").mkdir(exist_ok=True)
     fake = tmp / "torchrun"
     fake.write_text(fake_text)
     fake.chmod(0o755)
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         ["bash", str(_node_script(tmp)), str(fake), "--nnodes=2", "t.py"], cwd=tmp, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_default_signals,
         env={"PATH": "/usr/bin:/bin", "OUT": str(tmp), "HELP_EXTRA": help_extra, "SLURM_JOB_ID": "7",
              "SLURMD_NODENAME": node, "SLURM_NODEID": "0" if node == "node1" else "1", "SLURM_STEP_ID": "3",
              "GPUGUARD_RDZV_HEAD": "node1", "ATTEMPT_DIR": str(tmp), "GPUGUARD_LOCAL_ROOT": str(tmp / "local"),
              "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(window), "CKPT_S": "0", **env})
+    _STARTED.append(proc)
+    return proc
 
 
 def _wait_file(path: Path, timeout: float = 20.0) -> None:

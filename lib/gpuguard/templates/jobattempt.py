@@ -546,7 +546,8 @@ def notify_outcome(cfg: Any, ctx: JobContext, job_dir: Path, attempt: int, decis
                       severity="critical", message=f"job {ctx.job_id} gave up after attempt {attempt} "
                                                     f"({decision.reason}): {decision.detail}",
                       evidence={"ledger": str(job_dir / LEDGER), "exit_code": decision.exit_code})
-        return emit(cfg, event, budget_s=5.0, state_path=user_state_path(cfg, str(job_dir), ctx.job_id, ctx.node))
+        # generous: nothing waits on this but the job's own end (the batch script gives job-attempt end 120 s)
+        return emit(cfg, event, budget_s=20.0, state_path=user_state_path(cfg, str(job_dir), ctx.job_id, ctx.node))
     except Exception as e:  # noqa: BLE001 - the decision stands; a message that could not go out is logged
         _warn(f"could not notify that the job gave up: {type(e).__name__}: {e}")
         return None
