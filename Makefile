@@ -7,7 +7,7 @@ PREFIX ?= /usr/local
 CONFDIR ?= /etc/gpuguard
 FAKENVML := build/fakenvml/libnvidia-ml.so.1
 
-.PHONY: all deps venv torch fakenvml demo test unit integration bench install slurm-conf clean
+.PHONY: all deps venv torch fakenvml demo test unit integration bench install uninstall slurm-conf clean
 
 all: venv fakenvml
 
@@ -116,6 +116,23 @@ install: fakenvml
 	@PYTHONPATH=lib $(PYTHON) -m gpuguard.install --install-config examples/config.yaml --config $(CONFDIR)/config.yaml
 	@echo ">> add these lines to slurm.conf and run 'scontrol reconfigure':"
 	@$(PREFIX)/bin/gpuguard slurm-conf --prefix $(PREFIX)
+
+# Removes what `make install` put in place (the venv, the hooks, `gpuguard`, the shared files). The config
+# ($(CONFDIR)) and the history (the node store under $(STATEDIR), store.path's default) stay unless PURGE=1.
+STATEDIR ?= /var/lib/gpuguard
+uninstall:
+	@case "$(PREFIX)" in ""|/) echo "refusing to uninstall from PREFIX='$(PREFIX)'" >&2; exit 1 ;; esac
+	@echo ">> removing gpuguard from $(PREFIX)"
+	@if [ -L $(PREFIX)/bin/gpuguard ] && case "$$(readlink $(PREFIX)/bin/gpuguard)" in \
+	  $(PREFIX)/lib/gpuguard/*) true ;; *) false ;; esac; then rm -f $(PREFIX)/bin/gpuguard; fi
+	@rm -rf $(PREFIX)/lib/gpuguard $(PREFIX)/libexec/gpuguard $(PREFIX)/share/gpuguard
+	@if [ "$(PURGE)" = 1 ]; then \
+	  case "$(CONFDIR)$(STATEDIR)" in *gpuguard*gpuguard*) ;; \
+	    *) echo "PURGE=1 removes only directories named gpuguard: CONFDIR=$(CONFDIR) STATEDIR=$(STATEDIR)" >&2; exit 1 ;; esac; \
+	  rm -rf $(CONFDIR) $(STATEDIR); echo ">> PURGE=1: removed the config ($(CONFDIR)) and the history ($(STATEDIR))"; \
+	else echo ">> kept the config ($(CONFDIR)) and the history ($(STATEDIR)); 'make uninstall PURGE=1' removes them too"; fi
+	@echo ">> remove gpuguard's lines from slurm.conf (Prolog=, Epilog=, HealthCheckProgram=, see 'gpuguard slurm-conf')"
+	@echo "   and run 'scontrol reconfigure'; 'systemctl disable --now gpuguard-watch' if you installed the watch unit"
 
 slurm-conf: venv
 	@$(PY) -m gpuguard slurm-conf --prefix $(PREFIX)

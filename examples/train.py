@@ -4,11 +4,14 @@ torchrun template can stop it before the time limit, requeue it, and resume it w
 The contract, and where this script does each part:
 
 1. Stop when asked, all ranks at the same step (`StopRequest`, `should_stop`). Before the time limit (and when
-   `gpuguard monitor` requeues a hung job) the batch script sends SIGTERM to every process of the step; torchrun
-   forwards it to its workers and then waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (the template sets it from
-   `requeue_grace_s`) before it SIGKILLs them. The handler only sets a flag; every step the ranks all-reduce the
-   flag (MAX), so they all leave the loop after the same step even if the signal reached them at different
-   moments, write one checkpoint and exit 0.
+   `gpuguard monitor` requeues a hung job) every worker gets SIGTERM and has the whole window,
+   TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (the template sets it from `requeue_grace_s`): torchrun forwards it and
+   waits that long, or, where torchrun cannot be told the window (PyTorch before --shutdown-timeout), the
+   template's node wrapper signals the workers itself and torchrun only afterwards. The handler only sets a flag;
+   every step the ranks all-reduce the flag (MAX), so they all leave the loop after the same step even if the
+   signal reached them at different moments, write one checkpoint and exit 0 (exit 0 matters: with the older
+   torchrun a worker that exits non-zero is a failure torchrun reacts to). SIGUSR2 is gpuguard's own stop request
+   to its wrapper: the workers start with it ignored.
 2. Checkpoint atomically, completion marker last (`save_checkpoint`). Write into a temporary directory, fsync,
    rename it into place, then write the marker (`COMPLETE`). gpuguard resumes only from a checkpoint that has the
    marker (`checkpoint_marker: COMPLETE`, `checkpoint_glob: "step-*"`): a checkpoint cut short by SIGKILL is never

@@ -364,7 +364,8 @@ SCHEMA: dict[str, dict[str, tuple[Validator, Any]]] = {
         "alertmanager_ttl_s": (_num(allow_none=True), None),
         "min_severity": (_choice("info", "warning", "critical"), "info"),
         "kinds": (_str_list, ["drain", "undrain", "prolog_failure", "straggler", "hang", "requeue",
-                              "internal_error", "flapping", "resource", "unknown_xid", "storm", "mismatch"]),  # resource: monitor thresholds
+                              "internal_error", "flapping", "resource", "unknown_xid", "storm", "mismatch",
+                              "gave_up"]),  # resource: monitor thresholds
         # one message per episode (node/GPU + check, until resolved); an episode nothing has repeated or resolved
         # for this long is over (the fallback for alerts that never resolve)
         "dedup_window_s": (_num(0, strict=False), 3600.0),

@@ -135,6 +135,7 @@ class DevClusterError(RuntimeError):
 
 # The parsers live with the Slurm client: gpuguard reads `scontrol show node -o` the same way in production.
 from gpuguard.slurm import node_state_flags, parse_job_line, parse_node_line, parse_node_lines  # noqa: E402
+from gpuguard.devhost import DebianHostView  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------- environment
@@ -202,6 +203,7 @@ class DevCluster:
         boot_timeout: float = 30.0,
         command_timeout: float = 20.0,
         keep_workdir: bool = False,
+        host_view: Optional[DebianHostView] = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("nodes must be >= 1")
@@ -220,7 +222,10 @@ class DevCluster:
         self.boot_timeout = boot_timeout
         self.command_timeout = command_timeout
         self.cluster_id = uuid.uuid4().hex[:12]
-        self.hostname = socket.gethostname().split(".")[0]
+        # None: the daemons run on this host as it is, every node at 127.0.0.1 (the default). A DebianHostView:
+        # they run in private namespaces laid out like a stock Debian node, each node at its own address.
+        self.host_view = host_view
+        self.hostname = host_view.hostname if host_view else socket.gethostname().split(".")[0]
         self._own_workdir = workdir is None
         self._keep_workdir = keep_workdir
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpuguard-devcluster-"))
@@ -283,6 +288,16 @@ class DevCluster:
         env[MARKER_VAR] = self.cluster_id
         return env
 
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """`argv` as it must run to see this cluster (inside the host view's namespaces, if any)."""
+        return self.host_view.wrap(argv) if self.host_view else list(argv)
+
+    def node_addr(self, node: str) -> str:
+        """The node's NodeAddr in slurm.conf."""
+        if self.host_view is None:
+            return "127.0.0.1"
+        return self.host_view.node_addr(self.node_names.index(node) + 1)
+
     def _daemon_env(self) -> dict[str, str]:
         env = self.env
         env.update(self.daemon_env_extra)
@@ -305,6 +320,8 @@ class DevCluster:
         try:
             self._prepare_dirs()
             self._write_configs()
+            if self.host_view is not None:
+                self.host_view.start(self.base / "etc", len(self.node_names), self.env)
             self._start_munged()
             self._start_slurmctld()
             for node in self.node_names:
@@ -325,6 +342,8 @@ class DevCluster:
             self._procs.clear()
             self._kill_stragglers()
         finally:
+            if self.host_view is not None:
+                self.host_view.stop()
             if self._alias is not None and self._alias.is_symlink():
                 self._alias.unlink()
             keep = self._keep_workdir if keep_workdir is None else keep_workdir
@@ -458,7 +477,8 @@ class DevCluster:
         gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
         for node in self.node_names:
             lines.append(
-                f"NodeName={node} NodeHostname={self.hostname} NodeAddr=127.0.0.1 Port={self.node_ports[node]} "
+                f"NodeName={node} NodeHostname={self.hostname} NodeAddr={self.node_addr(node)} "
+                f"Port={self.node_ports[node]} "
                 f"CPUs={cpus} RealMemory=1024{gres} State=UNKNOWN"
             )
         lines.append("PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
@@ -479,7 +499,7 @@ class DevCluster:
         """Start a daemon in the foreground of its own session (so its whole process group can be killed)."""
         with open(log_stem.with_suffix(".stderr"), "ab") as stderr:
             proc = subprocess.Popen(
-                argv,
+                self.command(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,
@@ -571,7 +591,7 @@ class DevCluster:
             input: Optional[str] = None) -> subprocess.CompletedProcess[str]:
         """Run a client command against this cluster (its SLURM_CONF, our munge socket via slurm.conf)."""
         return subprocess.run(
-            list(cmd),
+            self.command(cmd),
             env=self.env,
             capture_output=True,
             text=True,

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from gpuguard.devcluster import DevCluster
+from gpuguard.devhost import DebianHostView
 from gpuguard.fsutil import atomic_write
 from gpuguard.install import install_hooks, repo_root
 from gpuguard.store import Store
@@ -48,7 +49,8 @@ class DevSite:
     def __init__(self, nodes: int = 3, workdir: Optional[Path] = None, scenario: str = "healthy-p5",
                  config: Optional[Mapping[str, Any]] = None, prolog: bool = True, epilog: bool = False,
                  healthcheck: bool = False, health_check_interval: int = 0, keep: bool = False,
-                 python: Optional[str] = None, slurm_conf: Optional[Mapping[str, str]] = None) -> None:
+                 python: Optional[str] = None, slurm_conf: Optional[Mapping[str, str]] = None,
+                 host_view: Optional[DebianHostView] = None) -> None:
         self._own = workdir is None
         self.keep = keep
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gg-site-"))
@@ -65,7 +67,7 @@ class DevSite:
             prolog=str(hooks["prolog"]) if prolog else None,
             epilog=str(hooks["epilog"]) if epilog else None,
             health_check=str(hooks["healthcheck"]) if healthcheck else None,
-            health_check_interval=health_check_interval, extra_conf=slurm_conf)
+            health_check_interval=health_check_interval, extra_conf=slurm_conf, host_view=host_view)
         for node in self.cluster.node_names:
             self.set_scenario(node, scenario)
         self.config: dict[str, Any] = {}
@@ -145,8 +147,8 @@ class DevSite:
     def run_hook(self, kind: str, node: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
         """Run an installed hook the way slurmd does (e.g. for a node Slurm would not schedule on)."""
         script = self.libexec / f"gpuguard-{kind}"
-        return subprocess.run([str(script)], env=self.hook_env(node, kind, **env), capture_output=True, text=True,
-                              timeout=timeout, cwd="/")
+        return subprocess.run(self.cluster.command([str(script)]), env=self.hook_env(node, kind, **env),
+                              capture_output=True, text=True, timeout=timeout, cwd="/")
 
     def write_scenario(self, node: str, base: str, **changes: Any) -> Path:
         """`node`'s scenario = an example scenario with top-level keys replaced (e.g. boot_id=... to simulate a
@@ -160,5 +162,5 @@ class DevSite:
     def gpuguard(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "GPUGUARD_CONFIG": str(self.config_path), "GPUGUARD_STATE_DIR": str(self.workdir / "state"),
                **self.cluster.env}
-        return subprocess.run([self.python, "-m", "gpuguard", *args], env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(self.cluster.command([self.python, "-m", "gpuguard", *args]), env=env,
+                              capture_output=True, text=True, timeout=timeout)

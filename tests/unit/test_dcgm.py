@@ -166,3 +166,90 @@ def test_simulated_dcgmi_drives_the_real_runner_and_check(tmp_path, monkeypatch)
     monkeypatch.setenv("SLURMD_NODENAME", "node2")  # falls back to default.yaml: the host engine is down
     down = run_dcgm_diag(str(exe), level=1, timeout_s=20)
     assert down.tests == [] and "host engine not running" in down.error
+
+
+# --------------------------------------------------------------------------- the text table (issue 16)
+
+
+def _verdict(obs):
+    return [(f.severity, f.action, f.message) for f in check_dcgm_diag(Observations(dcgm=obs), inp())]
+
+
+def test_text_table_per_test_and_per_gpu():
+    """NVIDIA/nccl-tests#264: `dcgmi diag --run 3` as an admin pasted it; `gpuguard dcgm parse` said "no JSON
+    object". Every test, its category and status; GPU Memory failed on all 8 GPUs, each with its own message."""
+    obs = parse_dcgm_diag(fixture("dcgm3_text_r3_cuinit_fail_all.txt"))
+    assert (obs.version, obs.driver_version) == ("3.3.8", "560.35.03")
+    assert [(t.category, t.name, t.status) for t in obs.tests][8:] == [
+        ("Deployment", "Inforom", "pass"), ("Integration", "PCIe", "skip"), ("Hardware", "GPU Memory", "fail"),
+        ("Stress", "Memory Bandwidth", "skip"), ("Stress", "EUD Test", "skip")]
+    memory = obs.tests[10]
+    assert memory.failed_gpus == list(range(8))
+    assert memory.results[3].warnings == ["GPU 3 Error using CUDA API cuInit Check DCGM and system logs for errors. "
+                                          "Reset GPU. Restart DCGM. Rerun diagnostics. Unable to initialize CUDA "
+                                          "library: 'system not yet initialized'. . Please check if a CUDA sample "
+                                          "program can be run successfully on this host. Refer to "
+                                          "https://github.com/nvidia/cuda-samples"]
+    # an Info row is information, not a warning (persistence mode off while the test passed)
+    persistence = obs.tests[4]
+    assert persistence.status == "pass" and persistence.summary_info[0].startswith(
+        'Persistence mode for GPU 0 is disabled. Enable persistence mode by running "nvidia-smi -i <gpuId> -pm 1 "')
+
+
+def test_text_table_gives_the_same_verdict_as_the_json():
+    """The same run as `dcgmi diag -j` would print it (DCGM 3.x shape, derived from the table): the check reaches
+    the same findings, GPUs and action from either."""
+    text = parse_dcgm_diag(fixture("dcgm3_text_r3_cuinit_fail_all.txt"))
+    js = parse_dcgm_diag(fixture("dcgm3_text_r3_cuinit_fail_all.derived.json"))
+    assert [(t.name, t.status, t.failed_gpus, t.messages) for t in text.tests] == \
+        [(t.name, t.status, t.failed_gpus, t.messages) for t in js.tests]
+    verdict = _verdict(text)
+    assert verdict == _verdict(js)
+    assert [(s, a) for s, a, _ in verdict] == [(Severity.FAIL, Action.DRAIN)]
+    assert "GPU Memory failed on GPU 0,1,2,3,4,5,6,7" in verdict[0][2]
+
+
+def test_text_table_dcgm4_per_gpu_lines():
+    """NVIDIA/DCGM#253 (DCGM 4.2.3): each test, then one line per GPU; pcie failed as a test (an internal error,
+    no GPU named) while every GPU line says Pass."""
+    obs = parse_dcgm_diag(fixture("dcgm4_text_r2_pcie_internal_error.txt"))
+    assert obs.version == "4.2.3" and [(t.name, t.status) for t in obs.tests] == [
+        ("software", "pass"), ("memory", "pass"), ("pcie", "fail")]
+    pcie = obs.tests[2]
+    assert pcie.failed_gpus == [] and len(pcie.messages) == 4
+    assert sorted(g for r in pcie.results if r.status == "pass" for g in r.gpus) == [0, 1, 2, 3]
+    assert pcie.messages[0] == ("There was an internal error during the test: 'A child process (152) exited with "
+                                "non-zero status 1' Check DCGM and system logs for errors. Reset GPU. Restart "
+                                "DCGM. Rerun diagnostics.")
+    [(severity, action, message)] = _verdict(obs)
+    assert (severity, action) == (Severity.FAIL, Action.DRAIN) and message.startswith("DCGM pcie failed:")
+
+
+def test_a_pasted_fragment_per_gpu_groups():
+    """stas00/ml-engineering (debug.md): the failing rows only, `Pass - GPUs: 1, ..., 7` then `Fail - GPU: 0`,
+    the last row cut: GPU 0 failed, the others passed."""
+    obs = parse_dcgm_diag(fixture("dcgm3_text_r2_gpu0_thermal_fragment.txt"))
+    [t] = obs.tests
+    assert (t.name, t.status, t.failed_gpus) == ("GPU Memory", "fail", [0])
+    assert sorted(g for r in t.results if r.status == "pass" for g in r.gpus) == [1, 2, 3, 4, 5, 6, 7]
+    assert t.messages[0].startswith("GPU 0 Thermal violations totaling 13.3 seconds started at 9.7 seconds")
+    [(severity, action, message)] = _verdict(obs)
+    assert severity == Severity.FAIL and "on GPU 0" in message
+
+
+def test_dcgm_parse_cli_reads_the_table(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "gpuguard", "dcgm", "parse", "--json",
+                        str(FIXTURES / "dcgm3_text_r3_cuinit_fail_all.txt")], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 1, p.stderr  # a test failed
+    out = json.loads(p.stdout)
+    assert out["version"] == "3.3.8" and [t["failed_gpus"] for t in out["tests"] if t["status"] == "fail"] == \
+        [list(range(8))]
+    garbage = tmp_path / "x.txt"
+    garbage.write_text("dcgmi: command not found\n")
+    p = subprocess.run([sys.executable, "-m", "gpuguard", "dcgm", "parse", str(garbage)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and "no JSON object" in p.stderr

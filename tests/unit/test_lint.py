@@ -112,9 +112,10 @@ def test_lint_is_linear_in_the_input(shape):
     text = {"token": "x" * mb, "assignment": "export A=" + "y" * mb + "\n", "quote": "export A='" + "y" * mb,
             "python": "os.environ['A'] = '" + "z" * mb, "workers": "num_workers" + " " * mb + "=",
             "continuations": "a \\\n" * (mb // 4), "comment": "#" * mb, "spaces": "export A=1" + " " * mb}[shape]
-    t0 = time.perf_counter()
+    # CPU time of this process: other load on the machine (CI runs two test workers on two cores) does not count
+    t0 = time.process_time()
     lint(text)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
 
 
 def test_dataloader_workers_on_efa_need_huge_pages_off():
@@ -190,3 +191,46 @@ def test_render_refuses_a_script_its_lint_calls_an_error(tmp_path):
                         "env.NCCL_SOCKET_IFNAME=eth0", "--no-lint", "-o", str(out)], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0 and out.exists()
+
+
+# --------------------------------------------------------------------------- issue 16: three misses on EFA
+# Minimal scripts (the settings as people write them); the values the rules compare against are aws-ofi-nccl's
+# own (src/platform-aws.cpp; a real P4d run logs "NET/OFI Adding NCCL_BUFFSIZE=8388608 to environment" and
+# "... NCCL_P2P_NET_CHUNKSIZE=524288 ...", github.com/gnosia93/training-on-eks
+# chapter/c7-training-optimization-intra-topology.md).
+
+EFA_JOB = "#!/bin/bash\n#SBATCH --nodes=2\nexport FI_PROVIDER=efa\nexport FI_EFA_USE_HUGE_PAGE=0\n{extra}\nsrun torchrun train.py\n"
+IB_JOB = "#!/bin/bash\nexport NCCL_IB_HCA==mlx5_0,mlx5_1\n{extra}\nsrun torchrun train.py\n"
+
+
+@pytest.mark.parametrize("value", ["5", "SYS", "LOC", "0"])
+def test_gdr_level_override_on_efa(value):
+    found = rules(EFA_JOB.format(extra=f"export NCCL_NET_GDR_LEVEL={value}"), instance="p5.48xlarge")
+    assert ("nccl-net-gdr-level-efa", "warn") in found
+    # InfiniBand: gpuguard's own ib preset sets PXB; no EFA advice there
+    assert not any(r == "nccl-net-gdr-level-efa" for r, _ in rules(IB_JOB.format(
+        extra=f"export NCCL_NET_GDR_LEVEL={value}")))
+
+
+def test_p2p_net_chunksize_override_on_efa():
+    found = lint(EFA_JOB.format(extra="export NCCL_P2P_NET_CHUNKSIZE=2097152"), instance="p5en.48xlarge")
+    hit = [f for f in found if f.rule == "nccl-p2p-net-chunksize-efa"]
+    assert [(f.severity, f.value) for f in hit] == [("warn", "2097152")]
+    assert "524288" in hit[0].message and "platform-aws.cpp" in hit[0].why
+    # the plugin's own value is harmless; instance unknown but EFA inferred: still a warning
+    assert not any(f.rule == "nccl-p2p-net-chunksize-efa" for f in lint(EFA_JOB.format(
+        extra="export NCCL_P2P_NET_CHUNKSIZE=524288"), instance="p5.48xlarge"))
+    assert ("nccl-p2p-net-chunksize-efa", "warn") in rules(EFA_JOB.format(extra="export NCCL_P2P_NET_CHUNKSIZE=131072"))
+
+
+def test_buffsize_below_the_plugin_default_on_efa():
+    small = rules(EFA_JOB.format(extra="export NCCL_BUFFSIZE=2097152"), instance="p4d.24xlarge")
+    assert ("nccl-buffsize-below-plugin", "warn") in small and ("nccl-buffsize", "info") not in small
+    same = rules(EFA_JOB.format(extra="export NCCL_BUFFSIZE=8388608"), instance="p4d.24xlarge")
+    assert ("nccl-buffsize", "info") in same and not any(r == "nccl-buffsize-below-plugin" for r, _ in same)
+    # a value that is not a number (a shell variable) is not judged as a size
+    unread = rules(EFA_JOB.format(extra='export NCCL_BUFFSIZE="$BUF"'), instance="p4d.24xlarge")
+    assert not any(r.startswith("nccl-buffsize") for r, _ in unread)
+    # g5 (EFA without the plugin's P-series defaults): only the cheatsheet's info
+    assert ("nccl-buffsize-below-plugin", "warn") not in rules(EFA_JOB.format(extra="export NCCL_BUFFSIZE=2097152"),
+                                                               instance="g5.48xlarge")

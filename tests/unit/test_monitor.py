@@ -232,7 +232,7 @@ def test_stalled_log_is_a_hang_with_stacks_and_one_report(site, hook, tmp_path):
         assert "wait_for_allreduce" in stacks[0].read_text()
     # the requeue went through the configured command, once, with the job id as one argument
     assert (tmp_path / "requeued").read_text() == "--job 5150\n"
-    requeue = [r["body"] for r in hook.wait_for(2) if "job requeued" in r["body"]["title"]]
+    requeue = [r["body"] for r in hook.wait_for(2) if "job requeue requested" in r["body"]["title"]]
     assert requeue and "requeue requested" in requeue[0]["message"]
 
 

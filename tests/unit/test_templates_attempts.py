@@ -220,7 +220,11 @@ case "$1 $2" in
     done ;;
   "show node") cat "$FAKE_DIR/nodes.txt" ;;
   "show partition") [ -e "$FAKE_DIR/partition.txt" ] && cat "$FAKE_DIR/partition.txt" ;;
-  "requeue "*) [ -e "$FAKE_DIR/requeue_fails" ] && { echo "slurm_requeue error: Access denied" >&2; exit 1; }; true ;;
+  "requeue "*) if [ -e "$FAKE_DIR/requeue_fails" ]; then
+      # Slurm requeued the job itself a moment earlier (node failure): what `show job` says from now on
+      [ -e "$FAKE_DIR/job_after.txt" ] && cp "$FAKE_DIR/job_after.txt" "$FAKE_DIR/job.txt"
+      echo "slurm_requeue error: Job is no longer running" >&2; exit 1
+    fi ;;
 esac
 """
 
@@ -337,7 +341,8 @@ def test_unschedulable_exclusions_warn(fake, capsys):
     begin(ctx, job_dir, 1)
     (d / "partition.txt").write_text("PartitionName=gpu AllowGroups=ALL Nodes=node[1-2] TotalNodes=2\n")
     (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED\nNodeName=node2 State=IDLE+DRAIN Reason=bad\n")
-    end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
+    # the job's own `exclude` (never dropped by gpuguard) leaves too few nodes: only a warning is possible
+    end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []), keep_excluded=["node2"])
     rec = _ledger(job_dir)[0]
     assert "needs 2 node(s) but only 1" in rec["warning"]
     assert "WARNING the job needs 2 node(s)" in capsys.readouterr().err
@@ -433,3 +438,117 @@ def test_worker_exits_merges_report_and_error_files(tmp_path):
     ws = worker_exits(job, 2, log)
     assert [(w.rank, w.host, w.exit_code, w.source, w.message) for w in ws] == \
         [(9, "node2", 1, "error_file", "ValueError: checkpoint /ck/step-000300 is corrupt")]
+
+
+# --------------------------------------------------------------------------- issue 16: requeue bookkeeping
+
+
+def test_slurm_had_already_requeued_the_job_when_the_step_ended(fake):
+    """Issue 16: the step ended by itself (event none) after a node failure, but Slurm had already requeued the
+    job: recorded as Slurm's requeue with the node excluded, never gave_up (even with no failure budget left)."""
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (d / "job.txt").write_text("JobId=77 JobState=PENDING Reason=BeginTime Restarts=1 ExcNodeList=(null) "
+                               f"NodeList=(null) NumNodes=2 Partition=gpu StdOut={log}\n")
+    (d / "nodes.txt").write_text("NodeName=node1 State=IDLE\nNodeName=node2 State=DOWN+NOT_RESPONDING "
+                                 "Reason=Not responding [slurm@2026-11-22T04:07:37]\n")
+    dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(0, [], []))
+    assert (dec.reason, dec.action, dec.requeue, dec.exclude) == ("node_failure", "requeued", False, ("node2",))
+    calls = _calls(d)
+    assert not any(c.startswith("requeue") for c in calls)
+    assert "update JobId=77 ExcNodeList=node2" in calls
+    assert [(r["action"], r["excluded"]) for r in _ledger(job_dir)] == [("requeued", ["node2"])]
+
+
+def test_a_requeue_refused_because_slurm_requeued_first_is_still_a_requeue(fake):
+    """The race: job-attempt decided to requeue, but Slurm's own requeue (node failure) came first and
+    `scontrol requeue` was refused. The job's real state is read again: requeued, node excluded."""
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (d / "requeue_fails").touch()
+    (d / "job_after.txt").write_text("JobId=77 JobState=PENDING Reason=BeginTime Restarts=1 ExcNodeList=node9 "
+                                     f"NodeList=(null) NumNodes=2 Partition=gpu StdOut={log}\n")
+    (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED\nNodeName=node2 State=ALLOCATED\n")
+    dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
+    assert (dec.action, dec.exit_code) == ("requeued", 0)
+    ledger = _ledger(job_dir)
+    assert [r["action"] for r in ledger] == ["requeued", "requeued"]
+    assert "Slurm had already requeued" in ledger[-1]["detail"]
+
+
+def test_a_real_refused_requeue_still_gives_up(fake):
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (d / "requeue_fails").touch()
+    dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
+    assert dec.action == "gave_up"
+
+
+def test_a_job_never_pends_forever_on_its_own_exclusions(fake, capsys):
+    """Issue 16: a 2-node job on a 2-node partition whose node2 failed: excluding node2 would leave it pending
+    forever (BadConstraints) once node2 is back. node2 is not excluded (it is drained: Slurm will not use it until
+    it is back), and the job's output and ledger say so."""
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (d / "partition.txt").write_text("PartitionName=gpu AllowGroups=ALL Nodes=node[1-2] TotalNodes=2\n")
+    (d / "job.txt").write_text(f"JobId=77 JobState=RUNNING Restarts=0 ExcNodeList=(null) NodeList=node[1-2] "
+                               f"NumNodes=2 Partition=gpu StdOut={log}\n")
+    (d / "nodes.txt").write_text("NodeName=node1 State=ALLOCATED\nNodeName=node2 State=IDLE+DRAIN Reason=bad\n")
+    dec = end(ctx, job_dir, 1, 1, "none", policy_from_args(3, [], []))
+    assert (dec.reason, dec.action) == ("node_failure", "requeued")
+    assert not any(c.startswith("update JobId=77 ExcNodeList=node2") for c in _calls(d))
+    rec = _ledger(job_dir)[-1]
+    assert rec["exclusions"] == [] and rec["unexcluded"] == ["node2"]
+    assert "node2" in rec["exclusion_note"] and "too few" in rec["exclusion_note"]
+    assert "not excluding node2" in capsys.readouterr().err
+
+
+def test_only_as_many_exclusions_are_dropped_as_needed_oldest_first():
+    from gpuguard.templates.attempts import ExclusionPlan, fit_exclusions
+
+    plan = ExclusionPlan(exclude=("node3", "node4", "node9"), dropped=(), kept=("node3", "node4"))
+    # node9 is the job's own exclude (kept whatever), node3 was excluded before node4
+    part = ["node1", "node2", "node3", "node4"]
+    fitted, dropped = fit_exclusions(plan, needed=3, partition=part, static=["node9"], oldest_first=["node3", "node4"])
+    assert (fitted, dropped) == (("node4", "node9"), ("node3",))
+    # room enough already: nothing dropped
+    assert fit_exclusions(plan, needed=2, partition=part, static=["node9"], oldest_first=["node3", "node4"]) == \
+        (plan.exclude, ())
+    # the job's own exclude is never dropped: still too few, nothing of ours helps
+    plan2 = ExclusionPlan(exclude=("node2",), dropped=(), kept=())
+    assert fit_exclusions(plan2, needed=2, partition=["node1", "node2"], static=["node2"], oldest_first=[]) == \
+        (("node2",), ())
+
+
+def test_receivers_are_told_when_the_job_gives_up_after_a_hang(fake, tmp_path):
+    """Issue 16: after a hang the monitor's "requeue requested" was the last word, even when the job then gave up.
+    job-attempt end now sends "job GAVE UP" (a real webhook server receives it); a requeue sends nothing more."""
+    import time as _t
+
+    import yaml
+    from test_notify_servers import WebhookServer
+
+    from gpuguard.config import parse_config
+    from gpuguard.templates.jobattempt import notify_outcome
+
+    pytest.importorskip("apprise")
+    hook = WebhookServer()
+    try:
+        cfg = parse_config(yaml.safe_dump({"store": {"path": str(tmp_path / "root" / "{node}.db")},
+                                           "logging": {"syslog": False},
+                                           "notify": {"urls": [hook.url("/pages")]}}), source="test")
+        ctx, d, log, job_dir = fake
+        begin(ctx, job_dir, 1)
+        (job_dir / "gpuguard").mkdir(parents=True, exist_ok=True)
+        (job_dir / "gpuguard" / "events.jsonl").write_text(json.dumps(
+            {"ts": _t.time(), "node": "node2", "kind": "requeue", "check": "monitor.progress", "ok": True}) + "\n")
+        dec = end(ctx, job_dir, 1, 0, "timelimit", policy_from_args(0, [], []))
+        assert (dec.reason, dec.action) == ("hang", "gave_up")
+        assert notify_outcome(cfg, ctx, job_dir, 1, dec) == "sent"
+        body = hook.wait_for(1, 10)[0]["body"]
+        assert "job GAVE UP" in body["title"] and "gave up after attempt 1 (hang)" in body["message"]
+        # a requeue, a finished or a cancelled job: nothing to add
+        requeued = end(ctx, job_dir, 2, 1, "none", policy_from_args(3, [], []))
+        assert requeued.action == "requeued" and notify_outcome(cfg, ctx, job_dir, 2, requeued) is None
+    finally:
+        hook.close()

@@ -87,7 +87,8 @@ def test_hostile_values_never_execute(tmp_path_factory, args, env_value, resume,
     resume = resume.rstrip("\n")
     expected_tail = ["train.py", *args] + (["--resume", resume] if resume else [])
     assert argv[-len(expected_tail):] == expected_tail  # every argument arrived exactly as given
-    assert argv[0] == "--nnodes=2" and "--tee=3" in argv
+    # node1 is the job's first node: it hosts the c10d store (issue 16)
+    assert argv[0] == "--rdzv-conf=is_host=1" and argv[1] == "--nnodes=2" and "--tee=3" in argv
     assert (tmp / "env.MY_VAR").read_text() == env_value
     # node-local caches: in the private directory the node function created (0700, ours)
     private = local_root / "gpuguard-42"

@@ -95,7 +95,8 @@ def test_preset_environment_is_in_the_script():
     assert "export FI_EFA_USE_HUGE_PAGE=0" in p5 and "export NCCL_DEBUG=WARN" in p5
     assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3" in p5
     # the flight recorder under PyTorch's current names (pytorch/pytorch#152563), not the deprecated ones
-    assert "export TORCH_FR_BUFFER_SIZE=2000" in p5 and "export TORCH_NCCL_TRACE_BUFFER_SIZE" not in p5
+    # the old flight-recorder names are only set on nodes whose torchrun is older (gpuguard_stop_mode)
+    assert "export TORCH_FR_BUFFER_SIZE=2000" in p5 and "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000" not in p5
     assert 'export TORCH_FR_DUMP_TEMP_FILE="${JOB_DIR}"/flight-recorder/nccl_trace_rank_' in p5
     # node-local caches live in the private directory each node creates (inside gpuguard_node)
     node_fn = p5[p5.index("gpuguard_node() {"):p5.index("gpuguard_filter() {")]

@@ -234,3 +234,71 @@ def test_lr_pinned_at_max_after_warmup():
 def test_one_warmup_record_at_lr_zero_is_normal():
     a = analyze(parse_log([f"step={i} loss=3.0 lr={0 if i == 1 else 1e-4}" for i in range(1, 10)]))
     assert a.flags == []
+
+
+# --------------------------------------------------------------------------- issue 16: live logs, short logs, skips
+
+
+def test_a_cut_last_line_is_not_judged():
+    """A log being written (or an excerpt) ends inside a Megatron line: that line used to be a CRITICAL
+    "loss missing"; it is skipped and counted, the complete lines are judged."""
+    log = scan_log((FIX / "megatron_llm_issue11_cut.log").read_text().splitlines())
+    a = analyze(log.records, None, log.events, log.duplicates, log.incomplete)
+    assert (a.records, a.last_iteration, a.incomplete) == (4, 125, 1)
+    assert a.flags == [] and not a.critical
+
+
+def test_a_line_wrapped_by_a_document_is_joined():
+    wrapped = run("megatron_llm_issue11_wrapped.log")
+    whole = run_lines((FIX / "megatron_llm_issue11_cut.log").read_text().splitlines()[:4])
+    assert wrapped.records == whole.records == 4 and wrapped.flags == []
+    assert (wrapped.loss_first, wrapped.loss_last, wrapped.grad_norm_max) == \
+        (whole.loss_first, whole.loss_last, whole.grad_norm_max) == (2.50422, 2.477393, 0.356)
+
+
+def test_a_line_cut_in_a_file_that_is_still_being_written(tmp_path):
+    """Formats without an end marker of their own (key=value, torchtitan): a last line without its newline is
+    not judged (`step=3 loss=9` could be `step=3 loss=9.1` a moment later)."""
+    from gpuguard.trainlog.cli import iter_lines
+
+    f = tmp_path / "live.log"
+    f.write_text("step=1 loss=3.0\nstep=2 loss=2.9\nstep=3 loss=9")
+    log = scan_log(iter_lines(str(f)))
+    assert [r.iteration for r in log.records] == [1, 2] and log.incomplete == 1
+    f.write_text("step=1 loss=3.0\nstep=2 loss=2.9\nstep=3 loss=9.1\n")
+    assert [r.iteration for r in scan_log(iter_lines(str(f))).records] == [1, 2, 3]
+
+
+def test_a_1000x_grad_norm_jump_in_a_short_log_is_flagged():
+    """unsloth#5207: 9 records, grad norm 11140 after values of 5-30; the trailing-window rule needs 10 records of
+    history, the ceiling relative to the run's first grad norms does not. The 9x bump at step 4 is not flagged."""
+    a = run("unsloth_issue5207_grad_spike.log")
+    assert [(f.kind, f.severity, f.iteration) for f in a.flags] == [("grad_norm_spike", "warning", 9)]
+    assert "744x the run's first grad norms" in a.flags[0].message
+
+
+def test_deepspeed_overflows_in_a_row_once_training_runs_are_critical():
+    """Chinese-LLaMA-Alpaca#534: at step 378 of 2724 the loss scale goes 64 -> 32 -> ... -> 2, one skipped step
+    after another (it then died at the scaler's minimum): flagged. DeepSpeed#931: the same kind of streak while
+    the scaler calibrates from 65536 at the start: normal, not flagged."""
+    a = run("deepspeed_issue534_overflow_streak.log")
+    assert [(f.kind, f.severity, f.count) for f in a.flags] == [("skip_streak", "critical", 5)]
+    assert "5 optimizer steps skipped in a row" in a.flags[0].message and "64 -> 2" in a.flags[0].message
+    warmup = run("deepspeed_issue931_warmup.log")
+    assert warmup.overflows == 4 and warmup.flags == []
+    # below the threshold once under way: an overflow or two now and then is normal
+    ovf = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {}, reducing to {}"
+    few = ["step=1 loss=3.0", ovf.format(65536, 32768), ovf.format(32768, 16384), "step=2 loss=2.9"]
+    assert run_lines(few).flags == []
+    many = ["step=1 loss=3.0"] + [ovf.format(2 ** (16 - i), 2 ** (15 - i)) for i in range(4)]
+    assert kinds(run_lines(many)) == ["skip_streak"]
+
+
+def test_megatron_skips_in_consecutive_intervals_once_training_runs_are_critical():
+    warm = [megatron(10, loss=None, skipped=10, scale=2 ** 20), megatron(20, skipped=3, scale=2 ** 17)]
+    normal = [megatron(10 * i, scale=2 ** 17) for i in range(3, 8)]
+    falling = [megatron(80, skipped=2, scale=2 ** 15), megatron(90, skipped=2, scale=2 ** 13),
+               megatron(100, skipped=1, scale=2 ** 12)]
+    assert run_lines(warm + normal).flags == []
+    a = run_lines(warm + normal + falling)
+    assert [(f.kind, f.iteration, f.last_iteration) for f in a.flags] == [("skip_streak", 80, 100)]

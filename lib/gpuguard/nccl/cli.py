@@ -5,7 +5,7 @@
     gpuguard nccl probe [--backend auto|nccl|gloo] [--nprocs N] [--nccl-tests BINARY] [--json]
     gpuguard nccl history [--json]                    # past sweeps
     gpuguard efa parse-fi-info FILE [--json]
-    gpuguard dcgm parse FILE [--json]
+    gpuguard dcgm parse FILE [--json]   (dcgmi diag -j output, or the table dcgmi diag prints without -j)
     gpuguard baseline show|propose|record|measure ...
 
 Exit codes: 0 ok; 1 the command worked and found a problem (slow nodes, failed tests, unreadable input);
@@ -91,7 +91,8 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser("dcgm", help="DCGM tools")
     ds = p.add_subparsers(dest="dcgm_cmd", metavar="SUBCOMMAND")
-    s = ds.add_parser("parse", help="per-test results of `dcgmi diag -j` output")
+    s = ds.add_parser("parse", help="per-test, per-GPU results of `dcgmi diag -j` output or of the table "
+                                    "`dcgmi diag` prints without -j")
     _common(s)
     s.add_argument("file", help="output file ('-' for stdin)")
     s.add_argument("--json", action="store_true")

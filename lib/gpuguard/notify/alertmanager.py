@@ -39,7 +39,7 @@ ALERTNAMES = {"drain": "GpuguardDrain", "prolog_failure": "GpuguardPrologFailure
               "straggler": "GpuguardStragglerDetected", "hang": "GpuguardHangDetected",
               "requeue": "GpuguardJobRequeued", "internal_error": "GpuguardInternalError",
               "resource": "GpuguardResourceAlarm", "unknown_xid": "GpuguardUnknownXid",
-              "storm": "GpuguardDrainStormHeld", "mismatch": "GpuguardConfigMismatch"}
+              "storm": "GpuguardDrainStormHeld", "mismatch": "GpuguardConfigMismatch", "gave_up": "GpuguardJobGaveUp"}
 MAX_VALUE = 1024  # a label or annotation value: receivers and the UI show them whole
 MAX_RESPONSE = 65536
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 KINDS = ("drain", "undrain", "prolog_failure", "straggler", "hang", "requeue", "internal_error", "flapping",
-         "resource", "unknown_xid", "storm", "mismatch")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
+         "resource", "unknown_xid", "storm", "mismatch", "gave_up")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 RESOLVING_KINDS = {"undrain"}  # kinds that are, by themselves, the resolution of an episode
@@ -19,7 +19,7 @@ FAMILY = {"undrain": "drain", "flapping": "drain"}
 # Transitions Slurm confirmed (a node that was not drained by gpuguard is drained now; its reason became
 # FLAPPING): never folded into an open episode, whatever the state says (a missed resolve must not silence them).
 ALWAYS_SEND = {"drain", "flapping"}
-JOB_FAMILIES = {"straggler", "hang", "resource", "requeue"}  # their keys name the job (one incident per job)
+JOB_FAMILIES = {"straggler", "hang", "resource", "requeue", "gave_up"}  # their keys name the job (one incident per job)
 MAX_KEY_LEN = 255  # PagerDuty's dedup_key limit
 
 # What a human should do next, when the caller did not say (every message names one).
@@ -33,6 +33,8 @@ DEFAULT_ACTIONS = {
                  "drain the node if it persists",
     "hang": "look at the stack dumps, then cancel or requeue the job (`scontrol requeue JOBID`)",
     "requeue": "none: the job was requeued; check it resumes from its last checkpoint",
+    "gave_up": "the job will not run again by itself: read its ledger (attempts.jsonl in the job directory) and "
+               "output, fix the cause, resubmit",
     "internal_error": "a gpuguard bug or an unreadable config: see the log (nodes were not drained: fail-open)",
     "flapping": "the node keeps failing and recovering: inspect the hardware before undraining it by hand",
     "resource": "look at what the job is doing on the node (memory, disk, data loader workers); the job may fail",

@@ -9,9 +9,9 @@ from gpuguard.hostlist import compress_hostlist
 from gpuguard.notify.event import DEFAULT_ACTIONS, RESOLVING_KINDS, SEVERITY_RANK, Event, dedupe_key
 
 TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog failed", "straggler": "straggler",
-          "hang": "job hang", "requeue": "job requeued", "internal_error": "internal error",
+          "hang": "job hang", "requeue": "job requeue requested", "internal_error": "internal error",
           "flapping": "flapping node", "resource": "resource alarm", "unknown_xid": "unknown Xid",
-          "storm": "drain storm held", "mismatch": "config mismatch"}
+          "storm": "drain storm held", "mismatch": "config mismatch", "gave_up": "job GAVE UP"}
 
 
 def iso_utc(ts: float) -> str:

@@ -156,7 +156,12 @@ def _document(text: str) -> dict[str, Any]:
 
 
 def parse_dcgm_diag(text: str) -> DcgmObservation:
-    """Parse `dcgmi diag -j` output (any version above). Raises DcgmParseError when there is no diagnostic JSON."""
+    """Parse `dcgmi diag -j` output (any version above), or the table `dcgmi diag` prints without -j
+    (gpuguard.probes.dcgm_text). Raises DcgmParseError when there is neither."""
+    from gpuguard.probes.dcgm_text import is_text_table, parse_dcgm_text
+
+    if is_text_table(text):
+        return parse_dcgm_text(text)
     doc = _document(text)
     root = doc.get("DCGM GPU Diagnostic", doc.get("DCGM Diagnostic"))
     if not isinstance(root, dict):

@@ -52,6 +52,8 @@ DEFAULT_NO_RETRY: tuple[tuple[str, str], ...] = tuple((_LINE_PREFIX + p, why) fo
      "the command line is wrong (argparse usage error)"),
     (r"\S*python\S*: can't open file ", "the training script does not exist"),
     (r"torchrun: error: ", "torchrun's own arguments are wrong"),
+    (r"gpuguard: \S+: checkpoint_dir .* is not visible inside the container",
+     "checkpoint_dir is not mounted in the container: every attempt would restart from step 0"),
 ))
 _NODE_FAILURE_LOG = re.compile(r"(?:srun: error: Node failure on|NODE_FAIL on node|Node failure on) ([A-Za-z0-9_.\-\[\],]+)")
 
@@ -277,17 +279,19 @@ def decide(f: AttemptFacts, p: Policy) -> Decision:
         return Decision(reason, "requeued", True, (), f"{detail}; continuation {n} of {p.max_continuations}", 0,
                         sig, "continuation", worker)
 
+    # Slurm requeued the job itself (a node failure, preemption, an admin): whatever ended the step, the job runs
+    # again; the attempt is recorded as that, and the bad nodes are excluded (never gave_up).
+    if f.restarts_now is not None and f.restarts_now > f.restarts_at_start:
+        if bad:
+            return Decision("node_failure", "requeued", False, exclude,
+                            f"Slurm requeued the job after a node failure: {bad_detail}", 0, sig, "failure")
+        if f.preempted:
+            return Decision("preempted", "requeued", False, (), "preempted; Slurm requeued the job", 0, sig,
+                            "continuation")
+        return Decision("requeued_externally", "requeued", False, (),
+                        "Slurm or an admin requeued the job", 0, sig, "continuation")
+
     if f.event == "term":
-        slurm_requeued = f.restarts_now is not None and f.restarts_now > f.restarts_at_start
-        if slurm_requeued:
-            if bad:
-                return Decision("node_failure", "requeued", False, exclude,
-                                f"Slurm requeued the job after a node failure: {bad_detail}", 0, sig, "failure")
-            if f.preempted:
-                return Decision("preempted", "requeued", False, (), "preempted; Slurm requeued the job", 0, sig,
-                                "continuation")
-            return Decision("requeued_externally", "requeued", False, (),
-                            "Slurm or an admin requeued the job", 0, sig, "continuation")
         if f.job_state == "TIMEOUT":
             return continuation("time_limit", "the time limit was reached before the job could checkpoint "
                                               "(requeue_grace_s too short?)")
@@ -366,6 +370,33 @@ def plan_exclusions(current: Sequence[str], static: Sequence[str], ours: Mapping
         else:
             dropped.append(n)
     return ExclusionPlan(tuple(sorted(keep)), tuple(sorted(dropped)), tuple(sorted(kept)))
+
+
+def fit_exclusions(plan: ExclusionPlan, needed: int, partition: Sequence[str], static: Sequence[str],
+                   oldest_first: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the ExcNodeList to set, gpuguard's exclusions dropped to make room). A job whose exclusions leave its
+    partition fewer nodes than it needs pends forever (BadConstraints), even once the excluded nodes are healthy
+    again, and nothing re-evaluates a pending job. So gpuguard's own exclusions (never the job's `exclude` or an
+    admin's) are dropped, oldest first, until the job fits: a node still drained or down is not used by Slurm
+    anyway, and the job starts on it once it is back. If dropping all of them does not help, nothing is dropped
+    (`unschedulable` then warns). Pure."""
+    if not partition or needed <= 0:
+        return plan.exclude, ()
+    exclude = list(plan.exclude)
+    dropped: list[str] = []
+
+    def usable() -> int:
+        return sum(1 for n in partition if n not in exclude)
+
+    for n in oldest_first:
+        if usable() >= needed:
+            break
+        if n in exclude and n not in static and n in partition:
+            exclude.remove(n)
+            dropped.append(n)
+    if usable() < needed or not dropped:
+        return plan.exclude, ()
+    return tuple(sorted(exclude)), tuple(dropped)
 
 
 def unschedulable(needed: int, partition_nodes: Sequence[str], excluded: Sequence[str]) -> Optional[str]:

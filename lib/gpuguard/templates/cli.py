@@ -300,6 +300,7 @@ def cmd_job_attempt(args: argparse.Namespace) -> int:
                        args.checkpoint_marker))
         return 0
     if args.attempt_cmd == "end":
+        ja.ignore_term()
         for p in args.no_retry_pattern:
             re.compile(p)
         max_failures = args.max_failures if args.max_failures is not None else \
@@ -310,6 +311,7 @@ def cmd_job_attempt(args: argparse.Namespace) -> int:
                    ja.CheckpointSpec(args.checkpoint_dir, args.checkpoint_kind, args.checkpoint_glob,
                                      args.checkpoint_marker),
                    keep_excluded=args.keep_excluded)
+        ja.notify_outcome(cfg, ctx, job_dir, args.attempt, d)
         print(f"gpuguard: attempt {args.attempt}: {d.reason}: {d.detail} -> {d.action}"
               + (f" (excluding {','.join(d.exclude)})" if d.exclude else ""), file=sys.stderr)
         print(f"{d.action} {d.exit_code}")

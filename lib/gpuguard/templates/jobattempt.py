@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from gpuguard.slurm import node_state_flags, parse_job_line, parse_node_lines
-from gpuguard.templates.attempts import (AttemptFacts, Budget, Decision, Excluded, NodeInfo, Policy, WorkerExit,
-                                         budget_from_ledger, decide, DEFAULT_NO_RETRY, parse_error_file,
-                                         parse_torchrun_failures, plan_exclusions, unschedulable)
+from gpuguard.templates.attempts import (AttemptFacts, Budget, Decision, Excluded, ExclusionPlan, NodeInfo, Policy,
+                                         WorkerExit, budget_from_ledger, decide, DEFAULT_NO_RETRY,
+                                         fit_exclusions, parse_error_file, parse_torchrun_failures, plan_exclusions,
+                                         unschedulable)
 from gpuguard.templates.checkpoint import find_checkpoint
 
 LEDGER = "attempts.jsonl"
@@ -352,10 +353,8 @@ def _ours(ledger: Sequence[Mapping[str, Any]]) -> dict[str, Excluded]:
 
 def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str, policy: Policy,
         checkpoint: CheckpointSpec = CheckpointSpec(), keep_excluded: Sequence[str] = ()) -> Decision:
-    """End of an attempt: judge, record, act. Returns the decision (already carried out)."""
-    # `scontrol requeue` makes slurmstepd SIGTERM everything in the batch step, this process included: finish
-    # recording first (SIGKILL follows only after KillWait).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """End of an attempt: judge, record, act. Returns the decision (already carried out). The caller ignores SIGTERM
+    around it (`ignore_term`): `scontrol requeue` makes slurmstepd SIGTERM everything in the batch step."""
     job_dir.mkdir(parents=True, exist_ok=True)
     try:
         state = json.loads((job_dir / STATE).read_text())
@@ -385,6 +384,35 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
         budget=budget_from_ledger(ledger, attempt), checkpointing=bool(checkpoint.directory), ckpt_step=ckpt_step,
         workers=tuple(workers))
     decision = decide(facts, policy)
+    if decision.action == "gave_up":
+        # the job's real state, read again just before recording: Slurm may have requeued it meanwhile
+        facts, decision = _slurm_requeued_since(ctx, facts, policy, decision)
+    return _record_and_act(ctx, job_dir, job, ledger, nodes, facts, policy, decision, state, attempt, event,
+                           exit_code, ckpt_step, keep_excluded)
+
+
+def _slurm_requeued_since(ctx: JobContext, facts: AttemptFacts, policy: Policy,
+                          decision: Decision) -> tuple[AttemptFacts, Decision]:
+    """Facts and decision again if `scontrol show job` now says Slurm requeued the job (Restarts went up)."""
+    from dataclasses import replace
+
+    fresh = ctx.scontrol.job(ctx.job_id)
+    try:
+        restarts = int(fresh["Restarts"])
+    except (KeyError, ValueError):
+        return facts, decision
+    if restarts <= ctx.restarts_at_start:
+        return facts, decision
+    facts = replace(facts, restarts_now=restarts, job_state=fresh.get("JobState"))
+    again = decide(facts, policy)
+    return facts, replace(again, detail=again.detail + "; Slurm had already requeued the job (read again before "
+                                                       "recording)")
+
+
+def _record_and_act(ctx: JobContext, job_dir: Path, job: Mapping[str, str], ledger: Sequence[Mapping[str, Any]],
+                    nodes: Mapping[str, NodeInfo], facts: AttemptFacts, policy: Policy, decision: Decision,
+                    state: Mapping[str, Any], attempt: int, event: str, exit_code: int, ckpt_step: Optional[int],
+                    keep_excluded: Sequence[str]) -> Decision:
     w = decision.worker
     extra: dict[str, Any] = dict(
         duration_s=round(time.time() - state["started"], 1) if state.get("started") else None,
@@ -406,6 +434,11 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
     # record first: after `scontrol requeue` only KillWait seconds are left before SIGKILL
     _persist(ctx, job_dir, rec)
     if decision.requeue and not ctx.scontrol.requeue(ctx.job_id):
+        facts2, again = _slurm_requeued_since(ctx, facts, policy, decision)
+        if again.action == "requeued" and not again.requeue:
+            # refused because Slurm's own requeue (a node failure) came first: a requeue all the same
+            return _record_and_act(ctx, job_dir, ctx.scontrol.job(ctx.job_id), ledger, nodes, facts2, policy,
+                                   again, state, attempt, event, exit_code, ckpt_step, keep_excluded)
         fix = dict(rec, ts=round(time.time(), 3), action="gave_up",
                    detail=decision.detail + "; scontrol requeue failed (see the job output): the job ends here")
         for k in ("exclusions", "unexcluded", "warning"):
@@ -436,15 +469,26 @@ def _plan_exclusions(ctx: JobContext, job: Mapping[str, str], ledger: Sequence[M
     infos.update(ctx.scontrol.nodes(earlier))
     plan = plan_exclusions(current, static, ours, infos, decision.exclude)
     rec["_current_exclusions"] = current
-    if plan.dropped:
-        rec["unexcluded"] = list(plan.dropped)
-    rec["exclusions"] = list(plan.exclude)
     try:
         needed = int(job.get("NumNodes", "0").split("-")[0])
     except ValueError:
         needed = 0
-    warning = unschedulable(needed, ctx.scontrol.partition_nodes(job.get("Partition", "")), plan.exclude) \
-        if plan.exclude else None
+    partition = ctx.scontrol.partition_nodes(job.get("Partition", "")) if plan.exclude else []
+    order = [n for n in ours if n in plan.exclude] + [n for n in decision.exclude if n not in ours]
+    fitted, room = fit_exclusions(plan, needed, partition, static, order)
+    if room:
+        plan = ExclusionPlan(fitted, tuple(sorted(plan.dropped + room)), tuple(n for n in plan.kept if n not in room))
+        states = "; ".join(f"{n} is {'+'.join(sorted(infos[n].flags)) or 'unknown'}" for n in room if n in infos)
+        note = (f"not excluding {', '.join(room)}: with it excluded the partition has too few nodes for the job "
+                f"({needed} needed of {len(partition)}), which would then pend forever; "
+                + (f"{states}: " if states else "") + "Slurm does not use a drained or down node, so the job "
+                "starts once it is back")
+        rec["exclusion_note"] = note
+        print(f"gpuguard: {note}", file=sys.stderr)
+    if plan.dropped:
+        rec["unexcluded"] = list(plan.dropped)
+    rec["exclusions"] = list(plan.exclude)
+    warning = unschedulable(needed, partition, plan.exclude) if plan.exclude else None
     if warning:
         rec["warning"] = warning
         print(f"gpuguard: WARNING {warning}", file=sys.stderr)
@@ -479,6 +523,34 @@ def monitor_requeue_since(job_dir: Path, since: Optional[float]) -> Optional[str
     except OSError:
         return None
     return found
+
+
+def ignore_term() -> None:
+    """For the `job-attempt end` process, for the rest of its life: `scontrol requeue` makes slurmstepd SIGTERM
+    everything in the batch step, this process included, and the attempt must be recorded and its outcome printed
+    first (SIGKILL follows only after KillWait). Never done inside `end()`: a process-wide disposition that callers
+    (and their children, which inherit an ignored signal) did not ask for."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def notify_outcome(cfg: Any, ctx: JobContext, job_dir: Path, attempt: int, decision: Decision) -> Optional[str]:
+    """Tell the site's receivers when a job gives up: after a hang the last they heard was the monitor's "requeue
+    requested". Nothing for a job that finished, was requeued or was cancelled by a person. Returns emit's
+    answer (None: nothing to say). Never raises."""
+    if cfg is None or decision.action != "gave_up" or decision.reason == "cancelled":
+        return None
+    try:
+        from gpuguard.notify import Event, emit, user_state_path
+
+        event = Event(kind="gave_up", node=ctx.node, job_id=ctx.job_id, scope="job", check_id=decision.reason,
+                      severity="critical", message=f"job {ctx.job_id} gave up after attempt {attempt} "
+                                                    f"({decision.reason}): {decision.detail}",
+                      evidence={"ledger": str(job_dir / LEDGER), "exit_code": decision.exit_code})
+        # generous: nothing waits on this but the job's own end (the batch script gives job-attempt end 120 s)
+        return emit(cfg, event, budget_s=20.0, state_path=user_state_path(cfg, str(job_dir), ctx.job_id, ctx.node))
+    except Exception as e:  # noqa: BLE001 - the decision stands; a message that could not go out is logged
+        _warn(f"could not notify that the job gave up: {type(e).__name__}: {e}")
+        return None
 
 
 def policy_from_args(max_failures: int, codes: Sequence[int], patterns: Sequence[str],

@@ -370,9 +370,23 @@ def lint(text: str, instance: Optional[str] = None, stack: Optional[str] = None,
                 continue
             if rule.get("not_in") and value.upper() in [str(v).upper() for v in rule["not_in"]]:
                 continue
+            if not _in_range(rule, value):
+                continue
             findings.append(_finding(rule, severity, a.line, name, a.value, instance, evidence))
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: (order[f.severity], f.line or 0))
+
+
+def _in_range(rule: dict[str, Any], value: str) -> bool:
+    """`below: N` / `at_least: N`: a rule about a size; a value that is not a plain integer (a shell variable, a
+    typo) matches neither, so a size rule never fires on what it cannot read."""
+    if "below" not in rule and "at_least" not in rule:
+        return True
+    if not re.fullmatch(r"\d{1,19}", value):
+        return False
+    number = int(value)
+    return ("below" not in rule or number < int(rule["below"])) and \
+        ("at_least" not in rule or number >= int(rule["at_least"]))
 
 
 def _finding(rule: dict[str, Any], severity: str, line: Optional[int], var: Optional[str], value: Optional[str],

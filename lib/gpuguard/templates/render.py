@@ -290,6 +290,13 @@ def _computed(values: dict[str, Any], template: str, site_presets: Optional[Mapp
                   local_env=[e for e in env.values() if e.under == "local_dir"],
                   unset=[u for u in preset.unset if u.name not in env], warnings=list(preset.warnings),
                   fabric_check=fabric_check)
+    if values.get("container_image"):
+        from gpuguard.templates.containers import coverage_problem
+
+        problem = coverage_problem("checkpoint_dir", values.get("checkpoint_dir"),
+                                   values.get("container_mounts") or [], [values.get("local_dir") or ""])
+        if problem:
+            gg.setdefault("warnings", []).append(problem + " (the job checks it on the nodes and stops if so)")
     if "requeue_grace_s" in values:
         gg["shutdown_timeout_s"] = shutdown_timeout(values["requeue_grace_s"], values.get("shutdown_timeout_s"))
         if gg["shutdown_timeout_s"] >= values["requeue_grace_s"]:

@@ -37,6 +37,11 @@ class Thresholds:
     grad_window: int = 50
     grad_min_history: int = 10
     grad_norm_max: Optional[float] = None  # optional absolute ceiling; off by default (the scale is per model)
+    # a ceiling relative to the attempt's first grad norms (the median of the first `grad_first` of them): from
+    # the second record on, so a short log still flags a 1,000x jump the trailing-window rule cannot judge yet
+    grad_ceiling_ratio: float = 100.0
+    grad_first: int = 5
+    skip_streak: int = 4  # consecutive optimizer steps skipped (fp16 overflow) once training is under way
     throughput_drop: float = 0.2  # sustained: time per sample/token this fraction of the baseline time slower
     throughput_window: int = 20  # baseline: median of the last this-many normal records
     throughput_min_history: int = 5
@@ -79,6 +84,7 @@ class Analysis:
     nan_iterations: int = 0
     overflows: int = 0  # DeepSpeed fp16 "OVERFLOW! ... Skipping step" lines
     duplicates: int = 0  # other ranks' copies and progress-bar redraws that were dropped
+    incomplete: int = 0  # progress lines cut short (a log being written, an excerpt): not judged
     restarts: list[int] = field(default_factory=list)  # iteration each resumed attempt started at
     flags: list[Flag] = field(default_factory=list)
 
@@ -234,6 +240,77 @@ def _skip_flags(recs: Sequence[IterRecord], breaks: frozenset[int]) -> list[Flag
                     "loss scaler cannot absorb", float(recs[ep[0]].skipped_iterations or 0)))
 
 
+WARMUP_MIN_SCALE = 1024.0  # fp16 loss scalers start at 2^16 (DeepSpeed's default) or higher, never this low
+
+
+def _overflow_streaks(recs: Sequence[IterRecord], events: Sequence[LogEvent], th: Thresholds) -> list[Flag]:
+    """DeepSpeed skips a step and halves the loss scale on each fp16 overflow ("Attempted loss scale: S, reducing
+    to S/2"). While it calibrates at the start of a run that happens many times in a row, from its initial scale
+    (2^16 by default, up to 2^32), normal; later an overflow or two now and then is normal too. `skip_streak` or
+    more in a row (each attempt at the scale the previous one reduced to) once training is under way is not: the
+    gradients overflow faster than the scaler can back off. Under way: a loss was logged before the streak, it is
+    not the attempt's first streak, or it starts below any initial scale (WARMUP_MIN_SCALE)."""
+    flags: list[Flag] = []
+    overflow = [e for e in events if e.kind == "overflow"]
+    if not overflow:
+        return flags
+    loss_lines = sorted(r.line_no for r in recs if r.loss is not None)
+    resumes = [e.line_no for e in events if e.kind == "resume"]
+    streaks: list[list[LogEvent]] = []
+    for e in overflow:
+        prev = streaks[-1][-1] if streaks else None
+        chained = prev is not None and prev.scale_to is not None and e.scale_from == prev.scale_to \
+            and not any(prev.line_no < r < e.line_no for r in resumes)
+        hysteresis = prev is not None and prev.scale_to is None and e.scale_from == prev.scale_from
+        if chained or hysteresis:
+            streaks[-1].append(e)
+        else:
+            streaks.append([e])
+    for k, streak in enumerate(streaks):
+        first_of_attempt = k == 0 or any(streaks[k - 1][-1].line_no < r < streak[0].line_no for r in resumes)
+        attempt_start = max([r for r in resumes if r < streak[0].line_no], default=0)
+        under_way = any(attempt_start < n < streak[0].line_no for n in loss_lines) or not first_of_attempt \
+            or (streak[0].scale_from is not None and streak[0].scale_from < WARMUP_MIN_SCALE)
+        skipped = sum(1 for e in streak if e.scale_to is not None)
+        if under_way and skipped >= th.skip_streak:
+            start, end = streak[0], streak[-1]
+            flags.append(Flag("skip_streak", "critical", start.iteration, end.iteration,
+                              f"{skipped} optimizer steps skipped in a row (fp16 overflow; loss scale "
+                              f"{fmt(start.scale_from)} -> {fmt(end.scale_to)}) once training was under way: "
+                              "the gradients overflow faster than the loss scaler can back off", float(skipped),
+                              start.line_no, len(streak)))
+    return flags
+
+
+def _megatron_skip_streaks(recs: Sequence[IterRecord], th: Thresholds, breaks: frozenset[int]) -> list[Flag]:
+    """Megatron logs how many steps of each interval were skipped: consecutive intervals with skips, the loss
+    scale falling, `skip_streak` or more in all, once training is under way (whole skipped intervals are
+    `skipped_iterations` already)."""
+    hits: list[list[int]] = []
+    for span in _attempt_slices(len(recs), breaks):
+        started, run = False, []
+        for i in span:
+            r = recs[i]
+            overflows = (r.skipped_iterations or 0) - (r.nan_iterations or 0)
+            falling = not run or (r.loss_scale is not None and recs[run[-1]].loss_scale is not None
+                                  and r.loss_scale < (recs[run[-1]].loss_scale or 0.0))
+            if overflows > 0 and started and falling and not _all_skipped(recs, i, breaks):
+                run.append(i)
+            else:
+                if sum((recs[j].skipped_iterations or 0) for j in run) >= th.skip_streak and len(run) > 1:
+                    hits.append(run)
+                run = [i] if overflows > 0 and started and not _all_skipped(recs, i, breaks) else []
+            started = started or r.loss is not None
+        if sum((recs[j].skipped_iterations or 0) for j in run) >= th.skip_streak and len(run) > 1:
+            hits.append(run)
+    return [Flag("skip_streak", "critical", recs[run[0]].iteration, recs[run[-1]].iteration,
+                 f"{sum(recs[j].skipped_iterations or 0 for j in run)} optimizer steps skipped in consecutive "
+                 f"intervals at {_span(recs, run)}, loss scale falling to {fmt(recs[run[-1]].loss_scale)}: "
+                 "overflowing gradients the loss scaler cannot absorb",
+                 float(sum(recs[j].skipped_iterations or 0 for j in run)), recs[run[0]].line_no, len(run))
+            for run in hits]
+
+
 # --------------------------------------------------------------------------- loss and grad-norm spikes
 
 
@@ -275,6 +352,13 @@ def _grad_flags(recs: Sequence[IterRecord], th: Thresholds, breaks: frozenset[in
             g = recs[i].grad_norm
             if g is None or not math.isfinite(g) or g <= 0:
                 continue
+            first = history[:th.grad_first]
+            if first:
+                base = median(first)
+                if g > base * th.grad_ceiling_ratio:
+                    hits.append(i)
+                    base_at[i] = (base, base * th.grad_ceiling_ratio)
+                    continue
             if len(history) >= max(1, th.grad_min_history):
                 window = history[-th.grad_window:]
                 med = median(window)
@@ -288,6 +372,10 @@ def _grad_flags(recs: Sequence[IterRecord], th: Thresholds, breaks: frozenset[in
     def spike(ep: list[int]) -> tuple[str, Optional[float]]:
         peak_i = max(ep, key=lambda i: recs[i].grad_norm or 0.0)
         peak, (med, limit) = recs[peak_i].grad_norm or 0.0, base_at[ep[0]]
+        if limit == med * th.grad_ceiling_ratio:
+            return (f"grad norm spike at {_span(recs, ep)}: peak {fmt(peak)} at iteration {recs[peak_i].iteration}, "
+                    f"{peak / med:.0f}x the run's first grad norms (median {fmt(med)}; limit "
+                    f"{th.grad_ceiling_ratio:g}x)", peak)
         return (f"grad norm spike at {_span(recs, ep)}: peak {fmt(peak)} at iteration {recs[peak_i].iteration} vs "
                 f"the run's median {fmt(med)} (limit median + {th.grad_spike_k:g} MAD = {fmt(limit)})", peak)
 
@@ -442,7 +530,7 @@ def _event_flags(recs: Sequence[IterRecord], events: Sequence[LogEvent]) -> list
 
 
 def analyze(records: Sequence[IterRecord], th: Optional[Thresholds] = None, events: Sequence[LogEvent] = (),
-            duplicates: int = 0) -> Analysis:
+            duplicates: int = 0, incomplete: int = 0) -> Analysis:
     """Summary and flags for parsed records (in log order) and the log's events. Pure; never raises."""
     th = th or Thresholds()
     # records built by hand (or by parse_line) may lack the number scan_log gives HF Trainer's lines
@@ -457,7 +545,8 @@ def analyze(records: Sequence[IterRecord], th: Optional[Thresholds] = None, even
     costs = [c for r in recs if (c := cost(r, unit)) is not None]
     flags = (_nonfinite_flags(recs, key, breaks) + _skip_flags(recs, breaks)
              + _loss_spike_flags(recs, key, th, breaks) + _grad_flags(recs, th, breaks)
-             + _throughput_flags(recs, unit, th, breaks) + _lr_flags(recs, th, breaks) + _event_flags(recs, events))
+             + _throughput_flags(recs, unit, th, breaks) + _lr_flags(recs, th, breaks) + _event_flags(recs, events)
+             + _overflow_streaks(recs, events, th) + _megatron_skip_streaks(recs, th, breaks))
     flags.sort(key=lambda f: (f.severity != "critical", f.line_no, f.kind))
     return Analysis(
         records=len(recs),
@@ -480,6 +569,7 @@ def analyze(records: Sequence[IterRecord], th: Optional[Thresholds] = None, even
         nan_iterations=sum(r.nan_iterations or 0 for r in recs),
         overflows=sum(1 for e in events if e.kind == "overflow"),
         duplicates=duplicates,
+        incomplete=incomplete,
         restarts=[recs[i].iteration for i in sorted(breaks) if recs[i].iteration is not None],
         flags=flags,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from gpuguard.trainlog.analysis import Thresholds, analyze
 from gpuguard.trainlog.parse import scan_log
@@ -18,19 +18,30 @@ class _ReadError(Exception):
     pass
 
 
-def iter_lines(path: str) -> Iterator[str]:
+class iter_lines:  # noqa: N801 - used like the generator it replaced
     """The file's lines (undecodable bytes replaced); `-` is stdin. An OSError, at open or mid-read, becomes
-    _ReadError with a one-line reason."""
-    try:
-        if path == "-":
-            stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
-            yield from (line.rstrip("\n") for line in stdin)
-            return
-        with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-            for line in f:
-                yield line.rstrip("\n")
-    except OSError as e:
-        raise _ReadError(e.strerror or str(e)) from None
+    _ReadError with a one-line reason. After iterating, `incomplete_last` says whether the last line had no
+    newline: a log still being written ends mid-line, and scan_log does not judge that line."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.incomplete_last = False
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            if self.path == "-":
+                yield from self._lines(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace",
+                                                        newline="\n"))
+                return
+            with open(self.path, encoding="utf-8", errors="replace", newline="\n") as f:
+                yield from self._lines(f)
+        except OSError as e:
+            raise _ReadError(e.strerror or str(e)) from None
+
+    def _lines(self, stream: Iterable[str]) -> Iterator[str]:
+        for line in stream:
+            self.incomplete_last = not line.endswith("\n")
+            yield line.rstrip("\n")
 
 
 def read_lines(path: str) -> list[str]:
@@ -79,7 +90,7 @@ def main_from_args(args: Any) -> int:
     if not log.records and not any(e.severity in ("critical", "warning") for e in log.events):
         return fail(f"no training progress lines in {args.file} (expected Megatron-LM, nanotron, torchtitan, "
                     "HF Trainer, Lightning or key=value lines such as 'step=10 loss=2.3')")
-    result = analyze(log.records, th, log.events, log.duplicates)
+    result = analyze(log.records, th, log.events, log.duplicates, log.incomplete)
     if args.plot:
         try:
             plot(log.records, result, args.plot, title=args.file)

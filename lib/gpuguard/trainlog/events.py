@@ -27,7 +27,9 @@ Megatron-LM (NVIDIA/Megatron-LM):
 DeepSpeed `deepspeed/runtime/fp16/loss_scaler.py`: "Current loss scale already at minimum - cannot decrease scale
 anymore. Exiting run." (fp16 overflows that loss scaling can no longer absorb) and
 ``f"[deepspeed] OVERFLOW! Rank {rank} Skipping step. Attempted loss scale: {cur}, reducing to {next}"``
-(normal while the scaler calibrates; counted, not flagged).
+(normal while the scaler calibrates, and now and then later; many in a row once training is under way are
+flagged by the analysis), with ``f"... Attempted loss scale: {cur}, but hysteresis is {h}. Reducing hysteresis to
+{h - 1}"`` when only the hysteresis goes down.
 
 Resume markers of the other frameworks: torchtitan ``f"Training starts at step {self.step + 1}"``, Hugging Face
 Trainer ``f"  Continuing training from global step {self.state.global_step}"``, Lightning
@@ -58,6 +60,7 @@ _HF_RESUME = re.compile(r"Continuing training from global step (\d{1,15})")
 _LIGHTNING_RESUME = "Restoring states from the checkpoint path at"
 _DS_MIN_SCALE = "cannot decrease scale anymore"
 _DS_OVERFLOW = "OVERFLOW! Rank"
+_DS_SCALES = re.compile(r"Attempted loss scale: (\d{1,20}(?:\.\d*)?)(?:, reducing to (\d{1,20}(?:\.\d*)?))?")
 
 
 def _iteration(text: str) -> Optional[int]:
@@ -130,7 +133,10 @@ def parse_event(line: str, line_no: int = 0) -> Optional[LogEvent]:
                         "DeepSpeed: fp16 loss scale already at its minimum and still overflowing (run exits)",
                         detail="loss scale at minimum")
     if _DS_OVERFLOW in line and "Skipping step" in line:
-        return LogEvent("overflow", "info", line_no, "DeepSpeed fp16 overflow: step skipped, loss scale reduced")
+        m = _DS_SCALES.search(line)
+        return LogEvent("overflow", "info", line_no, "DeepSpeed fp16 overflow: step skipped, loss scale reduced",
+                        scale_from=float(m.group(1)) if m else None,
+                        scale_to=float(m.group(2)) if m and m.group(2) else None)
     if "checkpoint" in line:
         m = _MEGATRON_RESUME.search(line)
         if m:

@@ -61,7 +61,9 @@ def _pipe_pairs(rest: str) -> list[tuple[str, str]]:
 
 
 def parse_megatron(line: str, line_no: int = 0) -> Optional[IterRecord]:
-    if "iteration" not in line.lower() or "|" not in line:
+    # every field Megatron prints ends with " |": a line that does not is cut (a log still being written, an
+    # excerpt) or wrapped (a document); judged only once complete (scan_log joins a wrapped one)
+    if "iteration" not in line.lower() or not line.rstrip().endswith("|"):
         return None
     m = _MEGATRON.search(line)
     if not m:

@@ -7,13 +7,17 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 from gpuguard.trainlog.events import parse_event
 from gpuguard.trainlog.formats import PARSERS
 from gpuguard.trainlog.records import IterRecord, LogEvent
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# the start of a Megatron / Megatron-DeepSpeed iteration line (see formats.py)
+_MEGATRON_HEAD = re.compile(r"\biteration\s+\d{1,15}\s*/\s*(?:\d{1,15}|infinity)\s*\|", re.IGNORECASE)
+MAX_JOINED = 4  # a wrapped progress line spans at most this many physical lines
+SELF_TERMINATED = ("megatron", "hf")  # formats whose line is recognised only when complete (" |", "{...}")
 _SOURCE = re.compile(r"\[(?:rank|default)(\d{1,7})\]:|^\s*(\d{1,7}):\s")
 MAX_SEGMENT = 64 << 10  # a progress line is < 1 KiB; a longer one is cut, never parsed for minutes
 
@@ -60,12 +64,59 @@ class TrainLog:
     duplicates: int = 0  # lines dropped as another rank's copy or a progress-bar redraw of the same step
     sources: list[str] = field(default_factory=list)  # rank tags seen on progress lines
     source: str = ""  # the one whose lines were used
+    incomplete: int = 0  # progress lines cut short (a log being written, an excerpt): skipped, never judged
 
 
-def _raw(lines: Iterable[str]) -> tuple[list[IterRecord], list[LogEvent]]:
+def _unfinished(line: str) -> bool:
+    """A Megatron iteration line without its closing "|": cut, or wrapped onto the next line(s)."""
+    return "|" in line and bool(_MEGATRON_HEAD.search(line)) and not line.rstrip().endswith("|")
+
+
+def complete_lines(lines: Iterable[str]) -> Iterator[tuple[int, str, bool]]:
+    """(line number, text, complete) of each logical line: a Megatron line a document wrapped is joined with its
+    continuation lines (up to MAX_JOINED, none of which starts a new progress line); one still unfinished is
+    returned with complete=False, as is a last line the reader says was cut (`lines.incomplete_last`)."""
+    it = iter(lines)
+    pending: Optional[tuple[int, str, int]] = None  # (line number, text so far, lines joined)
+    n = 0
+    for n, line in enumerate(it, 1):
+        if pending is not None:
+            start, text, joined = pending
+            if _MEGATRON_HEAD.search(line) or joined >= MAX_JOINED or not line.strip():
+                yield start, text, False
+                pending = None
+            else:
+                text = text + line.lstrip() if text.endswith((" ", "\t")) else text + line
+                if _unfinished(text):
+                    pending = (start, text, joined + 1)
+                else:
+                    yield start, text, True
+                    pending = None
+                continue
+        if _unfinished(line):
+            pending = (n, line, 1)
+            continue
+        yield n, line, True
+    if pending is not None:
+        yield pending[0], pending[1], False
+        pending = None
+
+
+def _raw(lines: Iterable[str]) -> tuple[list[IterRecord], list[LogEvent], int]:
     records: list[IterRecord] = []
     events: list[LogEvent] = []
-    for n, line in enumerate(lines, 1):
+    incomplete = 0
+    logical = list(complete_lines(lines))
+    if logical and getattr(lines, "incomplete_last", False) and logical[-1][2] and \
+            not any((r := _parse_segment(seg, 0)) is not None and r.fmt in SELF_TERMINATED
+                    for seg in segments(logical[-1][1])):
+        # the file ends mid-line (still being written) in a format whose lines have no end marker of their own
+        logical[-1] = (logical[-1][0], logical[-1][1], False)
+    for n, line, complete in logical:
+        if not complete:
+            incomplete += any(_parse_segment(seg, n) is not None or _MEGATRON_HEAD.search(seg)
+                              for seg in segments(line))
+            continue
         for seg in segments(line):
             rec = _parse_segment(seg, n)
             if rec is not None:
@@ -74,7 +125,7 @@ def _raw(lines: Iterable[str]) -> tuple[list[IterRecord], list[LogEvent]]:
             event = parse_event(seg, n)
             if event is not None:
                 events.append(event)
-    return records, events
+    return records, events, incomplete
 
 
 def _pick_source(records: list[IterRecord]) -> tuple[str, list[str]]:
@@ -139,10 +190,10 @@ def scan_log(lines: Iterable[str]) -> TrainLog:
     resuming from an older checkpoint). A line repeating the previous line's step is another rank's copy or a
     progress-bar redraw: Lightning's later redraw is kept (its postfix carries the finished step's metrics),
     otherwise the first copy."""
-    raw, events = _raw(lines)
+    raw, events, incomplete = _raw(lines)
     source, sources = _pick_source(raw)
     resumes = sorted(e.line_no for e in events if e.kind == "resume")
-    out = TrainLog(events=events, sources=sources, source=source)
+    out = TrainLog(events=events, sources=sources, source=source, incomplete=incomplete)
     numbering = _Numbering()
     attempt, ri = 0, 0
     prev: Optional[IterRecord] = None

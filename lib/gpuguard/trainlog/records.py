@@ -48,6 +48,8 @@ class LogEvent:
     node: Optional[str] = None  # the node the framework named (Megatron's checks name rank, node and device)
     rank: Optional[int] = None
     detail: str = ""  # the framework's own message without rank/node, so one fault on 64 ranks is one finding
+    scale_from: Optional[float] = None  # DeepSpeed overflow: the loss scale it attempted
+    scale_to: Optional[float] = None    # ... and the one it reduced to (None: only its hysteresis went down)
 
 
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)

@@ -22,6 +22,9 @@ def format_summary(name: str, a: Analysis) -> str:
                      + (f", {a.overflows} fp16 overflow lines" if a.overflows else ""))
     if a.restarts:
         lines.append(f"  restarts    {len(a.restarts)} (resumed at iteration {', '.join(map(str, a.restarts))})")
+    if a.incomplete:
+        lines.append(f"  incomplete  {a.incomplete} progress line(s) cut short (a log being written, an excerpt): "
+                     "not judged")
     if a.duplicates:
         lines.append(f"  duplicates  {a.duplicates} lines (other ranks' copies, progress-bar redraws) not counted")
     if not a.flags:

@@ -1,0 +1,83 @@
+"""The torchrun template's node exclusions end to end on a real local Slurm cluster (see test_torchrun.py for the
+setup): a node gpuguard's health check drains is excluded on requeue and dropped again once healthy, and a job
+that needs every node of its partition is never excluded from it (issue 16). A file of its own so that pytest-xdist
+can run it beside the other torchrun tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+from torchjob import Job
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="CPU PyTorch not installed (pip install torch==2.13.0): torchrun e2e tests")
+
+
+def test_failed_node_is_excluded_on_requeue(site_factory):
+    site = site_factory(nodes=3)
+    job = Job(site, steps=12, step_time=0.5, max_requeues=2)
+    job.wait_for(lambda: (job.ckpt / "step-000002" / "COMPLETE").exists(), "the first checkpoints")
+    assert job.info()["NodeList"] == "node[1-2]"
+    # GPU 3 of node2 falls off the bus: gpuguard's health check drains node2, the rank there dies
+    site.set_scenario("node2", "xid79")
+    hc = site.run_hook("healthcheck", "node2")
+    assert "DRAIN" in site.cluster.node_flags("node2"), (hc.stdout, hc.stderr)
+    assert site.cluster.node_info("node2")["Reason"].startswith("gpuguard: XID79 gpu.xid")
+    (job.control / "fault-node2").touch()
+    job.wait_for(lambda: len(job.ledger()) >= 1, "attempt 1 to be recorded")
+    first = job.ledger()[0]
+    assert (first["reason"], first["action"], first["excluded"]) == ("node_failure", "requeued", ["node2"]), first
+    assert "gpuguard: XID79 gpu.xid" in first["detail"]
+    job.wait_for(lambda: job.info().get("ExcNodeList") == "node2", "ExcNodeList=node2 on the requeued job")
+    # The node is repaired and back before attempt 2 starts: the job still stays off it for this attempt
+    site.set_scenario("node2", "healthy-p5")
+    (job.control / "fault-node2").unlink()
+    site.cluster.resume("node2")
+    # attempt 2 fails too: at that requeue the exclusions are re-evaluated and node2, healthy again, is dropped
+    (job.control / "fault-node3").touch()
+    job.wait_for(lambda: len(job.ledger()) >= 2, "attempt 2 to be recorded")
+    (job.control / "fault-node3").unlink()
+    second = job.ledger()[1]
+    assert (second["nodes"], second["reason"], second["action"]) == ("node[1,3]", "app_error", "requeued"), second
+    assert second["unexcluded"] == ["node2"] and second["exclusions"] == [], second
+    info = job.wait()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", job.why(info)
+    assert info.get("ExcNodeList") in (None, "(null)", ""), job.why(info)
+    ledger = job.ledger()
+    assert ledger[2]["reason"] == "completed" and ledger[2]["resumed_from"] and "resumed from step" in job.output()
+    rows = job.store_attempts()
+    assert (rows[0]["reason"], rows[0]["excluded"]) == ("node_failure", "node2")
+
+
+def test_a_job_that_needs_every_node_is_not_excluded_from_its_own_partition(site_factory):
+    """Issue 16: a 2-node job on a 2-node partition loses node2 (gpuguard's health check drains it). Excluding node2
+    left the job pending forever (BadConstraints), even after node2 was repaired. Now node2 is not excluded (it is
+    drained: Slurm does not use it meanwhile), and the job starts by itself once node2 is resumed."""
+    site = site_factory(nodes=2)
+    job = Job(site, steps=12, step_time=0.5, max_failures=2)
+    job.wait_for(lambda: (job.ckpt / "step-000002" / "COMPLETE").exists(), "the first checkpoints")
+    site.set_scenario("node2", "xid79")
+    hc = site.run_hook("healthcheck", "node2")
+    assert "DRAIN" in site.cluster.node_flags("node2"), (hc.stdout, hc.stderr)
+    (job.control / "fault-node2").touch()
+    job.wait_for(lambda: len(job.ledger()) >= 1, "attempt 1 to be recorded")
+    first = job.ledger()[0]
+    assert (first["reason"], first["action"], first["exclusions"], first["unexcluded"]) == \
+        ("node_failure", "requeued", [], ["node2"]), first
+    assert "too few nodes" in first["exclusion_note"]
+    assert "gpuguard: not excluding node2" in job.output()
+    # pending, waiting for node2 (not BadConstraints), with no exclusion to drop by hand
+    job.wait_for(lambda: job.info().get("JobState") == "PENDING", "the requeued job to pend")
+    time.sleep(3)
+    info = job.info()
+    assert info["JobState"] == "PENDING" and info.get("ExcNodeList") in (None, "(null)", ""), job.why(info)
+    # node2 is repaired and resumed: nobody touches the job
+    site.set_scenario("node2", "healthy-p5")
+    (job.control / "fault-node2").unlink()
+    site.cluster.resume("node2")
+    info = job.wait(timeout=200)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1" and info["NodeList"] == "node[1-2]", \
+        job.why(info)
+    assert [r["reason"] for r in job.ledger()] == ["node_failure", "completed"]

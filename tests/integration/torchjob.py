@@ -1,0 +1,143 @@
+"""Helpers of the torchrun end-to-end tests (test_torchrun*.py): a rendered torchrun job on a DevSite, with what it
+leaves behind, and the oldest supported PyTorch in a venv of its own."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpuguard.devcluster import free_tcp_ports
+from gpuguard.templates import render_template
+
+TRAIN = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "tiny_train.py"
+VENV_BIN = Path(sys.executable).parent
+
+
+def newest_torchrun() -> str:
+    cand = VENV_BIN / "torchrun"
+    return str(cand) if cand.exists() else "torchrun"
+
+
+def configure(site, **extra):
+    """The site as these tests run it: job attempts go to a user-side store of their own (issue 9: never the
+    hooks' store), node-local scratch under the site's own directory (like /tmp: sticky, world-writable)."""
+    local = site.workdir / "local"
+    local.mkdir(exist_ok=True)
+    local.chmod(0o1777)
+    cfg = {"templates": {"store_path": str(site.workdir / "user-state" / "attempts-{user}.db")},
+           "epilog": {"scratch_dirs": [str(local)]}}
+    cfg.update(extra)
+    site.write_config(cfg)
+    return local
+
+
+class Job:
+    """A rendered torchrun job submitted to a DevSite, with what it leaves behind."""
+
+    def __init__(self, site, sbatch_args=(), **values):
+        self.site = site
+        if "templates" not in site.config:
+            configure(site)
+        c = site.cluster
+        self.ckpt = c.jobs_dir / "ckpt"
+        self.control = c.jobs_dir / "control"
+        self.control.mkdir(exist_ok=True)
+        # the real CLI, as `python -m gpuguard` (a DevSite has no installed bin/gpuguard)
+        wrapper = site.workdir / "gpuguard"
+        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m gpuguard \"$@\"\n")
+        wrapper.chmod(0o755)
+        steps = values.pop("steps", 6)
+        step_time = values.pop("step_time", 0.2)
+        save_delay = values.pop("save_delay", 0)
+        base = {
+            "nodes": 2, "gpus_per_node": 0, "nproc_per_node": 1, "exclusive": False, "torchrun": newest_torchrun(),
+            "command": [str(TRAIN), "--ckpt-dir", str(self.ckpt), "--steps", str(steps), "--step-time",
+                        str(step_time), "--control", str(self.control)] + (["--save-delay", str(save_delay)]
+                                                                          if save_delay else []),
+            "checkpoint_dir": str(self.ckpt), "checkpoint_glob": "step-*", "checkpoint_marker": "COMPLETE",
+            "gpuguard": str(wrapper), "gpuguard_config": str(site.config_path),
+            "job_root": str(c.jobs_dir / "runs"), "output": str(c.jobs_dir / "train-%j.out"),
+            "job_name": "tiny-train", "local_dir": str(site.workdir / "local"),
+            # every dev cluster numbers its jobs from 1: the default port (29500 + job id) would collide between
+            # clusters running at the same time on this one host
+            "rdzv_port": free_tcp_ports(1)[0],
+        }
+        base.update(values)
+        self.script = site.workdir / "job.sbatch"
+        self.script.write_text(render_template("torchrun.sbatch.j2", base))
+        out = c.run(["sbatch", "--parsable", f"--chdir={c.jobs_dir}", *sbatch_args, str(self.script)])
+        assert out.returncode == 0, out.stderr
+        self.id = out.stdout.strip().split(";")[0]
+
+    def info(self):
+        return self.site.cluster.job_info(self.id)
+
+    def wait(self, timeout=150):
+        return self.site.cluster.wait_job(self.id, timeout=timeout)
+
+    def why(self, info=None) -> str:
+        """What a person would look at when an assertion fails: job state, ledger, end of the output."""
+        return f"job: {info or self.info()}\nledger: {self.ledger()}\noutput tail:\n{self.output()[-4000:]}"
+
+    def output(self) -> str:
+        p = self.site.cluster.jobs_dir / f"train-{self.id}.out"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def ledger(self) -> list[dict]:
+        p = self.site.cluster.jobs_dir / "runs" / self.id / "attempts.jsonl"
+        return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+    def store_attempts(self) -> list[dict]:
+        rows = []
+        for db in sorted((self.site.workdir / "user-state").glob("*.db")):
+            with sqlite3.connect(db) as conn:
+                conn.row_factory = sqlite3.Row
+                try:
+                    rows += [dict(r) for r in conn.execute("SELECT * FROM attempts WHERE job_id=? ORDER BY attempt",
+                                                          (self.id,))]
+                except sqlite3.OperationalError:
+                    pass
+        return rows
+
+    def wait_for(self, predicate, what, timeout=90.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}\n--- output ---\n{self.output()[-4000:]}\n"
+                             f"--- ledger ---\n{self.ledger()}\n--- job ---\n{self.info()}")
+
+
+# The oldest PyTorch the templates support (docs/templates.md): Python 3.11 wheels start at 2.0; 2.1 is the oldest
+# tested end to end. PyPI has no CPU-only Linux build of it: the CUDA build imports on a machine without a GPU but
+# needs NVIDIA's library wheels (2.6 GB to download, 4.7 GB installed; about 80 s + 100 s here), so the venv is
+# built once per machine, outside the checkout, and reused.
+OLDEST_TORCH = "2.1.2"
+
+
+def oldest_torch_venv() -> Path:
+    """A venv holding only torch==OLDEST_TORCH, built on first use (under a lock: xdist workers may ask at once)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuguard"
+    root = cache / f"torch-{OLDEST_TORCH}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f"torch-{OLDEST_TORCH}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / ".ok").exists():
+            return root
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True, timeout=300)
+        pip = subprocess.run([str(root / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                              f"torch=={OLDEST_TORCH}"], capture_output=True, text=True, timeout=1800)
+        check = subprocess.run([str(root / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True, timeout=300)
+        if pip.returncode != 0 or not check.stdout.startswith(OLDEST_TORCH):
+            raise RuntimeError(f"could not install torch=={OLDEST_TORCH} into {root}: {pip.stderr[-2000:]}"
+                               f"{check.stderr[-2000:]}")
+        (root / ".ok").write_text(check.stdout)
+    return root
