@@ -72,7 +72,7 @@ $(FAKENVML): lib/gpuguard/simulate/fakenvml.c
 fakenvml: $(FAKENVML)
 
 demo: deps venv fakenvml
-	@$(PY) -m gpuguard.demo $(DEMO_ARGS)
+	@$(PY) -m devtools.demo $(DEMO_ARGS)
 
 # Two workers, whole files per worker (a module's Slurm cluster or PostgreSQL server stays in one process): the
 # integration tests mostly wait on daemons, so this halves the wall time on CI's 2 cores.
@@ -110,10 +110,10 @@ install: fakenvml
 	  > $(PREFIX)/share/gpuguard/gpuguard-watch.service
 	@echo ">> the watch daemon (drains within a second of a fatal Xid):"
 	@echo "   cp $(PREFIX)/share/gpuguard/gpuguard-watch.service /etc/systemd/system/ && systemctl daemon-reload && systemctl enable --now gpuguard-watch"
-	@PYTHONPATH=lib $(PYTHON) -m gpuguard.install --libexec $(PREFIX)/libexec/gpuguard \
+	@PYTHONPATH=lib $(PYTHON) -m gpuguard.cli.install --libexec $(PREFIX)/libexec/gpuguard \
 	  --python $(PREFIX)/lib/gpuguard/venv/bin/python --config $(CONFDIR)/config.yaml
 	@# 0640, never overwritten: notification URLs in it carry tokens
-	@PYTHONPATH=lib $(PYTHON) -m gpuguard.install --install-config examples/config.yaml --config $(CONFDIR)/config.yaml
+	@PYTHONPATH=lib $(PYTHON) -m gpuguard.cli.install --install-config examples/config.yaml --config $(CONFDIR)/config.yaml
 	@echo ">> add these lines to slurm.conf and run 'scontrol reconfigure':"
 	@$(PREFIX)/bin/gpuguard slurm-conf --prefix $(PREFIX)
 

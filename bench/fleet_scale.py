@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(ROOT))  # devtools/
 sys.path.insert(0, str(ROOT / "bench"))
 
 from fleet_data import generate, sizes  # noqa: E402
@@ -37,7 +38,7 @@ from gpuguard.fleet.pgquery import drains_query, findings_query, healthy_runs_qu
 from gpuguard.fleet.pgsource import PgHistory  # noqa: E402
 from gpuguard.fleet.query import Filters, build_filters  # noqa: E402
 from gpuguard.fleet.report import report_pg  # noqa: E402
-from gpuguard.history import write_history  # noqa: E402
+from gpuguard.cli.history import write_history  # noqa: E402
 
 Row = Callable[[str, str, str, Optional[bool]], None]
 TARGET_S = 1.0
@@ -145,7 +146,7 @@ def _print_row(what: str, value: str, target: str, ok: Optional[bool]) -> None:
 
 def bench_fleet(nodes: int = 10000, days: int = 30, repeat: int = 3, shared_buffers: str = "1GB",
                 row: Row = _print_row) -> None:
-    from gpuguard.fleet.devpg import DevPostgres, missing_requirements
+    from devtools.devpg import DevPostgres, missing_requirements
     from gpuguard.fleet.pg import connect
     from gpuguard.fleet.schema import ensure_schema
 

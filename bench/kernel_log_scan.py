@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(ROOT))  # devtools/
 
 from gpuguard.kernellog.file import FileSource  # noqa: E402
 

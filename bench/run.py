@@ -33,9 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(ROOT))  # devtools/
 
-from gpuguard.devcluster import DevCluster, missing_requirements  # noqa: E402
-from gpuguard.devsite import DevSite  # noqa: E402
+from devtools.devcluster import DevCluster, missing_requirements  # noqa: E402
+from devtools.devsite import DevSite  # noqa: E402
 
 ROWS: list[tuple[str, str, str, str]] = []
 

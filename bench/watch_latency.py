@@ -32,8 +32,9 @@ from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(ROOT))  # devtools/
 
-from gpuguard.devsite import DevSite  # noqa: E402
+from devtools.devsite import DevSite  # noqa: E402
 
 XID79 = "NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID13 = "NVRM: Xid (PCI:0000:{bus}:00): 13, pid={pid}, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 0)"

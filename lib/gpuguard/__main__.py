@@ -1,3 +1,3 @@
-from gpuguard.cli import main
+from gpuguard.cli.main import main
 
 raise SystemExit(main())

@@ -27,7 +27,7 @@ class RunContext:
     job_uid: Optional[int] = None
     gpu_indices: Optional[tuple[int, ...]] = None  # the job's GPUs (NVML indices); None = all GPUs
     # Slurm's own identifiers for the job's GPUs (GRES indices = /dev/nvidiaN minor numbers, or GPU-/MIG- UUIDs);
-    # the pipeline maps them to NVML indices (gpuguard.gpumap) once NVML has been read. None = not from Slurm.
+    # the pipeline maps them to NVML indices (gpuguard.pipeline.gpumap) once NVML has been read. None = not from Slurm.
     gpu_ids: Optional[tuple[str, ...]] = None
     restart_count: int = 0
     exclusive: Optional[bool] = None

@@ -297,7 +297,7 @@ class Observations:
 
 @dataclass
 class Verdict:
-    """What a run decided for the node (gpuguard.policy.decide)."""
+    """What a run decided for the node (gpuguard.pipeline.policy.decide)."""
 
     outcome: str  # "pass" | "warn" | "drain"
     action: Action = Action.NONE

@@ -1,5 +1,5 @@
 """Integration fixtures: a real local Slurm cluster (munge + slurmctld + slurmd per node) running gpuguard's
-installed hooks over simulated GPU nodes (gpuguard.devsite)."""
+installed hooks over simulated GPU nodes (devtools.devsite)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from gpuguard.devcluster import missing_requirements
-from gpuguard.devsite import DevSite
+from devtools.devcluster import missing_requirements
+from devtools.devsite import DevSite
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

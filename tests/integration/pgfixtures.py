@@ -1,5 +1,5 @@
 """Shared by the central-history tests (test_fleet_pg.py, test_fleet_pg_scale.py): a real PostgreSQL server booted
-once per test module (Debian's postgresql in a temp dir, gpuguard.fleet.devpg), a fresh database per test, and the
+once per test module (Debian's postgresql in a temp dir, devtools.devpg), a fresh database per test, and the
 ways an admin drives gpuguard (the CLI, the health check as slurmd runs it)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.fleet.devpg import DevPostgres, missing_requirements
+from devtools.devpg import DevPostgres, missing_requirements
 from gpuguard.simulate.build import build_fake_nvml
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import JOB
 
-from gpuguard.reason import parse_reason
+from gpuguard.slurm.reason import parse_reason
 
 
 def hc(site, node="node1"):

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from gpuguard.reason import parse_reason
+from gpuguard.slurm.reason import parse_reason
 
 
 def _gg(site) -> str:

@@ -20,7 +20,7 @@ import pytest
 from pgfixtures import SCENARIOS, db, gg, healthcheck, pg, q, write_cfg  # noqa: F401 - fixtures
 
 from gpuguard.model import Action, Finding, Severity
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 
 def local_counts(path):
@@ -141,9 +141,9 @@ def test_the_watch_daemon_ships_a_drain_within_seconds(db, tmp_path):
     idle loop ships the records soon after, without the health check or the timer."""
     import threading
 
-    from gpuguard.config import load_config
-    from gpuguard.log import HookLog
-    from gpuguard.watch import WatchDaemon
+    from gpuguard.config.schema import load_config
+    from gpuguard.util.log import HookLog
+    from gpuguard.watch.daemon import WatchDaemon
 
     log = tmp_path / "kern.log"
     log.write_text("")

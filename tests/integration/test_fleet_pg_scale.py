@@ -22,7 +22,7 @@ import pytest
 from pgfixtures import ROOT, SCENARIOS, db, gg, healthcheck, pg, q, sessions, write_cfg  # noqa: F401 - fixtures
 
 from gpuguard.model import Finding, Severity
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 sys.path.insert(0, str(ROOT / "bench"))
 from fleet_data import generate  # noqa: E402
@@ -149,7 +149,7 @@ def test_the_watch_daemon_reuses_its_connection_and_opens_none_with_nothing_to_s
     """Today every ship opened a connection: the watch daemon's every 60 s, on 10,000 nodes ~167 a second. Now
     a ship with nothing waiting (the health check shipped it) opens none, and one that has something reuses the
     connection it kept."""
-    from gpuguard.config import load_config
+    from gpuguard.config.schema import load_config
     from gpuguard.fleet import ship
 
     cfg_path = write_cfg(tmp_path, db)
@@ -191,7 +191,7 @@ class PgBouncer:
     """Debian's pgbouncer in transaction pooling mode in front of `pg`, configured as docs/fleet.md says."""
 
     def __init__(self, pg, pool_size=2):
-        from gpuguard.fleet.devpg import free_port
+        from devtools.devpg import free_port
 
         self.binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         self.dir = Path(tempfile.mkdtemp(prefix="gg-pgb-", dir="/tmp"))

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from gpuguard.devsite import DevSite
-from gpuguard.reason import parse_reason
+from devtools.devsite import DevSite
+from gpuguard.slurm.reason import parse_reason
 
 
 def hc(site, node="node1"):
@@ -157,7 +157,7 @@ def test_concurrent_prologs_and_health_checks(site_factory):
 def test_slurmd_runs_the_health_check_itself(tmp_path):
     """HealthCheckProgram= as an admin configures it: slurmd runs it at start (before the node registers:
     it must not block) and every interval; a bad node is drained without anyone running anything."""
-    from gpuguard.devcluster import missing_requirements
+    from devtools.devcluster import missing_requirements
 
     if missing_requirements():
         pytest.skip("; ".join(missing_requirements()))

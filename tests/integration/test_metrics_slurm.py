@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_metrics import collect_dir, promtool_check_metrics, read_metrics, value, wait_for  # noqa: E402 - the unit helpers
 
-from gpuguard.devsite import DevSite  # noqa: E402
-from gpuguard.reason import parse_reason  # noqa: E402
+from devtools.devsite import DevSite  # noqa: E402
+from gpuguard.slurm.reason import parse_reason  # noqa: E402
 
 JOB = "#!/bin/sh\nsrun -l hostname\n"
 

@@ -8,11 +8,11 @@ import json
 import time
 from pathlib import Path
 
-from gpuguard.devsite import scenario_path
+from devtools.devsite import scenario_path
 from gpuguard.nccl import history
-from gpuguard.hostlist import expand_hostlist
-from gpuguard.reason import parse_reason
-from gpuguard.simulate.nccl_tests_stub import install_stub
+from gpuguard.slurm.hostlist import expand_hostlist
+from gpuguard.slurm.reason import parse_reason
+from devtools.nccl_tests_stub import install_stub
 
 
 def _slow_scenario(tmp_path: Path, factor: float) -> Path:

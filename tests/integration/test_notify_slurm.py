@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from alertmanager_server import BINARY, Alertmanager, routed_config  # noqa: E402 - a real Alertmanager
 from test_notify_servers import WebhookServer  # noqa: E402 - the real local webhook server of the unit tests
 
-from gpuguard.devsite import DevSite  # noqa: E402
+from devtools.devsite import DevSite  # noqa: E402
 
 pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
 

@@ -18,9 +18,9 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from gpuguard.devsite import DevSite, scenario_path
-from gpuguard.fsutil import atomic_write
-from gpuguard.reason import parse_reason
+from devtools.devsite import DevSite, scenario_path
+from gpuguard.util.fs import atomic_write
+from gpuguard.slurm.reason import parse_reason
 
 XID119 = ("NVRM: Xid (PCI:0000:86:00): 119, pid=2113, name=python3, Timeout after 6s of waiting for RPC response "
           "from GPU3 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20801348 0x204).")

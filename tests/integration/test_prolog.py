@@ -7,7 +7,7 @@ import time
 
 from conftest import JOB
 
-from gpuguard.reason import parse_reason
+from gpuguard.slurm.reason import parse_reason
 
 
 def node_reason(site, node):

@@ -1,4 +1,4 @@
-"""The torchrun template end to end on a real local Slurm cluster (gpuguard.devsite: munge, slurmctld, one
+"""The torchrun template end to end on a real local Slurm cluster (devtools.devsite: munge, slurmctld, one
 slurmd per node, gpuguard's prolog) with a real torchrun: CPU PyTorch, gloo, 2 nodes x 1 process, a tiny model
 that checkpoints every step (tests/fixtures/templates/tiny_train.py). Faults are injected through files the
 training reads, and through gpuguard's own health check draining a node with simulated Xid 79.

@@ -1,7 +1,7 @@
 """The torchrun template end to end on a local cluster laid out like stock Debian/Ubuntu nodes (issue 16): the
 daemons, and so every job, see a host name that /etc/hosts maps to 127.0.1.1, as Debian's and Ubuntu's
 installers write it, and each node has its own non-loopback address (NodeAddr 192.0.2.11, .12: the cluster runs
-in private mount, UTS and network namespaces, gpuguard.devhost; the machine's own /etc/hosts, host name and
+in private mount, UTS and network namespaces, devtools.devhost; the machine's own /etc/hosts, host name and
 network are untouched). There torchrun's guess of who hosts the c10d store ("an address my host name resolves
 to") is wrong on every node, exactly as on a real Debian cluster.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from torchjob import OLDEST_TORCH, Job, oldest_torch_venv
 
-from gpuguard.devhost import DebianHostView, missing_host_view_requirements
+from devtools.devhost import DebianHostView, missing_host_view_requirements
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torch") is None,

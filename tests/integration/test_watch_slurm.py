@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from gpuguard.reason import parse_reason
+from gpuguard.slurm.reason import parse_reason
 
 XID79 = "NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID13 = ("NVRM: Xid (PCI:0000:53:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 0, "

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuguard.devcluster import free_tcp_ports
+from devtools.devcluster import free_tcp_ports
 from gpuguard.templates import render_template
 
 TRAIN = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "tiny_train.py"

@@ -9,9 +9,9 @@ from typing import Any, Optional
 
 import yaml
 
-from gpuguard.config import Config, parse_config
+from gpuguard.config.schema import Config, parse_config
 from gpuguard.context import RunContext
-from gpuguard.slurm import NodeState
+from gpuguard.slurm.client import NodeState
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "examples" / "scenarios"

@@ -14,11 +14,13 @@ from typing import Callable
 
 import pytest
 
-from gpuguard import checks, policy, reason
+from gpuguard import checks
+from gpuguard.pipeline import policy
+from gpuguard.slurm import reason
 from gpuguard.checks import (ALL_KINDS, CheckInput, CheckSpec, cleared_only_by_reset, get_check, is_hardware_evidence,
                              node_scope, param_defaults, probe_options, registry, run_check)
 from gpuguard.checks.gpu.memory_errors import RECOVERY_ACTIONS
-from gpuguard.config import parse_config
+from gpuguard.config.schema import parse_config
 from gpuguard.model import (Action, DiskUsage, FabricObservation, FiInfo, Finding, GpuInfo, GpuProcess, JobCleanup,
                             KernelLogObservation, NvmlObservation, Observations, ProbeStatus, RdmaDevice, RdmaPort,
                             Severity, SystemObservation, XidEvent)
@@ -27,7 +29,7 @@ from gpuguard.nccl.probe import NcclObservation
 from gpuguard.probes.dcgm import parse_dcgm_diag
 from gpuguard.probes.efa_counters import EfaCounterObservation, EfaPortCounters
 from gpuguard.profiles import Profile, load_profile
-from gpuguard.xid import load_catalog
+from gpuguard.xid.catalog import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
@@ -207,7 +209,7 @@ def test_derived_tables():
 
 
 def test_importing_reason_does_not_load_the_checks():
-    code = "import sys, gpuguard.reason; assert 'gpuguard.checks' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, gpuguard.slurm.reason; assert 'gpuguard.checks' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

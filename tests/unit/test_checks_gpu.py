@@ -276,7 +276,7 @@ def test_hbm_temperature():
 def test_throttle_reasons():
     f = run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x1 | 0x40))[0]
     assert f.severity is Severity.FAIL and "hw_thermal" in f.message and f.keyword == "CLOCKS"
-    # the failure must persist before the runner drains (gpuguard.policy.apply_persistence)
+    # the failure must persist before the runner drains (gpuguard.pipeline.policy.apply_persistence)
     assert f.evidence["persist"] == {"key": "GPU-4:hw_thermal", "seconds": 240.0}
     assert run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x80))[0].severity is Severity.FAIL
     assert run("gpu.throttle", bad_gpu(4, clock_event_reasons=0x20))[0].severity is Severity.WARN

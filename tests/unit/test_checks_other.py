@@ -9,7 +9,7 @@ from gpuguard.model import (Action, DiskUsage, FabricObservation, FiInfo, GpuInf
                             NvmlObservation, Observations, ProbeStatus, RdmaDevice, RdmaPort, Severity,
                             SystemObservation, XidEvent)
 from gpuguard.profiles import load_profile
-from gpuguard.xid import load_catalog
+from gpuguard.xid.catalog import load_catalog
 
 P5 = load_profile("p5.48xlarge")
 DGX = load_profile("dgx-h100-ib")

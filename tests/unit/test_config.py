@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuguard.config import ConfigError, load_config, parse_config
+from gpuguard.config.schema import ConfigError, load_config, parse_config
 
 
 def test_empty_config_gives_defaults():

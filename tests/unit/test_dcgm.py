@@ -150,7 +150,7 @@ def test_runner_timeout_kills_the_tool(tmp_path):
 
 
 def test_simulated_dcgmi_drives_the_real_runner_and_check(tmp_path, monkeypatch):
-    from gpuguard.simulate.nccl_tests_stub import install_stub
+    from devtools.nccl_tests_stub import install_stub
 
     scen = tmp_path / "scen"
     scen.mkdir()

@@ -13,7 +13,7 @@ from gpuguard.probes.efa_counters import (counter_deltas, cursor_name, parse_cou
                                           read_efa_counters)
 from gpuguard.profiles import load_profile
 from gpuguard.simulate.sysfs import write_fake_infiniband
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 check_efa_counters = get_check("fabric.efa_counters")  # the check, with its spec bound
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from gpuguard.epilog import cleanup_leftovers
+from gpuguard.pipeline.leftovers import cleanup_leftovers
 from gpuguard.model import GpuInfo, GpuProcess, NvmlObservation
 
 

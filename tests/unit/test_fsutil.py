@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from gpuguard.fsutil import atomic_write
+from gpuguard.util.fs import atomic_write
 
 
 def test_replaces_with_mode_and_leaves_no_temp(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuguard.context import context_from_env, parse_gpu_ids
-from gpuguard.gpumap import resolve_job_gpus
+from gpuguard.pipeline.gpumap import resolve_job_gpus
 from gpuguard.model import GpuInfo
 from gpuguard.model import Severity
 from simnode import run_sim

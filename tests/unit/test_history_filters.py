@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpuguard.model import Action, Finding, Severity
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 XID79 = "gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [healthcheck reboot]"
 LEGACY_ECC = "gpuguard: gpu.ecc ECC: 2 volatile uncorrectable ECC errors on GPU 5 [prolog reset]"
@@ -181,7 +181,7 @@ def test_text_output_escapes_control_characters(tmp_path):
 
 def test_attempt_stores_expand_user_and_node(tmp_path):
     """templates.store_path may name a store per user and batch host (the job side writes it as the user)."""
-    from gpuguard.history import attempt_store_paths
+    from gpuguard.cli.history import attempt_store_paths
 
     for user, node in (("alice", "node1"), ("bob", "node2")):
         d = tmp_path / user

@@ -9,7 +9,7 @@ import time
 from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg
 
 from gpuguard.model import Finding, Severity
-from gpuguard.store import SCHEMA_VERSION, Store
+from gpuguard.store.sqlite import SCHEMA_VERSION, Store
 
 DAY = 86400.0
 NOW = time.time()

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 from test_history_filters import bulk_healthy_runs, record_xid_drain
 

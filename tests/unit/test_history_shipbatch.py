@@ -11,7 +11,7 @@ pytest.importorskip("psycopg")
 
 from gpuguard.fleet.shipbatch import is_healthy, plan_drains, plan_runs  # noqa: E402
 from gpuguard.model import Finding, Severity  # noqa: E402
-from gpuguard.store import Store  # noqa: E402
+from gpuguard.store.sqlite import Store  # noqa: E402
 
 DAY = 1795478400.0  # 2026-11-24T00:00:00Z
 ORIGIN = "7b0c6a4e-8f3e-4b8e-9d1a-0c9f2e6b5a11"

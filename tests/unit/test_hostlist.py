@@ -1,4 +1,4 @@
-"""gpuguard.hostlist (python-hostlist underneath) against Slurm's own `scontrol show hostlistsorted`, plus hostile
+"""gpuguard.slurm.hostlist (python-hostlist underneath) against Slurm's own `scontrol show hostlistsorted`, plus hostile
 and malformed input."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpuguard.hostlist import HostlistError, compress_hostlist, expand_hostlist
+from gpuguard.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
 
 CASES = [
     ["node003", "node017", "node018", "node019"],

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuguard.install import install_config
+from gpuguard.cli.install import install_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "config.yaml"
@@ -40,7 +40,7 @@ def test_the_make_install_line_runs(tmp_path):
     """The Makefile calls exactly this (as `make install` would, with CONFDIR=...)."""
     line = next(l for l in (ROOT / "Makefile").read_text().splitlines() if "--install-config" in l)
     assert "--config $(CONFDIR)/config.yaml" in line
-    out = subprocess.run([sys.executable, "-m", "gpuguard.install", "--install-config", str(EXAMPLE), "--config",
+    out = subprocess.run([sys.executable, "-m", "gpuguard.cli.install", "--install-config", str(EXAMPLE), "--config",
                           str(tmp_path / "gg" / "config.yaml")], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "lib")}, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""gpuguard.jobscratch: the epilog removes a job's private scratch as root without trusting anything below /tmp.
+"""gpuguard.pipeline.jobscratch: the epilog removes a job's private scratch as root without trusting anything below /tmp.
 Real files, real ownership (the tests chown to other uids when they run as root, which the epilog does)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.jobscratch import remove_job_scratch
+from gpuguard.pipeline.jobscratch import remove_job_scratch
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create files owned by other users")
 USER, OTHER = 1234, 2345

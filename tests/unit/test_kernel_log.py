@@ -814,7 +814,7 @@ def _stored(tmp_path: Path, name: str, **values: object) -> dict:
     """The old cursor as the new code gets it: written into a real store's cursors table, read back by Store."""
     import sqlite3
 
-    from gpuguard.store import Store
+    from gpuguard.store.sqlite import Store
 
     db = tmp_path / "state.db"
     Store(str(db)).close()

@@ -157,7 +157,7 @@ def test_xid_scan_loads_only_what_it_needs(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     imported = {line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "gpuguard.kernellog.scancli" in imported and "gpuguard.checks.xid" in imported
-    for heavy in ("yaml", "gpuguard.config", "gpuguard.runner", "gpuguard.store", "gpuguard.watch", "pickle",
+    for heavy in ("yaml", "gpuguard.config.schema", "gpuguard.runner", "gpuguard.store.sqlite", "gpuguard.watch.daemon", "pickle",
                   "gpuguard.kernellog.sources", "subprocess", "ctypes"):
         assert heavy not in imported, heavy
 

@@ -1,4 +1,4 @@
-"""gpuguard.lastgood: a config mistake never switches protection off and never drains a fleet (issue 14)."""
+"""gpuguard.config.lastgood: a config mistake never switches protection off and never drains a fleet (issue 14)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from gpuguard.config import parse_config
-from gpuguard.lastgood import cache_path, check_file, describe, load_guarded, read_last_good
+from gpuguard.config.schema import parse_config
+from gpuguard.config.lastgood import cache_path, check_file, describe, load_guarded, read_last_good
 
 GOOD = """\
 deadlines:
@@ -48,7 +48,7 @@ def test_a_valid_file_becomes_the_last_good_one_private_and_is_read_back_without
     load_guarded(str(conf), directory=state)
     path = cache_path(str(conf), state)
     assert os.stat(path).st_mode & 0o777 == 0o600  # it holds notification tokens
-    code = ("import sys; from gpuguard.lastgood import load_guarded; "
+    code = ("import sys; from gpuguard.config.lastgood import load_guarded; "
             "c = load_guarded(sys.argv[1], directory=sys.argv[2]); "
             "print(c.mode, c.sections['deadlines']['prolog_s'], c.sections['xid']['overrides'], "
             "'yaml' in sys.modules)")
@@ -127,7 +127,7 @@ def test_a_last_good_file_others_can_write_is_not_trusted(site):
 
 def test_the_absent_default_file_is_not_an_error(tmp_path, monkeypatch):
     monkeypatch.delenv("GPUGUARD_CONFIG", raising=False)
-    import gpuguard.config as config
+    import gpuguard.config.schema as config
 
     monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", str(tmp_path / "none.yaml"))
     cfg = load_guarded(None, directory=str(tmp_path))
@@ -135,7 +135,7 @@ def test_the_absent_default_file_is_not_an_error(tmp_path, monkeypatch):
 
 
 def test_config_check_names_every_bad_key_with_its_line(tmp_path, capsys):
-    from gpuguard.cli import main
+    from gpuguard.cli.main import main
 
     f = tmp_path / "new.yaml"
     f.write_text("deadlines:\n  prolog_s: soon\n  nvml_s: 5\npolicy:\n  on_faliure: drain\nchecks:\n  gpu.temprature: {}\n")
@@ -149,7 +149,7 @@ def test_config_check_names_every_bad_key_with_its_line(tmp_path, capsys):
 
 
 def test_strict_parsing_still_raises_at_the_first_problem():
-    from gpuguard.config import ConfigError
+    from gpuguard.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="line 2: deadlines.prolog_s"):
         parse_config("deadlines:\n  prolog_s: soon\n", source="c.yaml")

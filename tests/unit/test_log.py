@@ -1,4 +1,4 @@
-"""Hostile strings stay inert in the hooks' log (gpuguard.log escapes at the sink): a process name, hostname or
+"""Hostile strings stay inert in the hooks' log (gpuguard.util.log escapes at the sink): a process name, hostname or
 kernel-log line with terminal escapes, carriage returns or other control characters reaches neither the log file
 nor stderr raw. The end-to-end test runs the real prolog on a simulated node whose GPU holds a real process that
 renamed itself (prctl PR_SET_NAME, as any user can)."""
@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuguard.log import HookLog, escape_text
+from gpuguard.util.log import HookLog, escape_text
 
 from simnode import gpuguard_dirs
 

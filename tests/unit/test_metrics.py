@@ -19,16 +19,16 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuguard.config import parse_config
+from gpuguard.config.schema import parse_config
 from gpuguard.context import RunContext
-from gpuguard.log import HookLog
-from gpuguard.metrics import (Family, new_xid_events, node_families, remove_monitor_file_of_job, update_state,
+from gpuguard.util.log import HookLog
+from gpuguard.metrics.node import (Family, new_xid_events, node_families, remove_monitor_file_of_job, update_state,
                               write_families, write_run_metrics)
 from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.metrics import monitor_families
 from simnode import run_sim
-from gpuguard.slurm import NodeState
-from gpuguard.watch import WatchDaemon
+from gpuguard.slurm.client import NodeState
+from gpuguard.watch.daemon import WatchDaemon
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "examples" / "scenarios"
@@ -202,7 +202,7 @@ def test_counters_start_at_zero_so_increase_sees_the_first_drain(tmp_path):
 def test_drains_by_other_writers_are_counted_once_and_undrain_clears_the_state(tmp_path):
     """The watch daemon, `gpuguard undrain` and the NCCL sweep write drain records in the store between hook
     runs: the next run counts each record once, from the store's own id (pruning old rows changes nothing)."""
-    from gpuguard.store import Store
+    from gpuguard.store.sqlite import Store
 
     cfg = make_cfg(tmp_path, str(tmp_path / "prom"))
     slurm = MemorySlurm()
@@ -289,9 +289,9 @@ def test_xid_events_are_counted_once_per_boot_whatever_run_reads_them():
 def test_not_configured_writes_and_imports_nothing(tmp_path):
     code = (
         "import sys, yaml\n"
-        "from gpuguard.config import parse_config\n"
-        "from gpuguard.metrics import write_run_metrics, WatchHeartbeat\n"
-        "from gpuguard.log import HookLog\n"
+        "from gpuguard.config.schema import parse_config\n"
+        "from gpuguard.metrics.node import write_run_metrics, WatchHeartbeat\n"
+        "from gpuguard.util.log import HookLog\n"
         "cfg = parse_config('')\n"
         "write_run_metrics(cfg, None)\n"
         "hb = WatchHeartbeat('n1')\n"
@@ -476,7 +476,7 @@ def test_watch_heartbeat_advances_and_a_clean_stop_says_so(tmp_path):
     cfg_path.write_text(_watch_config(tmp_path, str(tmp_path / "prom" / "{node}"), 0.2))
     path = tmp_path / "prom" / "n1" / "gpuguard_watch.prom"
     env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
-    proc = subprocess.Popen([sys.executable, "-m", "gpuguard.watch", "--config", str(cfg_path), "--node", "n1"],
+    proc = subprocess.Popen([sys.executable, "-m", "gpuguard.watch.daemon", "--config", str(cfg_path), "--node", "n1"],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(path.exists, 30, "the heartbeat file")
@@ -532,7 +532,7 @@ def test_one_directory_with_every_writer_has_no_duplicate_series(tmp_path):
     slurm = MemorySlurm()
     run(cfg, "healthcheck", "ecc-dbe", slurm)
     run(cfg, "prolog", "xid79", slurm, job="5150")
-    from gpuguard.metrics import watch_families
+    from gpuguard.metrics.node import watch_families
 
     write_families(str(d), "watch", watch_families("node2", time.time(), time.time(), 30.0, True, 0))
     report = {"node": "node2", "job_id": "5150", "ts": time.time(), "interval_s": 10.0, "host": {},

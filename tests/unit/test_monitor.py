@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from test_notify_servers import WebhookServer
 
-from gpuguard.config import parse_config
+from gpuguard.config.schema import parse_config
 from gpuguard.monitor.loop import Monitor
 from gpuguard.simulate.build import build_fake_nvml
 from gpuguard.simulate.scenario import materialize

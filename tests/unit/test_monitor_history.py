@@ -14,10 +14,10 @@ import time
 import pytest
 import yaml
 
-from gpuguard.history import parse_since
-from gpuguard.status import drained_nodes
+from gpuguard.cli.history import parse_since
+from gpuguard.cli.status import drained_nodes
 from gpuguard.model import Action, Finding, Severity
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 
 def gg(cfg_path, *args):

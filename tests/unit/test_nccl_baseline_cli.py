@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.cli import FEATURE_COMMANDS, main
-from gpuguard.config import ConfigError, parse_config
+from gpuguard.cli.main import FEATURE_COMMANDS, main
+from gpuguard.config.schema import ConfigError, parse_config
 from gpuguard.nccl import history
 from gpuguard.nccl.baseline import best_for, config_snippet, percentile, propose, propose_threshold
 
@@ -120,8 +120,9 @@ def test_config_section_validates():
 
 
 def test_commands_registered_and_kept_off_the_hook_path():
-    assert {FEATURE_COMMANDS[c] for c in ("nccl", "efa", "dcgm", "baseline")} == {"gpuguard.nccl.cli"}
-    code = ("import sys, gpuguard.cli, gpuguard.pipeline.run; "
+    assert {FEATURE_COMMANDS[c] for c in ("nccl", "efa", "dcgm", "baseline")} == {
+        "gpuguard.nccl.cli", "gpuguard.nccl.efa_cli", "gpuguard.nccl.dcgm_cli", "gpuguard.nccl.baseline_cli"}
+    code = ("import sys, gpuguard.cli.main, gpuguard.pipeline.run; "
             "assert not [m for m in sys.modules if m.startswith('gpuguard.nccl')], 'imported on the hot path'")
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
 

@@ -10,11 +10,11 @@ from typing import Optional
 import pytest
 
 from gpuguard.nccl.fleet import format_report, run_fleet_sweep
-from gpuguard.hostlist import HostlistError, compress_hostlist, expand_hostlist
+from gpuguard.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from gpuguard.nccl.sweep import (JobSpec, Measurement, SlurmRunner, SweepError, drain_reason, isolate,
                                  parse_sinfo_nodes, render_job, threshold_resolver)
-from gpuguard.reason import parse_reason
-from gpuguard.slurm import NodeState
+from gpuguard.slurm.reason import parse_reason
+from gpuguard.slurm.client import NodeState
 
 
 class Fabric:

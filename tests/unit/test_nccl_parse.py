@@ -98,7 +98,7 @@ def test_indented_mpirun_prefixes_without_a_header():
 
 
 def test_json_nested_too_deeply_is_a_clear_error_not_a_recursion_error():
-    from gpuguard.yamlutil import NestingError
+    from gpuguard.config.yamlutil import NestingError
 
     deep = '{"results": ' + "[" * 100000
     with pytest.raises(NestingError, match="nested too deeply"):

@@ -14,7 +14,7 @@ from gpuguard.model import Action, Observations, Severity
 from gpuguard.nccl.probe import nccl_tests_argv, run_single_node_nccl, run_torch_probe
 from gpuguard.nccl.tier import job_is_exclusive, tier_cursor, tier_due
 from gpuguard.profiles import apply_overrides, load_profile
-from gpuguard.simulate.nccl_tests_stub import install_stub
+from devtools.nccl_tests_stub import install_stub
 
 check_nccl_busbw = get_check("nccl.busbw")  # the check, with its spec bound
 
@@ -162,11 +162,12 @@ def test_stub_reads_a_single_scenario_file(tmp_path):
 
 def test_tier_probes_wire_the_three_probes_with_simulated_tools(tmp_path, monkeypatch):
     from gpuguard.nccl.tier import tier_probes
-    from gpuguard.simulate.sources import simulated_tools
 
     scen = tmp_path / "node1.yaml"
     scen.write_text("instance_type: p5.48xlarge\nnccl: {busbw_gbps: 480}\ndcgm: {warn: [{test: software, gpu: 0, severity: 5}]}\n")
-    tools = simulated_tools(str(tmp_path / "sim"), str(scen))
+    bindir = str(tmp_path / "sim" / "bin")
+    tools = {"all_reduce_perf": str(install_stub(bindir, str(scen))),
+             "dcgmi": str(install_stub(bindir, str(scen), name="dcgmi", tool="dcgmi"))}
     cfg = {"binary": "unused", "min_bytes": 1 << 30, "max_bytes": 1 << 30, "iterations": 5, "timeout_s": 30,
            "dcgmi": "dcgmi", "dcgm_level": 1, "dcgm_timeout_s": 30}
     monkeypatch.setenv("SLURMD_NODENAME", "node1")

@@ -16,7 +16,7 @@ import yaml
 
 from test_notify_servers import SmtpServer, WebhookServer
 
-from gpuguard.config import parse_config
+from gpuguard.config.schema import parse_config
 from gpuguard.notify import Event, compress_hostlist, emit, flush, render
 
 pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
@@ -96,7 +96,7 @@ def test_default_action_when_the_caller_gives_none():
 def test_not_configured_costs_nothing(tmp_path):
     code = (
         "import sys, yaml\n"
-        "from gpuguard.config import parse_config\n"
+        "from gpuguard.config.schema import parse_config\n"
         "from gpuguard.notify import Event, emit, flush\n"
         f"cfg = parse_config(yaml.safe_dump({{'store': {{'path': {str(tmp_path / 's.db')!r}}}}}))\n"
         "print(emit(cfg, Event(kind='drain', node='n1', message='x')), flush(cfg))\n"
@@ -197,7 +197,7 @@ def test_bad_url_and_unwritable_state_never_raise(tmp_path, hook):
 
 
 def test_config_rejects_bad_values(tmp_path):
-    from gpuguard.config import ConfigError
+    from gpuguard.config.schema import ConfigError
 
     for bad in ({"urls": "json://x"}, {"rate_limit": 0}, {"min_severity": "loud"}, {"statepath": "/x"},
                 {"send_resolved": "yes"}, {"user_state_path": ""}, {"alertmanager_urls": ["am:9093"]},

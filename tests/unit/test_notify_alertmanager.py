@@ -18,7 +18,7 @@ import yaml
 from alertmanager_server import AMTOOL, BINARY, EXAMPLE, Alertmanager, HungServer, free_port, routed_config
 from test_notify_servers import WebhookServer
 
-from gpuguard.config import parse_config
+from gpuguard.config.schema import parse_config
 from gpuguard.notify import Event, emit, flush
 
 needs_am = pytest.mark.skipif(not BINARY or not AMTOOL, reason="prometheus-alertmanager / amtool missing: make deps")
@@ -88,7 +88,7 @@ def test_the_example_configuration_passes_amtool_check_config():
 @needs_am
 def test_forty_nodes_drained_for_the_same_check_are_one_notification_and_their_undrains_resolve_it(
         tmp_path, hook, am):
-    from gpuguard.store import Store
+    from gpuguard.store.sqlite import Store
 
     cfg = make_cfg(tmp_path, [am.url])
     nodes = [f"gpu-r12-{i:03d}" for i in range(1, 41)]

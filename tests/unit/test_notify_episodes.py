@@ -13,7 +13,7 @@ import yaml
 
 from test_notify_servers import WebhookServer
 
-from gpuguard.config import parse_config
+from gpuguard.config.schema import parse_config
 from gpuguard.notify import Event, dedupe_key, emit, flush, gpu_identities, render, target_url
 
 apprise = pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")

@@ -24,8 +24,8 @@ import yaml
 
 from test_notify_servers import WebhookServer
 
-from gpuguard.config import parse_config
-from gpuguard.log import HookLog
+from gpuguard.config.schema import parse_config
+from gpuguard.util.log import HookLog
 from gpuguard.notify import Event, Untrusted, emit, flush, open_trusted_dir, user_state_path
 
 pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")

@@ -7,7 +7,7 @@ import time
 
 from gpuguard.model import Severity
 from simnode import run_sim
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 from simnode import MemorySlurm, ctx, make_cfg, write_scenario
 

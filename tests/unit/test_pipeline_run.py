@@ -10,8 +10,8 @@ import yaml
 
 from gpuguard.pipeline.budget import StageBudget
 from gpuguard.pipeline.journal import Journal
-from gpuguard.slurm import NodeState, SlurmError, SlurmTimeout
-from gpuguard.store import Store
+from gpuguard.slurm.client import NodeState, SlurmError, SlurmTimeout
+from gpuguard.store.sqlite import Store
 
 from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg, run_sim
 
@@ -129,7 +129,7 @@ def test_gathering_leaves_the_act_stage_its_share_of_the_deadline():
 
 
 def test_a_broken_config_is_noted_once_and_resolved(tmp_path):
-    from gpuguard.config import ConfigIssue
+    from gpuguard.config.schema import ConfigIssue
 
     cfg = make_cfg(tmp_path)
     cfg.mode, cfg.issues = "partial", [ConfigIssue("deadlines.prolog_s", 7, "expected a number > 0, got 'soon'")]

@@ -1,8 +1,8 @@
 """Verdicts: hardware fails closed, incompletes warn then escalate, the reason names the root cause."""
 
 from gpuguard.model import Action, Finding, Severity
-from gpuguard.policy import decide
-from gpuguard.reason import parse_reason
+from gpuguard.pipeline.policy import decide
+from gpuguard.slurm.reason import parse_reason
 
 
 def F(cid, sev, kw="", action=Action.NONE, msg="m", **ev):

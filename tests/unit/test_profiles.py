@@ -8,7 +8,7 @@ import pytest
 
 
 from gpuguard.profiles import PROFILE_DIR, PROFILE_FIELDS, Profile, list_profiles, load_profile  # noqa: E402
-from gpuguard.yamlutil import load_yaml_file  # noqa: E402
+from gpuguard.config.yamlutil import load_yaml_file  # noqa: E402
 
 REQUIRED = {
     "p4d.24xlarge",

@@ -8,8 +8,8 @@ import string
 import pytest
 from hypothesis import given, strategies as st
 
-from gpuguard.policy import decide_undrain
-from gpuguard.reason import KEYWORDS, MAX_LEN, format_reason, is_ours, parse_reason, sanitize
+from gpuguard.pipeline.policy import decide_undrain
+from gpuguard.slurm.reason import KEYWORDS, MAX_LEN, format_reason, is_ours, parse_reason, sanitize
 
 CONTEXTS = ["prolog", "epilog", "healthcheck", "manual", "watch", "sweep"]
 ACTIONS = ["drain", "reset", "reboot", "replace"]
@@ -206,7 +206,7 @@ def test_escalation_counts_drains_in_either_grammar(tmp_path):
     same keyword whether an older gpuguard (check id first) or this one (keyword first) wrote them."""
     import time
 
-    from gpuguard.store import Store
+    from gpuguard.store.sqlite import Store
 
     old = "gpuguard: gpu.xid XID79: GPU has fallen off the bus on 0000:86:00 [prolog reboot]"
     new = format_reason("gpu.xid", "XID79", "GPU has fallen off the bus on 0000:86:00", "healthcheck", "reboot")

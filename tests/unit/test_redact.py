@@ -1,4 +1,4 @@
-"""Secrets never leak (gpuguard.redact): passwords in store.url whatever characters they hold (unencoded '/', '?',
+"""Secrets never leak (gpuguard.util.redact): passwords in store.url whatever characters they hold (unencoded '/', '?',
 '#', '@'), sslpassword and other password-like parameters, every notification URL, in `gpuguard config`, config
 errors in the hooks' log, fleet messages and notification errors. Property-tested on generated URLs: the secret
 is written in upper case and nothing else is, so "no upper-case letter in the output" means "no piece of the
@@ -17,8 +17,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.config import ConfigError, parse_config
-from gpuguard.redact import redact_config, redact_notify_url, redact_url, scrub
+from gpuguard.config.schema import ConfigError, parse_config
+from gpuguard.util.redact import redact_config, redact_notify_url, redact_url, scrub
 
 UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DELIMS = "/?#@:&=%+;!$'()*,[] ~"
@@ -164,6 +164,6 @@ def test_a_config_error_in_the_hooks_log_quotes_no_secret(tmp_path):
 
 def test_fleet_messages_use_the_same_redaction():
     from gpuguard.fleet import url as fleet_url
-    from gpuguard.redact import redact_url as the_one
+    from gpuguard.util.redact import redact_url as the_one
 
     assert fleet_url.redact_url is the_one

@@ -57,7 +57,7 @@ def test_first_fingerprint_is_never_taken_for_a_reload(tmp_path):
     sees is 'since: unknown', so it cannot pass for a reload after the drain."""
     slurm = MemorySlurm()
     _hc(tmp_path, {"kernel_log": [XID119]}, slurm)
-    from gpuguard.store import Store
+    from gpuguard.store.sqlite import Store
 
     with Store(str(tmp_path / "state" / "n1.db")) as st:
         st.delete_cursor("driver_fp:n1")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.reason import parse_reason
+from gpuguard.slurm.reason import parse_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 SCEN = ROOT / "examples" / "scenarios"

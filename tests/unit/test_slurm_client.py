@@ -10,8 +10,8 @@ from typing import Optional
 import pytest
 from hypothesis import given, strategies as st
 
-from gpuguard.reason import format_reason, is_ours
-from gpuguard.slurm import (CliSlurmClient, NodeState, SlurmError, SlurmTimeout, drain_node,
+from gpuguard.slurm.reason import format_reason, is_ours
+from gpuguard.slurm.client import (CliSlurmClient, NodeState, SlurmError, SlurmTimeout, drain_node,
                             node_state_from_fields, parse_node_line, pyslurm_usable)
 
 OURS = format_reason("gpu.xid", "XID79", "GPU has fallen off the bus on 0000:86:00", "prolog", "reboot")
@@ -142,7 +142,7 @@ def test_pyslurm_is_used_only_for_its_own_slurm(monkeypatch, pyslurm_version, sl
 
 
 def test_reboot_request_argv_and_failure(tmp_path):
-    from gpuguard.slurm import request_reboot
+    from gpuguard.slurm.client import request_reboot
 
     log = tmp_path / "args"
     c = CliSlurmClient(_stub(tmp_path, f'for a in "$@"; do printf "%s\\n" "$a" >> {log}; done\n'))

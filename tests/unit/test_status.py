@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from gpuguard.model import Action, Finding, Severity
-from gpuguard.reason import format_reason
-from gpuguard.status import (drained_nodes, format_duration, group_nodes, iso_utc, render_status, slurm_time,
+from gpuguard.slurm.reason import format_reason
+from gpuguard.cli.status import (drained_nodes, format_duration, group_nodes, iso_utc, render_status, slurm_time,
                              store_facts, to_json, undelivered_notifications)
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 NOW = 1795550793.0  # 2026-11-24T20:06:33Z
 XID = "GPU has fallen off the bus on 0000:86:00"
@@ -125,7 +125,7 @@ def test_undelivered_notifications_from_a_real_spool(tmp_path):
     pytest.importorskip("apprise")
     from test_notify_servers import WebhookServer
 
-    from gpuguard.config import parse_config
+    from gpuguard.config.schema import parse_config
     from gpuguard.notify import Event, emit
 
     hook = WebhookServer()

@@ -4,7 +4,7 @@ import multiprocessing
 import sqlite3
 
 from gpuguard.model import Finding, Severity
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 
 def _run(st, node="n1", sev=Severity.OK, cid="gpu.ecc"):

@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from gpuguard.model import Finding, Severity
-from gpuguard.store import GuardedStore, Store, StoreUnavailable, is_corruption
+from gpuguard.store.sqlite import GuardedStore, Store, StoreUnavailable, is_corruption
 
 from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg, run_sim
 

@@ -6,8 +6,8 @@ import time
 from datetime import datetime
 
 from gpuguard.pipeline.storm import StormSettings, storm_hold
-from gpuguard.reason import format_reason
-from gpuguard.slurm import NodeRow, parse_sinfo_census
+from gpuguard.slurm.reason import format_reason
+from gpuguard.slurm.client import NodeRow, parse_sinfo_census
 
 S = StormSettings(share=0.1, window_s=3600, min_nodes=2)
 NOW = time.time()

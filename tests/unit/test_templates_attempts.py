@@ -528,7 +528,7 @@ def test_receivers_are_told_when_the_job_gives_up_after_a_hang(fake, tmp_path):
     import yaml
     from test_notify_servers import WebhookServer
 
-    from gpuguard.config import parse_config
+    from gpuguard.config.schema import parse_config
     from gpuguard.templates.jobattempt import notify_outcome
 
     pytest.importorskip("apprise")

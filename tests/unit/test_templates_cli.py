@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpuguard.config import ConfigError, parse_config
+from gpuguard.config.schema import ConfigError, parse_config
 from gpuguard.templates.cli import merge_values, parse_set
 
 

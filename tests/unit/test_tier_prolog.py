@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from gpuguard.reason import parse_reason
+from devtools.nccl_tests_stub import install_stub
+from gpuguard.slurm.reason import parse_reason
 
 SCEN = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 
@@ -22,8 +23,12 @@ def setup(tmp_path: Path, nccl: dict, tier: bool = True) -> tuple[Path, Path]:
     data["nccl"] = nccl
     scen.write_text(yaml.safe_dump(data))
     cfg = tmp_path / "config.yaml"
+    bindir = str(tmp_path / "bin")
+    tools = {"all_reduce_perf": str(install_stub(bindir, str(scen))),
+             "dcgmi": str(install_stub(bindir, str(scen), name="dcgmi", tool="dcgmi"))}
     cfg.write_text(yaml.safe_dump({
-        "store": {"path": str(tmp_path / "state.db")}, "simulation": {"workdir": str(tmp_path / "sim")},
+        "store": {"path": str(tmp_path / "state.db")},
+        "simulation": {"workdir": str(tmp_path / "sim"), "tools": tools},
         "logging": {"syslog": False}, "nccl": {"tier_enabled": tier, "timeout_s": 30},
         "checks": {"nccl.busbw": {"min_busbw_gbps": 300}}}))
     return cfg, scen

@@ -3,7 +3,7 @@
 import os
 import time
 
-from gpuguard.tools import run_tool
+from gpuguard.util.toolrun import run_tool
 
 
 def test_output_and_exit_code():

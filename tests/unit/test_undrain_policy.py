@@ -3,8 +3,8 @@
 import pytest
 
 from gpuguard.model import Action, Finding, Severity
-from gpuguard.policy import decide_undrain, escalate_recurring
-from gpuguard.reason import format_reason
+from gpuguard.pipeline.policy import decide_undrain, escalate_recurring
+from gpuguard.slurm.reason import format_reason
 
 OURS = format_reason("gpu.row_remap", "ROWREMAP", "GPU 2 (0000:75:00.0): row remapping pending", "healthcheck", "reset")
 

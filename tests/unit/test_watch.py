@@ -21,19 +21,19 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from gpuguard.config import parse_config
-from gpuguard.log import HookLog
+from gpuguard.config.schema import parse_config
+from gpuguard.util.log import HookLog
 from gpuguard.kernellog.base import FollowError, KernelLogSource
 from gpuguard.kernellog.file import FileSource
 from gpuguard.kernellog.formats import Verdict, parse_kernel_log_line
 from gpuguard.kernellog.journal import JournalSource
 from gpuguard.kernellog.kmsg import KmsgSource
 from gpuguard.kernellog.sources import make_follower
-from gpuguard.reason import parse_reason
-from gpuguard.store import Store
-from gpuguard.watch import WatchDaemon, cursor_name, sd_notify
-from gpuguard.watch_judge import WatchEvent, WatchJudge, XidDeduper, node_verdict, xid_line_spans
-from gpuguard.xid import load_catalog
+from gpuguard.slurm.reason import parse_reason
+from gpuguard.store.sqlite import Store
+from gpuguard.watch.daemon import WatchDaemon, cursor_name, sd_notify
+from gpuguard.watch.judge import WatchEvent, WatchJudge, XidDeduper, node_verdict, xid_line_spans
+from gpuguard.xid.catalog import load_catalog
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kernel_log"
 BOOT_A = "11111111-2222-3333-4444-555555555555"
@@ -840,7 +840,7 @@ def test_shipped_systemd_unit_starts_the_daemon_from_the_installed_env(tmp_path,
     """Run the unit's ExecStart= the way systemd would, with the gpuguard.env `make install` writes."""
     import shlex
 
-    from gpuguard.install import install_hooks
+    from gpuguard.cli.install import install_hooks
 
     unit = _unit(REPO / "healthcheck" / "gpuguard-watch.service")
     assert unit["Type"] == ["notify"] and unit["Restart"] == ["always"]
@@ -880,7 +880,7 @@ def test_shipped_systemd_unit_starts_the_daemon_from_the_installed_env(tmp_path,
 def test_a_hostile_node_name_is_refused_before_anything_runs(tmp_path, slurm):
     cfg = tmp_path / "config.yaml"
     cfg.write_text(config_text(tmp_path, slurm, f"file:{tmp_path}/kern.log"))
-    p = subprocess.run([sys.executable, "-m", "gpuguard.watch", "--config", str(cfg), "--node", "../../etc/x"],
+    p = subprocess.run([sys.executable, "-m", "gpuguard.watch.daemon", "--config", str(cfg), "--node", "../../etc/x"],
                        env={**os.environ, "PYTHONPATH": str(REPO / "lib")}, capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "invalid node name '../../etc/x'" in p.stderr
     assert not (tmp_path / "etc").exists() and slurm.calls() == []
@@ -894,7 +894,7 @@ def test_sd_notify_without_systemd_is_a_no_op(monkeypatch):
 
 
 def test_config_section_validates_with_line_numbers():
-    from gpuguard.config import ConfigError
+    from gpuguard.config.schema import ConfigError
 
     cfg = parse_config("watch:\n  dedupe_window_s: 60\n  start_at: end\n", "c.yaml")
     assert cfg.sections["watch"]["dedupe_window_s"] == 60 and cfg.sections["watch"]["poll_interval_s"] == 0.25

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 
-from gpuguard import xid  # noqa: E402
-from gpuguard.xid import (ACTIONS, CAUSES, SEVERITIES, XidCatalog, XidCatalogError, XidInfo,  # noqa: E402
+from gpuguard.xid import catalog as xid  # noqa: E402
+from gpuguard.xid.catalog import (ACTIONS, CAUSES, SEVERITIES, XidCatalog, XidCatalogError, XidInfo,  # noqa: E402
                           explain, load_catalog)
 
 RAW = yaml.load(xid.CATALOG_PATH.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -289,9 +289,9 @@ def test_explain_every_code(cat: XidCatalog) -> None:
 
 
 def test_generated_module_matches_the_yaml() -> None:
-    from gpuguard import _xid_catalog_data as generated
+    from gpuguard.xid import catalog_data as generated
 
-    stale = "data/xid_catalog.yaml changed: run `PYTHONPATH=lib python -m gpuguard.xid regen`"
+    stale = "xid/xid_catalog.yaml changed: run `PYTHONPATH=lib python -m gpuguard.xid.catalog regen`"
     assert generated.YAML_FINGERPRINT == xid._fingerprint(xid.CATALOG_PATH.read_bytes()), stale
     assert generated.DATA == RAW, stale
 

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 from gpuguard.model import Severity
-from simnode import run_sim
-from gpuguard.watch_judge import WatchJudge
-from gpuguard.xid import load_catalog
+from gpuguard.watch.judge import WatchJudge
+from gpuguard.xid.catalog import load_catalog
 
-from simnode import MemorySlurm, ctx, make_cfg, write_scenario
+from simnode import MemorySlurm, ctx, make_cfg, run_sim, write_scenario
 
 PCI = "0000:86:00"  # GPU 3 of the simulated p5.48xlarge
 
@@ -101,7 +100,7 @@ def _hook_verdict(tmp_path: Path, lines: list[str]):
     messages = [ln.split("] ", 1)[1] for ln in lines]  # the kernel message without dmesg's timestamp
     scen = write_scenario(tmp_path, "nvl5", {"kernel_log": messages})
     slurm = MemorySlurm()
-    return execute(ctx("healthcheck", gpus=None), make_cfg(tmp_path), simulate=scen, slurm_client=slurm), slurm
+    return run_sim(ctx("healthcheck", gpus=None), make_cfg(tmp_path), simulate=scen, slurm_client=slurm), slurm
 
 
 def test_xid_scan_honours_the_nvlink5_nonfatal_token_like_the_health_check(tmp_path):
@@ -133,10 +132,9 @@ def test_xid_scan_drains_for_the_fatal_nvlink5_event_with_the_health_checks_acti
 
 def test_watch_verdict_is_the_health_checks_for_every_fixture_xid(tmp_path):
     """The watch's finding for each real Xid line is the one `gpu.xid` gives for the same line in a health check."""
-    from gpuguard.checks import CheckInput
-    from gpuguard.checks.xid import check_xid
-    from gpuguard.model import KernelLogObservation, Observations
+    from gpuguard.checks import CheckInput, get_check
     from gpuguard.kernellog.formats import parse_xid_line
+    from gpuguard.model import KernelLogObservation, Observations
 
     catalog = load_catalog()
     judge = WatchJudge(catalog, window_s=0)
@@ -144,7 +142,7 @@ def test_watch_verdict_is_the_health_checks_for_every_fixture_xid(tmp_path):
         we = judge.judge_bytes(line.encode(), 0.0)
         ev = parse_xid_line(line)
         obs = Observations(kernel_log=KernelLogObservation(source="x", events=[ev]))
-        want = check_xid(obs, CheckInput(profile=None, kind="watch", xid_catalog=catalog))  # type: ignore[arg-type]
+        want = get_check("gpu.xid")(obs, CheckInput(profile=None, kind="watch", xid_catalog=catalog))  # type: ignore[arg-type]
         got = we.findings[0]
         assert (got.severity, got.keyword, got.action, got.message) == \
             (want[0].severity, want[0].keyword, want[0].action, want[0].message), line

@@ -21,7 +21,7 @@ from gpuguard.model import Finding, Observations, Severity
 
 if TYPE_CHECKING:
     from gpuguard.profiles import Profile
-    from gpuguard.xid import XidCatalog
+    from gpuguard.xid.catalog import XidCatalog
 
 ALL_KINDS = frozenset({"prolog", "epilog", "healthcheck", "manual"})
 # Node checks that are not about the job: the epilog adds them ("epilog_deep") only when the job died by a
@@ -41,7 +41,7 @@ class CheckInput:
     job_gpus: Optional[tuple[int, ...]] = None  # None = all GPUs on the node
     kind: str = "manual"
     xid_catalog: Optional["XidCatalog"] = None
-    unmapped_gpus: tuple[str, ...] = ()  # Slurm GPU ids that match no GPU NVML reports (gpuguard.gpumap)
+    unmapped_gpus: tuple[str, ...] = ()  # Slurm GPU ids that match no GPU NVML reports (gpuguard.pipeline.gpumap)
     gpu_map_notes: tuple[str, ...] = ()
     spec: Optional["CheckSpec"] = None  # the check being run (CheckSpec.__call__ sets it)
 
@@ -221,7 +221,7 @@ def _merge_option(old: Any, new: Any) -> Any:
 def probe_options(specs: list[CheckSpec], cfg: Any, profile: "Profile") -> dict[str, dict[str, Any]]:
     """probe name -> the options the planned checks need from it (e.g. {"nvml": {"with_processes": True},
     "system": {"disk_paths": ["/", "/tmp"]}, "fabric": {"fi_info": True}}). `cfg` is anything with
-    `check_params(check_id, defaults)` (gpuguard.config.Config). Every planned probe has an entry."""
+    `check_params(check_id, defaults)` (gpuguard.config.schema.Config). Every planned probe has an entry."""
     out: dict[str, dict[str, Any]] = {}
     for spec in specs:
         opts = out.setdefault(spec.needs, {})

@@ -13,7 +13,7 @@ from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
 from gpuguard.model import Action, Finding, GpuInfo, KernelLogObservation, Observations, XidEvent
 
 if TYPE_CHECKING:
-    from gpuguard.xid import XidCatalog, XidInfo
+    from gpuguard.xid.catalog import XidCatalog, XidInfo
 
 _ACTIONS = {"none": Action.DRAIN, "drain": Action.DRAIN, "reset": Action.RESET, "reboot": Action.REBOOT,
             "replace": Action.REPLACE}

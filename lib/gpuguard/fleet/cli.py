@@ -1,4 +1,4 @@
-"""`gpuguard fleet init-db | ship | prune | history | report`. Imports are lazy (gpuguard.cli builds every
+"""`gpuguard fleet init-db | ship | prune | history | report`. Imports are lazy (gpuguard.cli.main builds every
 feature's parser for `--help`); psycopg is imported only by commands that talk to PostgreSQL."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    from gpuguard.history import add_arguments as add_history_arguments
+    from gpuguard.cli.history import add_arguments as add_history_arguments
 
     p = sub.add_parser("fleet", help="central history in PostgreSQL (store.url): init-db, ship, prune, history, "
                                      "report")
@@ -60,7 +60,7 @@ def _need_url(cfg: Any, what: str) -> str:
 
 
 def cmd_init_db(args: argparse.Namespace) -> int:
-    from gpuguard.config import load_config
+    from gpuguard.config.schema import load_config
     from gpuguard.fleet.pg import FleetDBError, clean_error, connect
     from gpuguard.fleet.schema import ensure_schema
     from gpuguard.fleet.url import redact_url
@@ -86,11 +86,11 @@ def cmd_init_db(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from gpuguard.config import load_config
+    from gpuguard.config.schema import load_config
     from gpuguard.fleet.partitions import prune
     from gpuguard.fleet.pg import FleetDBError, clean_error
     from gpuguard.fleet.url import redact_url
-    from gpuguard.timefmt import iso_utc
+    from gpuguard.util.timefmt import iso_utc
 
     cfg = load_config(args.config)
     url = _need_url(cfg, "gpuguard fleet prune")
@@ -125,9 +125,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_ship(args: argparse.Namespace) -> int:
     import time
 
-    from gpuguard.config import load_config
+    from gpuguard.config.schema import load_config
     from gpuguard.fleet.ship import ConnectionKeeper, ship_path
-    from gpuguard.history_sqlite import store_paths
+    from gpuguard.store.history_sqlite import store_paths
 
     cfg = load_config(args.config)
     _need_url(cfg, "gpuguard fleet ship")
@@ -172,11 +172,11 @@ def _open_pg(cfg: Any, statement_timeout_s: float = 30.0) -> Any:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from gpuguard.config import load_config
+    from gpuguard.config.schema import load_config
     from gpuguard.fleet.pg import FleetDBError
     from gpuguard.fleet.url import redact_url
-    from gpuguard.history import filters_from_args, output_format, requeue_source, write_history
-    from gpuguard.history_sqlite import SqliteHistory, store_paths
+    from gpuguard.cli.history import filters_from_args, output_format, requeue_source, write_history
+    from gpuguard.store.history_sqlite import SqliteHistory, store_paths
 
     cfg = load_config(args.config)
     f = filters_from_args(args)
@@ -211,12 +211,12 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from gpuguard.config import load_config
+    from gpuguard.config.schema import load_config
     from gpuguard.fleet.pg import FleetDBError
     from gpuguard.fleet.query import build_filters
     from gpuguard.fleet.report import format_report, report_pg, report_sqlite
     from gpuguard.fleet.url import redact_url
-    from gpuguard.history_sqlite import store_paths
+    from gpuguard.store.history_sqlite import store_paths
 
     cfg = load_config(args.config)
     if args.flap_min < 1:

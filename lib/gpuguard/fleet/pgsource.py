@@ -1,5 +1,5 @@
 """The PostgreSQL history source (`gpuguard fleet history` with store.url): the same filters and rows as the
-node's SQLite store (gpuguard.history_sqlite), from the central database. Healthy runs are counted, not listed;
+node's SQLite store (gpuguard.store.history_sqlite), from the central database. Healthy runs are counted, not listed;
 a repeated problem is one row with its repeat count. Rows are streamed through server-side cursors."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Iterator, Optional
 
 from gpuguard.fleet.pgquery import drains_query, findings_query, healthy_runs_query, run_findings_query, runs_query
 from gpuguard.fleet.query import Filters
-from gpuguard.historysource import present_row
+from gpuguard.store.history import present_row
 
 PAGE = 500
 _BUILD = {"runs": runs_query, "findings": findings_query, "drains": drains_query}

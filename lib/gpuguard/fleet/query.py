@@ -1,4 +1,4 @@
-"""History filters, shared by every history source: the node's SQLite store (gpuguard.history_sqlite) and the
+"""History filters, shared by every history source: the node's SQLite store (gpuguard.store.history_sqlite) and the
 central PostgreSQL database (gpuguard.fleet.pgquery). Times, the filters an admin types and `SqlBuilder`, which
 turns them into SQL parameters for either database. Pure: no connection is made here.
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from gpuguard.timefmt import iso_utc
+from gpuguard.util.timefmt import iso_utc
 
 PROBLEM = "f.severity NOT IN ('ok','skip')"  # the same text as the store's partial index findings_problems
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -151,7 +151,7 @@ def keyword_of_reason(reason: Optional[str]) -> Optional[str]:
     gg_keyword() on SQLite connections; the PostgreSQL drains table stores it at ship time."""
     if not reason:
         return None
-    from gpuguard.reason import parse_reason
+    from gpuguard.slurm.reason import parse_reason
 
     parsed = parse_reason(reason)
     return parsed.keyword if parsed else None

@@ -28,8 +28,8 @@ from typing import Any, Optional
 from gpuguard.fleet.pgquery import keyword_match
 from gpuguard.fleet.query import Filters, SqlBuilder, duration_text
 from gpuguard.fleet.schema import DRAIN_MARK
-from gpuguard.history_sqlite import open_store_ro
-from gpuguard.timefmt import iso_utc
+from gpuguard.store.history_sqlite import open_store_ro
+from gpuguard.util.timefmt import iso_utc
 
 WEEKLY = """
 SELECT week, COALESCE(check_id, '-') AS check_id, COUNT(*) AS drains, COUNT(DISTINCT node) AS nodes

@@ -1,6 +1,6 @@
 """The outbox: ship what the node's SQLite store recorded to the central PostgreSQL database, and prune the store.
 
-Hooks never wait on the network: they record locally (gpuguard.store) and are done. Shipping happens
+Hooks never wait on the network: they record locally (gpuguard.store.sqlite) and are done. Shipping happens
 - in the health check, after its verdict is recorded, for at most `store.ship_budget_s` (`ship_after_run`, in a
   thread the run stops waiting for when the budget is spent);
 - in the watch daemon, every `store.ship_interval_s` (`ship_in_background`);
@@ -33,7 +33,7 @@ from gpuguard.fleet.pg import FleetDBError, clean_error
 from gpuguard.fleet.schema import open_fleet_db
 from gpuguard.fleet.shipbatch import execute, plan_drains, plan_runs
 from gpuguard.fleet.url import db_fingerprint, redact_url
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 ORIGIN_CURSOR = "fleet:origin"
 TABLES = ("drains", "runs")  # drains first: they are few and they are the news

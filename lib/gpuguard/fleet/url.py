@@ -1,11 +1,11 @@
-"""`store.url`: validate a PostgreSQL URL (redaction: gpuguard.redact). Pure (no psycopg import): config.py calls
+"""`store.url`: validate a PostgreSQL URL (redaction: gpuguard.util.redact). Pure (no psycopg import): config.py calls
 `validate_url` only when a url is configured."""
 
 from __future__ import annotations
 
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from gpuguard.redact import redact_url  # noqa: F401 - re-exported: fleet modules print store.url through it
+from gpuguard.util.redact import redact_url  # noqa: F401 - re-exported: fleet modules print store.url through it
 
 SCHEMES = ("postgresql", "postgres")
 

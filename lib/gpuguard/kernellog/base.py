@@ -15,7 +15,7 @@ import os
 from typing import Any, Callable, NamedTuple, Optional
 
 from gpuguard.model import KernelLogObservation, ProbeStatus
-from gpuguard.tools import ToolRun, run_tool
+from gpuguard.util.toolrun import ToolRun, run_tool
 
 DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 START_AT = ("auto", "boot", "end")

@@ -2,8 +2,8 @@
 
 Every event is read by the health check's own Xid check (`gpuguard.checks.xid`: catalog entry, the driver's
 Fatal/Nonfatal token for NVLink5 Xids 144-150, Xid 154's recovery action, unknown codes warn) and the findings go
-through the same policy (`gpuguard.policy.decide`); lines forged from userspace are rejected by the same parser.
-Exit 1 when that verdict drains, 0 when it does not, 2 on bad input. `gpuguard.cli.main` hands `xid scan` straight
+through the same policy (`gpuguard.pipeline.policy.decide`); lines forged from userspace are rejected by the same parser.
+Exit 1 when that verdict drains, 0 when it does not, 2 on bad input. `gpuguard.cli.main.main` hands `xid scan` straight
 to `main` here, so the command loads only what it needs (no other feature module, no YAML without --config).
 """
 
@@ -20,8 +20,8 @@ from gpuguard.kernellog import scanargs
 from gpuguard.kernellog.bulk import scan_file
 from gpuguard.kernellog.scan import ScanResult, observation
 from gpuguard.model import Finding
-from gpuguard.policy import Verdict, decide
-from gpuguard.xid import XidCatalog, load_catalog
+from gpuguard.pipeline.policy import Verdict, decide
+from gpuguard.xid.catalog import XidCatalog, load_catalog
 
 CONTEXT = "scan"
 
@@ -30,7 +30,7 @@ def _site(config: Optional[str]) -> tuple[XidCatalog, str]:
     """The Xid catalog and policy.on_failure the hooks use: the site's, when a config is named."""
     if not config:
         return load_catalog(), "drain"
-    from gpuguard.config import ConfigError, load_config  # YAML only when a config is named
+    from gpuguard.config.schema import ConfigError, load_config  # YAML only when a config is named
 
     try:
         cfg = load_config(config)

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Optional
 
-from gpuguard.tools import run_tool
+from gpuguard.util.toolrun import run_tool
 
 
 def find_py_spy(name: Optional[str]) -> Optional[str]:
@@ -156,7 +156,7 @@ def claim_hang(path: str, node: str, now: float, owner_alive: Callable[[str], bo
     stale = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{owner}-{held.get('ts') if held else 'unreadable'}")[:100]
     if not _write_new(f"{path}.takeover-{stale}", {"node": node, "ts": now}):
         return "taken"  # another node adopted it
-    from gpuguard.fsutil import atomic_write
+    from gpuguard.util.fs import atomic_write
 
     atomic_write(path, json.dumps({"node": node, "ts": now, "adopted_from": owner}))
     return "adopted"

@@ -30,7 +30,7 @@ class JobDir:
         return os.path.join(self.root, *parts)
 
     def write_report(self, node: str, report: dict[str, Any]) -> None:
-        from gpuguard.fsutil import atomic_write
+        from gpuguard.util.fs import atomic_write
 
         atomic_write(os.path.join(self.path("monitor"), f"{_safe(node)}.json"),
                      json.dumps(report, separators=(",", ":"), default=str))

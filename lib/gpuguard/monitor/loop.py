@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.monitor.detect import (Alert, gpu_alerts, host_alerts, idle_hang, one_per_gpu_cause, progress_hang,
                                      straggler_alerts)
 from gpuguard.monitor.jobdir import JobDir
@@ -36,7 +36,7 @@ def resolve_train_log(setting: Optional[str], job_dir: str, job_id: Optional[str
     if os.path.exists(candidate) or not job_id:
         return candidate
     try:
-        from gpuguard.slurm import CliSlurmClient, parse_job_line
+        from gpuguard.slurm.client import CliSlurmClient, parse_job_line
 
         s = cfg.sections["slurm"]
         client = CliSlurmClient(s["scontrol"], cfg.sections["deadlines"]["scontrol_s"], s["conf"])
@@ -343,14 +343,14 @@ class Monitor:
                            action=None if ok else "requeue or cancel the job by hand"))
 
     def _write_metrics(self, report: dict[str, Any], alerts: list[Alert]) -> None:
-        from gpuguard.metrics import textfile_dir
+        from gpuguard.metrics.node import textfile_dir
 
         directory = textfile_dir(self.cfg, self.node)
         if not directory:
             return
         try:
             from gpuguard.monitor.metrics import monitor_families
-            from gpuguard.metrics import write_families
+            from gpuguard.metrics.node import write_families
 
             write_families(directory, "monitor", monitor_families(report, alerts, self.cost()))
         except Exception as e:  # noqa: BLE001
@@ -366,7 +366,7 @@ class Monitor:
         self.gpus.close()
         # on every exit (end of --duration, SIGTERM/SIGINT from srun or scancel, --once): a file left behind would
         # show the GPUs' last values, and the job's alerts, as current for ever
-        from gpuguard.metrics import MONITOR_FILE, remove, textfile_dir
+        from gpuguard.metrics.node import MONITOR_FILE, remove, textfile_dir
 
         directory = textfile_dir(self.cfg, self.node)
         if directory:
@@ -376,7 +376,7 @@ class Monitor:
 def main_from_args(args: Any) -> int:
     import json
 
-    from gpuguard.config import load_config
+    from gpuguard.config.schema import load_config
     from gpuguard.context import parse_gpu_list
 
     cfg = load_config(args.config)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from gpuguard.nccl import history
 from gpuguard.nccl.baseline import samples_from_result
-from gpuguard.hostlist import compress_hostlist
+from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.nccl.sweep import Measure, Progress, SweepOutcome, drain_reason, isolate
 
 
@@ -25,9 +25,9 @@ def run_fleet_sweep(nodes: list[str], measure: Measure, *, method: str = "pairwi
                     profile: str = "generic", store: Any = None, slurm_client: Any = None, drain: bool = True,
                     max_drain_fraction: float = 0.5, record_samples: bool = True,
                     progress: Optional[Progress] = None) -> SweepRecord:
-    """Sweep `nodes`; drain the slow ones through `slurm_client` (gpuguard.slurm.drain_node's ownership rules);
+    """Sweep `nodes`; drain the slow ones through `slurm_client` (gpuguard.slurm.client.drain_node's ownership rules);
     record sweep, runs, drains and busbw samples in `store` (a gpuguard Store, or None)."""
-    from gpuguard.slurm import drain_node
+    from gpuguard.slurm.client import drain_node
 
     t0 = time.monotonic()
     sweep_id = None

@@ -1,6 +1,6 @@
 """NCCL results in the history store: sweeps, their runs, and busbw samples for baselines.
 
-The tables live in the same SQLite file as gpuguard's runs and drains (`gpuguard.store.Store`), created here
+The tables live in the same SQLite file as gpuguard's runs and drains (`gpuguard.store.sqlite.Store`), created here
 with CREATE TABLE IF NOT EXISTS so store.py's schema (and its version number) is untouched.
 """
 
@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any, Iterable, Optional
 
-from gpuguard.store import Store
+from gpuguard.store.sqlite import Store
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nccl_sweeps (

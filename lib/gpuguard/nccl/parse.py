@@ -445,8 +445,8 @@ def _json_start(text: str) -> str:
 
 def parse_nccl_json(text: str) -> NcclResult:
     """Parse the file nccl-tests writes with `-J PATH` (v2.17.3+). Raises NcclParseError on invalid JSON,
-    gpuguard.yamlutil.NestingError (a ValueError) on JSON nested too deeply to read."""
-    from gpuguard.yamlutil import NestingError, load_json
+    gpuguard.config.yamlutil.NestingError (a ValueError) on JSON nested too deeply to read."""
+    from gpuguard.config.yamlutil import NestingError, load_json
 
     try:
         doc = load_json(_json_start(text), "nccl-tests JSON")
@@ -511,7 +511,7 @@ def parse_nccl_json(text: str) -> NcclResult:
 def parse_nccl(text: str, strict: bool = False) -> NcclResult:
     """Text or JSON, whichever `text` is. JSON nested too deeply to read gives a result with no rows and the
     error (what a probe or sweep wants: no exception upward); with `strict` (the CLI), NestingError is raised."""
-    from gpuguard.yamlutil import NestingError
+    from gpuguard.config.yamlutil import NestingError
 
     body = _json_start(text).lstrip()
     if body.startswith("{"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from gpuguard.model import ProbeStatus
-from gpuguard.tools import run_tool, which
+from gpuguard.util.toolrun import run_tool, which
 from gpuguard.nccl.parse import NcclResult, parse_nccl
 
 

@@ -7,7 +7,7 @@
    2-node run with a node already known good, so a node is convicted only by a run in which it was the only
    unknown. When nothing is known good, suspects are cross-paired once to find some.
 3. Convicted nodes are drained (keyword NCCL, the measured figure in the reason, ownership rules of
-   `gpuguard.slurm.drain_node`), unless more than `max_drain_fraction` of the nodes look slow: that is a
+   `gpuguard.slurm.client.drain_node`), unless more than `max_drain_fraction` of the nodes look slow: that is a
    fabric or configuration problem, and draining half a fleet would make it worse.
 
 The isolation logic (`isolate`) is pure: it takes a `measure(groups, stage)` callable, so it is tested without
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from gpuguard.hostlist import compress_hostlist
+from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.nccl.parse import NcclResult, parse_nccl
 
 Group = tuple[str, ...]
@@ -265,7 +265,7 @@ def _finish(out: SweepOutcome, max_drain_fraction: float) -> SweepOutcome:
 
 def drain_reason(v: NodeVerdict) -> str:
     """`gpuguard: nccl.sweep NCCL: all_reduce busbw 160.2 GB/s < 300 GB/s, 2-node run with node1, job 15 [sweep]`"""
-    from gpuguard.reason import format_reason
+    from gpuguard.slurm.reason import format_reason
 
     if v.wrong:
         what = f"all_reduce returned {v.wrong} wrong values"
@@ -379,7 +379,7 @@ class SlurmRunner:
         return m
 
     def job_state(self, job_id: str) -> tuple[Optional[str], str]:
-        from gpuguard.slurm import parse_job_line
+        from gpuguard.slurm.client import parse_job_line
 
         p = self._cmd([self.scontrol, "show", "job", "-o", job_id])
         if p.returncode != 0:

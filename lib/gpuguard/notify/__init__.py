@@ -29,7 +29,7 @@ time from its caller (`now`); nothing here sleeps.
 
 from __future__ import annotations
 
-from gpuguard.hostlist import compress_hostlist
+from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.notify.api import emit, enabled, flush, spool_status
 from gpuguard.notify.apprise_target import target_url
 from gpuguard.notify.event import KINDS, Event, dedupe_key

@@ -30,10 +30,10 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from gpuguard.log import escape_text
+from gpuguard.util.log import escape_text
 from gpuguard.notify.event import Event, dedupe_key
 from gpuguard.notify.render import action_text, evidence_text, gpu_line, title_of
-from gpuguard.redact import redact_url
+from gpuguard.util.redact import redact_url
 
 ALERTNAMES = {"drain": "GpuguardDrain", "prolog_failure": "GpuguardPrologFailure",
               "straggler": "GpuguardStragglerDetected", "hang": "GpuguardHangDetected",
@@ -53,7 +53,7 @@ def keyword_of(event: Event) -> Optional[str]:
     if event.keyword:
         return event.keyword
     if event.reason:
-        from gpuguard.reason import parse_reason
+        from gpuguard.slurm.reason import parse_reason
 
         parsed = parse_reason(event.reason)
         return parsed.keyword if parsed else None

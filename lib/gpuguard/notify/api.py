@@ -15,7 +15,7 @@ from gpuguard.notify.state import (connect_hooks, connect_user, ensure_trusted_s
                                    state_path)
 
 if TYPE_CHECKING:
-    from gpuguard.config import Config
+    from gpuguard.config.schema import Config
 
 
 def enabled(cfg: "Config") -> Optional[dict[str, Any]]:

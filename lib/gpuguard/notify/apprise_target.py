@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 from urllib.parse import quote
 
-from gpuguard.redact import scrub
+from gpuguard.util.redact import scrub
 
 
 def _query_keys(url: str) -> set[str]:

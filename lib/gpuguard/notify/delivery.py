@@ -15,7 +15,7 @@ from gpuguard.notify import amstate
 from gpuguard.notify.alertmanager import PostError, post_alerts
 from gpuguard.notify.apprise_target import send_apprise
 from gpuguard.notify.event import Event
-from gpuguard.redact import scrub
+from gpuguard.util.redact import scrub
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
-from gpuguard.hostlist import compress_hostlist
+from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.notify.event import DEFAULT_ACTIONS, RESOLVING_KINDS, SEVERITY_RANK, Event, dedupe_key
 
 TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog failed", "straggler": "straggler",
@@ -16,7 +16,7 @@ TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog 
 
 def iso_utc(ts: float) -> str:
     """2026-11-24T20:06:33Z."""
-    from gpuguard.timefmt import iso_utc as fmt
+    from gpuguard.util.timefmt import iso_utc as fmt
 
     return str(fmt(ts))
 

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
-    from gpuguard.config import Config
+    from gpuguard.config.schema import Config
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS notify_keys (key TEXT PRIMARY KEY, last_sent REAL, suppressed INTEGER NOT NULL DEFAULT 0,
@@ -61,7 +61,7 @@ def log_warning(msg: str) -> None:
     try:
         import syslog
 
-        from gpuguard.log import escape_text
+        from gpuguard.util.log import escape_text
 
         syslog.syslog(syslog.LOG_WARNING, escape_text(f"gpuguard notify: {msg}"))
     except Exception:  # noqa: BLE001
@@ -240,7 +240,7 @@ def migrate(conn: Any) -> None:
 def connect_hooks(path: str, timeout_s: float) -> Any:
     """The hooks' state: the history store (WAL, busy timeout, a corrupt file is moved aside). The caller has
     checked the path with ensure_trusted_state."""
-    from gpuguard.store import Store
+    from gpuguard.store.sqlite import Store
 
     store = Store(path, timeout_s=timeout_s)
     migrate(store.conn)

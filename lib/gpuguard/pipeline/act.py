@@ -13,11 +13,11 @@ import time
 import uuid
 from typing import Any, Optional
 
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.model import PendingDrain, Verdict
 from gpuguard.pipeline.budget import StageBudget
 from gpuguard.pipeline.journal import Journal
-from gpuguard.slurm import DrainOutcome, SlurmError, drain_node, request_reboot
+from gpuguard.slurm.client import DrainOutcome, SlurmError, drain_node, request_reboot
 
 
 class SlurmHandle:
@@ -35,7 +35,7 @@ class SlurmHandle:
             if self.injected is not None:
                 self._client = self.injected
             else:
-                from gpuguard.slurm import client_from_config
+                from gpuguard.slurm.client import client_from_config
 
                 scontrol_s = self.cfg.sections["deadlines"]["scontrol_s"]
                 timeout = self.budget.act_bound(scontrol_s) if self.budget else scontrol_s

@@ -13,10 +13,10 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.model import Severity
-from gpuguard.reason import is_ours, parse_reason
-from gpuguard.slurm import NodeState, SlurmError, client_from_config
+from gpuguard.slurm.reason import is_ours, parse_reason
+from gpuguard.slurm.client import NodeState, SlurmError, client_from_config
 
 
 @dataclass
@@ -86,7 +86,7 @@ def drained_for(cfg: Config, node: str, state: NodeState) -> set[str]:
     if parsed:
         checks.add(parsed.check_id)
     try:
-        from gpuguard.store import Store
+        from gpuguard.store.sqlite import Store
 
         with Store(cfg.sections["store"]["path"].replace("{node}", node), timeout_s=2.0) as st:
             drain = st.active_drain(node)
@@ -117,7 +117,7 @@ def recheck(cfg: Config, node: str, state: NodeState) -> Optional[list[str]]:
 
 def _record(cfg: Config, node: str, state: NodeState, detail: str) -> None:
     try:
-        from gpuguard.store import Store
+        from gpuguard.store.sqlite import Store
 
         with Store(cfg.sections["store"]["path"].replace("{node}", node), timeout_s=2.0) as st:
             active = st.active_drain(node)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import CheckSpec
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Observations
 from gpuguard.pipeline.budget import Deadline
@@ -18,7 +18,7 @@ from gpuguard.profiles import Profile
 
 def epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list[CheckSpec], sources: Sources,
                    profile: Profile, deadline: Deadline, log: Any) -> Any:
-    from gpuguard.epilog import cleanup_leftovers
+    from gpuguard.pipeline.leftovers import cleanup_leftovers
 
     ecfg = cfg.sections["epilog"]
     grace = min(ecfg["kill_grace_s"], deadline.remaining() / 3)
@@ -35,11 +35,11 @@ def epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list[
 
 def _remove_job_scratch(ctx: RunContext, ecfg: dict[str, Any], deadline: Deadline, log: Any) -> None:
     """The job's private gpuguard-<jobid> scratch under epilog.scratch_dirs, once its processes are gone.
-    Owner-checked, never following a link (gpuguard.jobscratch); a problem is logged, never fatal."""
+    Owner-checked, never following a link (gpuguard.pipeline.jobscratch); a problem is logged, never fatal."""
     if not (ctx.job_id and ctx.job_uid is not None and ecfg.get("scratch_dirs")):
         return
     try:
-        from gpuguard.jobscratch import remove_job_scratch
+        from gpuguard.pipeline.jobscratch import remove_job_scratch
 
         res = remove_job_scratch(ctx.job_id, ctx.job_uid, ecfg["scratch_dirs"],
                                  deadline_s=min(5.0, max(0.5, deadline.remaining() / 4)))

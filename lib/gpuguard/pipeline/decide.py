@@ -1,4 +1,4 @@
-"""Decide: findings + the node's history -> one verdict (gpuguard.policy holds the pure rules).
+"""Decide: findings + the node's history -> one verdict (gpuguard.pipeline.policy holds the pure rules).
 
 History read here: earlier boots that drained for the same fault (a fault back after reboots needs hardware
 inspection), how long a condition that must persist has been seen, how many runs in a row a check was
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Finding, Severity, Verdict
-from gpuguard.policy import apply_persistence, decide, escalate_recurring
+from gpuguard.pipeline.policy import apply_persistence, decide, escalate_recurring
 
 def is_unambiguous(f: Finding) -> bool:
     """Unambiguous per-node hardware evidence (the registry's `hardware_evidence`, never a mismatch or a launch

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpuguard.checks import CheckInput, CheckSpec, param_defaults, run_check
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Finding, Observations
 from gpuguard.profiles import Profile
@@ -18,7 +18,7 @@ def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunCon
              mapping: Any = None) -> list[Finding]:
     catalog = None
     if any(s.needs == "kernel_log" for s in specs):
-        from gpuguard.xid import load_catalog
+        from gpuguard.xid.catalog import load_catalog
 
         catalog = load_catalog(overrides=cfg.sections["xid"]["overrides"] or None)
     findings: list[Finding] = []
@@ -35,7 +35,7 @@ def map_job_gpus(ctx: RunContext, obs: Observations, mode: str) -> tuple[RunCont
     """The job's GPUs as NVML indices, from Slurm's ids (GRES index = minor number, or GPU-/MIG- UUIDs)."""
     if ctx.gpu_ids is None or obs.nvml is None or not obs.nvml.gpus:
         return ctx, None
-    from gpuguard.gpumap import resolve_job_gpus
+    from gpuguard.pipeline.gpumap import resolve_job_gpus
 
     mapping = resolve_job_gpus(ctx.gpu_ids, obs.nvml.gpus, mode)
     return replace(ctx, gpu_indices=mapping.indices), mapping

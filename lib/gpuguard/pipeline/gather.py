@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from gpuguard.checks import CheckSpec, probe_options
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import FabricObservation, KernelLogObservation, NvmlObservation, ProbeStatus, SystemObservation
 from gpuguard.pipeline.budget import Deadline
@@ -135,7 +135,7 @@ def _nvml_probe(want_procs: bool, dl: dict[str, Any], sources: Sources, profile:
     from gpuguard.probes.nvml import read_nvml
 
     # every GPU of the node: node-level faults are judged on all of them whatever the job asked for, and Slurm's
-    # GPU ids are mapped to NVML's afterwards (gpuguard.gpumap)
+    # GPU ids are mapped to NVML's afterwards (gpuguard.pipeline.gpumap)
     return Probe("nvml", lambda: read_nvml(
         gpu_indices=None, nvlinks=profile.nvlinks_per_gpu, library_path=sources.nvml_library,
         env=sources.nvml_env or None, with_processes=want_procs),

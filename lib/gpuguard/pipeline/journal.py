@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuguard.fsutil import atomic_write
+from gpuguard.util.fs import atomic_write
 from gpuguard.model import PendingDrain
 
 VERSION = 1
@@ -90,7 +90,6 @@ class Journal:
             # fsync only with a pending drain in it: a position alone is worth nothing after a power cut (the
             # kernel log starts again with the next boot), and the prolog runs before every job
             atomic_write(self.path, json.dumps(doc, sort_keys=True), mode=0o600, durable=bool(self.pending))
-            self.error = None
         except OSError as e:
             self.error = f"verdict journal {self.path} could not be written: {e}"
             return self.error

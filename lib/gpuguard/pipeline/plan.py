@@ -7,7 +7,7 @@ import time
 from typing import Any, Optional
 
 from gpuguard.checks import CheckSpec, registry
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.profiles import Profile
 

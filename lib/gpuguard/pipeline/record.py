@@ -1,7 +1,7 @@
 """Record: the run, its drains and the cursors that let the next run judge only what is new, in the history store.
 
 The store is history, not the guard: a store that cannot be opened or written (disk full, read-only, locked) never
-changes a verdict (gpuguard.store.GuardedStore), and what must not be lost lives in the verdict journal.
+changes a verdict (gpuguard.store.sqlite.GuardedStore), and what must not be lost lives in the verdict journal.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Optional
 
 from gpuguard.checks import CheckSpec
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Observations, PendingDrain, RunResult, Severity, Verdict
 from gpuguard.pipeline.act import SlurmHandle, apply_drain, new_pending, retry_pending
@@ -39,7 +39,7 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
     """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller applies the
     fail-open/closed policy); even then, a verdict already reached has been handed to `on_verdict`. `hook`: run
     by slurmd (a HealthCheckProgram's exit code means nothing to slurmd: it drains itself and exits 0)."""
-    from gpuguard.store import GuardedStore, Store
+    from gpuguard.store.sqlite import GuardedStore, Store
 
     dl = cfg.sections["deadlines"]
     budget = StageBudget(deadline_s or dl.get(f"{ctx.kind}_s", dl["manual_s"]), dl["scontrol_s"])
@@ -195,7 +195,7 @@ class Run:
         from gpuguard.notify import Event
 
         if issues:
-            from gpuguard.lastgood import describe
+            from gpuguard.config.lastgood import describe
 
             self.journal.config = {"mode": self.cfg.mode, "issues": issues, "source": self.cfg.source,
                                    "since": time.time(), "last_good_at": self.cfg.last_good_at}
@@ -255,7 +255,7 @@ class Run:
 
     def _undo_own_drain(self, drain: dict[str, Any]) -> dict[str, Any]:
         """This node came after the storm guard's limit: lift the drain it just set (only if it is still ours)."""
-        from gpuguard.slurm import SlurmError
+        from gpuguard.slurm.client import SlurmError
 
         try:
             state = self.slurm.client().get_node(self.ctx.node)

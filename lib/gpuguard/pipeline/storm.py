@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from gpuguard.reason import parse_reason
-from gpuguard.slurm import NodeRow, slurm_time
+from gpuguard.slurm.reason import parse_reason
+from gpuguard.slurm.client import NodeRow, slurm_time
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def census_hold(slurm: Any, node: str, verdict: Any, cfg: Any, drained_self: boo
                 now: Optional[float] = None) -> Optional[str]:
     """Ask slurmctld for its census (one sinfo call) and apply `storm_hold` to the verdict's check. No census
     (slurmctld unreachable, a Slurm client without one): no hold, the drain goes its normal way."""
-    from gpuguard.slurm import SlurmError
+    from gpuguard.slurm.client import SlurmError
 
     if slurm.unreachable or verdict.primary is None:
         return None

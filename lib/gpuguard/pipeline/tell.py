@@ -1,11 +1,11 @@
-"""Telling humans what a run did: metrics for node_exporter (gpuguard.metrics) and notifications
+"""Telling humans what a run did: metrics for node_exporter (gpuguard.metrics.node) and notifications
 (gpuguard.notify). Both cost nothing when not configured, never raise and stay within the run's deadline."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.model import RunResult
 from gpuguard.pipeline.budget import StageBudget
 
@@ -98,7 +98,7 @@ def _undrain_events(result: RunResult) -> list[Any]:
 
 def tell_humans(cfg: Config, result: RunResult, budget: StageBudget) -> None:
     try:
-        from gpuguard.metrics import write_run_metrics
+        from gpuguard.metrics.node import write_run_metrics
 
         write_run_metrics(cfg, result)
         if not (result.drain or result.undrain or result.applied or result.events

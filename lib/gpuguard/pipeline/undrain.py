@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from gpuguard.config import Config
+from gpuguard.config.schema import Config
 from gpuguard.model import Finding, Severity
 from gpuguard.pipeline.act import SlurmHandle
-from gpuguard.policy import UndrainDecision, decide_undrain
-from gpuguard.reason import format_reason, parse_reason
-from gpuguard.slurm import NodeState, SlurmError
+from gpuguard.pipeline.policy import UndrainDecision, decide_undrain
+from gpuguard.slurm.reason import format_reason, parse_reason
+from gpuguard.slurm.client import NodeState, SlurmError
 
 def slurm_seen_cursor(node: str) -> str:
     return f"slurm_seen:{node}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.model import ProbeStatus
-from gpuguard.tools import run_tool
+from gpuguard.util.toolrun import run_tool
 
 # dcgmErrorSeverity_t
 SEVERITY_NAMES = {0: "NONE", 1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from gpuguard.model import FabricObservation, FiInfo, ProbeStatus, RdmaDevice, RdmaPort
-from gpuguard.tools import run_tool
+from gpuguard.util.toolrun import run_tool
 
 # --------------------------------------------------------------------------- sysfs
 

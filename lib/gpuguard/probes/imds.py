@@ -86,7 +86,7 @@ def _write_cache(cache_path: str, boot_id: str, instance_type: Optional[str], no
         "instance_type": instance_type,
         "fetched_at": now,
     }
-    from gpuguard.fsutil import atomic_write
+    from gpuguard.util.fs import atomic_write
 
     try:
         atomic_write(cache_path, json.dumps(payload))

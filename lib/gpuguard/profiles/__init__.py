@@ -73,7 +73,7 @@ def _profile_from_mapping(name: str, data: dict[str, Any], source: str) -> Profi
 
 
 def load_profile_file(path: Path) -> Profile:
-    from gpuguard.yamlutil import load_yaml_file
+    from gpuguard.config.yamlutil import load_yaml_file
 
     data = load_yaml_file(path)
     return _profile_from_mapping(path.stem, data or {}, str(path))

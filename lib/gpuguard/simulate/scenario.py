@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuguard.fsutil import atomic_write
+from gpuguard.util.fs import atomic_write
 from gpuguard.profiles import Profile, load_profile
-from gpuguard.yamlutil import load_yaml_file
+from gpuguard.config.yamlutil import load_yaml_file
 
 # NVML return codes by name (nvml.h) for `errors:` and `init_error:` in scenarios.
 NVML_ERRORS = {

@@ -25,15 +25,6 @@ def resolve_sources(cfg: Any, node: str, simulate: Optional[str] = None) -> Sour
     sim = materialize(path, workdir, fake_nvml=sim_cfg["fake_nvml"], profile_dir=cfg.sections["node"]["profile_dir"])
     return Sources(kernel_log=sim.kernel_log, boot_id=sim.boot_id, sysfs_root=sim.sysfs_root,
                    procfs_root=sim.procfs_root, fi_info=sim.fi_info, nvml_library=sim.nvml_library,
-                   nvml_env=sim.nvml_env, simulated=sim.scenario, tools=simulated_tools(workdir, sim.scenario),
+                   nvml_env=sim.nvml_env, simulated=sim.scenario, tools=dict(sim_cfg.get("tools") or {}),
                    profile=sim.profile)
 
-
-def simulated_tools(sim_workdir: str, scenario: str) -> dict[str, str]:
-    """Simulated all_reduce_perf and dcgmi for a simulated node, installed under <sim workdir>/bin (never in the
-    state directory: a read-only store filesystem must not break a simulated run)."""
-    from gpuguard.simulate.nccl_tests_stub import install_stub
-
-    bindir = os.path.join(sim_workdir, "bin")
-    return {"all_reduce_perf": str(install_stub(bindir, scenario)),
-            "dcgmi": str(install_stub(bindir, scenario, name="dcgmi", tool="dcgmi"))}

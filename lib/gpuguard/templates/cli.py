@@ -159,7 +159,7 @@ def _load_values_file(path: str) -> dict[str, Any]:
 
 
 def _config(path: Optional[str]) -> Any:
-    from gpuguard.config import load_config
+    from gpuguard.config.schema import load_config
 
     return load_config(path)
 
@@ -198,7 +198,7 @@ def cmd_render(args: argparse.Namespace) -> int:
                   "values, or render with --no-lint to write it anyway", file=sys.stderr)
             return 1
     if args.output:
-        from gpuguard.fsutil import atomic_write
+        from gpuguard.util.fs import atomic_write
 
         out = Path(args.output)
         atomic_write(out, text, mode=0o755)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from gpuguard.slurm import node_state_flags, parse_job_line, parse_node_lines
+from gpuguard.slurm.client import node_state_flags, parse_job_line, parse_node_lines
 from gpuguard.templates.attempts import (AttemptFacts, Budget, Decision, Excluded, ExclusionPlan, NodeInfo, Policy,
                                          WorkerExit, budget_from_ledger, decide, DEFAULT_NO_RETRY,
                                          fit_exclusions, parse_error_file, parse_torchrun_failures, plan_exclusions,
@@ -61,7 +61,7 @@ class Scontrol:
     env: Optional[Mapping[str, str]] = None
 
     def run(self, args: Sequence[str]) -> Optional[str]:
-        from gpuguard.tools import run_tool
+        from gpuguard.util.toolrun import run_tool
 
         r = run_tool([self.binary, *args], self.timeout_s, env=self.env)
         if r.rc is None:
@@ -137,7 +137,7 @@ def append_ledger(job_dir: Path, record: Mapping[str, Any]) -> None:
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    from gpuguard.fsutil import atomic_write
+    from gpuguard.util.fs import atomic_write
 
     atomic_write(path, json.dumps(data, default=str))
 

@@ -3,6 +3,7 @@ lines / bad option. The file is read as a stream (a log of many GB costs memory 
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import sys
@@ -108,3 +109,23 @@ def main_from_args(args: Any) -> int:
         if args.plot:
             print(f"plot written to {args.plot}")
     return 1 if result.flags else 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("trainlog", help="analyse a training log (Megatron, nanotron, torchtitan, HF Trainer, "
+                       "Lightning): NaN/missing loss, skipped steps, grad-norm spikes, throughput drops, lr")
+    p.add_argument("file", help="log file ('-' for stdin)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", metavar="PNG", help="also draw loss, lr, grad norm and time per sample on one "
+                   "iteration axis, restarts and skipped intervals marked (needs matplotlib)")
+    p.add_argument("--grad-spike-k", type=float,
+                   help="flag grad norm above the run's median + K x MAD of its trailing window (default 6)")
+    p.add_argument("--grad-norm-max", type=float, help="also flag grad norm above this absolute value (default off)")
+    p.add_argument("--spike-ratio", type=float, help="flag loss above this multiple of its recent trend (default 1.3)")
+    p.add_argument("--throughput-drop", type=float, help="flag time per sample (token, iteration) staying this "
+                   "fraction slower than before for 5+ records (default 0.2)")
+    p.add_argument("--time-spike-ratio", type=float, help=argparse.SUPPRESS)  # old name: drop = 1 - 1/ratio
+
+
+def run(args: Any) -> int:
+    return main_from_args(args)

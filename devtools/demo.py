@@ -1,0 +1,228 @@
+"""`make demo`: gpuguard end to end on a local 3-node Slurm cluster of simulated 8-GPU p5.48xlarge nodes.
+
+healthy 2-node job runs -> a GPU falls off the bus on node2 -> the next job's prolog drains node2 with a
+gpuguard reason -> Slurm requeues the job -> it finishes on the healthy nodes -> what gpuguard found -> gpuguard's
+own surroundings fail: slurmctld is down while node3 logs an Xid (the drain is pending, applied once it is back,
+no job runs there meanwhile) and a config typo is deployed (gpuguard keeps protecting, and says where the typo is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from devtools.devcluster import missing_requirements
+from devtools.devsite import DevSite, scenario_path
+
+BOLD, DIM, RED, GREEN, YELLOW, RESET = "\033[1m", "\033[2m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
+JOB = "#!/bin/sh\n# a stand-in for torchrun: one task per node\nsrun -l hostname\n"
+
+
+class Out:
+    def __init__(self, color: bool) -> None:
+        self.color = color
+
+    def c(self, code: str, text: str) -> str:
+        return f"{code}{text}{RESET}" if self.color else text
+
+    def step(self, n: int, total: int, text: str) -> None:
+        print(f"\n{self.c(BOLD, f'[{n}/{total}] {text}')}", flush=True)
+
+    def line(self, text: str = "") -> None:
+        print(f"      {text}", flush=True)
+
+
+def _nodes_table(site: DevSite, out: Out) -> None:
+    for node, f in sorted(site.cluster.nodes_info().items()):
+        state = f.get("State", "?")
+        reason = f.get("Reason")
+        color = RED if "DRAIN" in state else GREEN
+        out.line(f"{node:<6} {out.c(color, state):<28} {('Reason=' + reason) if reason else ''}")
+
+
+def _prolog_runs(site: DevSite, job: str) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for node in site.cluster.node_names:
+        for r in site.runs(node, "prolog"):
+            if r["job_id"] == job:
+                found.append((node, r))
+    return sorted(found, key=lambda x: x[1]["started"])
+
+
+def _fleet_report(site: DevSite, out: Out) -> bool:
+    """`gpuguard fleet report` as an admin runs it. The demo has no store.url, so the report runs its SQL over the
+    nodes' SQLite stores; with store.url set the same report comes from PostgreSQL (docs/fleet.md)."""
+    p = site.gpuguard("fleet", "report", "--since", "1h")
+    for line in p.stdout.rstrip().splitlines():
+        out.line(line)
+    if p.returncode != 0:
+        out.line(out.c(RED, p.stderr.strip()))
+        return False
+    out.line(out.c(DIM, "(SQLite stores here; with store.url: postgresql://... every node ships its history to "
+                        "PostgreSQL and the same report covers the fleet)"))
+    try:
+        rep = json.loads(site.gpuguard("fleet", "report", "--since", "1h", "--json").stdout)
+    except ValueError:
+        return False
+    weekly = {(w["check"], w["drains"]) for w in rep["drains_per_check_per_week"]}
+    failures = {n["node"]: n["failures"] for n in rep["nodes"]}
+    return ("gpu.xid", 1) in weekly and failures.get("node2") == 1 and failures.get("node1") == 0
+
+
+XID119 = ("NVRM: Xid (PCI:0000:86:00): 119, pid=2113, name=python3, Timeout after 6s of waiting for RPC response "
+          "from GPU3 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20801348 0x204).")
+
+
+def _controller_down(site: DevSite, out: Out) -> bool:
+    """The drain cannot reach slurmctld: it is kept as pending, the node refuses jobs, and it is applied once
+    slurmctld is back."""
+    import yaml
+
+    from gpuguard.util.fs import atomic_write
+
+    path = site.scenarios / "node3.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["kernel_log"] = list(data.get("kernel_log") or []) + [XID119]
+    site.cluster.stop_controller()
+    try:
+        atomic_write(path, yaml.safe_dump(data, sort_keys=False))
+        out.line(out.c(DIM, XID119))
+        hc = site.run_hook("healthcheck", "node3")
+        line = (site.log_lines("PENDING") or [""])[-1]
+        out.line(f"health check on node3 (slurmd runs it, slurmctld is down): {line.split(': ', 1)[-1][:150]}")
+        for text in site.gpuguard("status").stdout.splitlines():
+            if text.startswith("PENDING"):
+                out.line(out.c(YELLOW, text[:160]))
+    finally:
+        site.cluster.start_controller()
+    out.line("slurmctld is back; a job is sent to node3:")
+    job = site.cluster.sbatch(JOB, "-N1", "-w", "node3", "--job-name=train-llm")
+    site.cluster.wait_nodes(lambda f: "DRAIN" in f, nodes=["node3"], timeout=60)
+    applied = (site.log_lines("pending drain applied") or [""])[-1]
+    out.line(f"node3's prolog applied the pending drain first and refused the job: {applied.split(': ', 1)[-1][:120]}")
+    site.cluster.run(["scancel", job])
+    reason = site.cluster.node_info("node3").get("Reason") or ""
+    _nodes_table(site, out)
+    return hc.returncode == 0 and reason.startswith("gpuguard: XID119")
+
+
+def _config_typo(site: DevSite, out: Out) -> bool:
+    good = site.config_path.read_text()
+    site.config_path.write_text(good + "deadlines:\n  prolog_s: soon\n")
+    try:
+        out.line("config.yaml now ends with `deadlines: {prolog_s: soon}` (a typo, on every node at once)")
+        job = site.cluster.sbatch(JOB, "-N1", "-w", "node1", "--job-name=train-llm")
+        info = site.cluster.wait_job(job, timeout=60)
+        out.line(f"job {job} {out.c(GREEN if info['JobState'] == 'COMPLETED' else RED, info['JobState'])} on "
+                 f"{info['NodeList']}: the healthy node keeps running jobs, the drained ones stay drained")
+        status = site.gpuguard("status").stdout.splitlines()
+        for text in status:
+            if text.startswith("CONFIG BROKEN"):
+                out.line(out.c(YELLOW, text[:170]))
+        check = site.gpuguard("config", "--check", str(site.config_path))
+        out.line(f"gpuguard config --check: {check.stdout.strip().splitlines()[0]}")
+        return info["JobState"] == "COMPLETED" and any("deadlines.prolog_s" in t for t in status)
+    finally:
+        site.config_path.write_text(good)
+
+
+def run_demo(keep: bool = False) -> int:
+    out = Out(sys.stdout.isatty())
+    missing = missing_requirements()
+    if missing:
+        print("cannot run the demo here: " + "; ".join(missing), file=sys.stderr)
+        return 2
+    total = 8
+    print(out.c(BOLD, "gpuguard demo: a real Slurm cluster on this machine, 3 nodes, each a simulated "
+                      "p5.48xlarge (8x H100 80GB, 32 EFA)"))
+    print(out.c(DIM, "NVML answers through the real nvidia-ml-py binding over a fake libnvidia-ml.so.1; "
+                     "slurmd runs gpuguard's installed prolog before every job."))
+
+    out.step(1, total, "booting munge + slurmctld + 3 slurmd with Prolog=gpuguard-prolog")
+    t0 = time.monotonic()
+    site = DevSite(nodes=3, scenario="healthy-p5", keep=keep)
+    try:
+        site.start()
+        out.line(f"up in {time.monotonic() - t0:.1f}s (workdir {site.workdir})")
+        out.line(f"Prolog={site.libexec / 'gpuguard-prolog'}   config {site.config_path}")
+        _nodes_table(site, out)
+
+        out.step(2, total, "a healthy 2-node job (8 GPUs per node)")
+        t0 = time.monotonic()
+        job = site.cluster.sbatch(JOB, "-N2", "--gres=gpu:8", "--job-name=train-llm")
+        info = site.cluster.wait_job(job, timeout=60)
+        out.line(f"job {job} {out.c(GREEN, info['JobState'])} on {info['NodeList']} in {time.monotonic() - t0:.1f}s")
+        for node, r in _prolog_runs(site, job):
+            nchecks = sum(1 for f in r["findings"] if f["severity"] == "ok")
+            out.line(f"gpuguard prolog on {node}: {out.c(GREEN, r['verdict'].upper())} "
+                     f"({nchecks} checks ok, {r['duration_ms']:.0f} ms)")
+
+        out.step(3, total, "fault injected: GPU 3 on node2 falls off the bus (Xid 79)")
+        site.set_scenario("node2", "xid79")
+        out.line(f"node2 now runs scenario {scenario_path('xid79').name}: NVML sees 7 GPUs and the kernel log says")
+        out.line(out.c(DIM, "NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."))
+
+        out.step(4, total, "the same 2-node job again")
+        t0 = time.monotonic()
+        job = site.cluster.sbatch(JOB, "-N2", "--gres=gpu:8", "--job-name=train-llm")
+        info = site.cluster.wait_job(job, timeout=90)
+        took = time.monotonic() - t0
+        for node, r in _prolog_runs(site, job):
+            color = RED if r["verdict"] == "drain" else GREEN
+            out.line(f"attempt {(r['restart_count'] or 0) + 1}: gpuguard prolog on {node}: "
+                     f"{out.c(color, r['verdict'].upper())} ({r['duration_ms']:.0f} ms)"
+                     + (" -> exit 1, node drained, Slurm requeues the job" if r["verdict"] == "drain" else ""))
+        ok = info["JobState"] == "COMPLETED"
+        out.line(f"job {job} {out.c(GREEN if ok else RED, info['JobState'])} on {info['NodeList']} after "
+                 f"{info['Restarts']} requeue(s), {took:.1f}s end to end, no human involved")
+        _nodes_table(site, out)
+
+        out.step(5, total, "what gpuguard found on node2 (history store: runs, findings, drains)")
+        runs = site.runs("node2", "prolog")
+        bad = runs[0]
+        for f in bad["findings"]:
+            if f["severity"] in ("fail", "warn", "incomplete"):
+                out.line(f"{out.c(RED, f['severity'].upper()):<6} {f['check_id']:<12} {f['message']}")
+                if f["remediation"]:
+                    out.line(out.c(DIM, f"         -> {f['action']}: {f['remediation']}"))
+        d = site.store("node2").drains("node2")[0]
+        out.line(f"drain: {d['outcome']}  reason: {d['reason']}")
+        ev = json.loads([f for f in bad["findings"] if f["check_id"] == "gpu.xid"][0]["evidence"])
+        out.line(out.c(DIM, f"evidence: {ev.get('first', '')}"))
+        out.line("(more: .venv/bin/gpuguard xid explain 79 ; make demo DEMO_ARGS=--keep keeps the site for "
+                 "`gpuguard history`)")
+
+        out.step(6, total, "fleet report of the demo's drains (`gpuguard fleet report`)")
+        fleet_ok = _fleet_report(site, out)
+
+        out.step(7, total, "slurmctld goes down while node3's GPU logs Xid 119 (GSP timeout)")
+        pending_ok = _controller_down(site, out)
+
+        out.step(8, total, "a config typo is deployed to every node")
+        config_ok = _config_typo(site, out)
+        success = ok and info["NodeList"] == "node[1,3]" and (d["reason"] or "").startswith("gpuguard: XID79 gpu.xid") \
+            and fleet_ok and pending_ok and config_ok
+    except Exception as e:  # noqa: BLE001 - show what happened, keep the logs
+        site.keep = True
+        print(f"\ndemo failed: {e}\n(logs kept in {site.workdir})", file=sys.stderr)
+        site.cluster.dump_logs()
+        success = False
+    finally:
+        print(f"\n{out.c(DIM, 'tearing down the cluster ...')}", end=" ", flush=True)
+        site.stop()
+        print("done" + (f" (kept {site.workdir})" if site.keep else ""))
+    print(out.c(GREEN if success else RED, "demo OK" if success else "demo FAILED"))
+    return 0 if success else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--keep", action="store_true", help="keep the site directory (logs, store, scenarios)")
+    return run_demo(ap.parse_args().keep)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

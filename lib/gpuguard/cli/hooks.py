@@ -1,0 +1,173 @@
+"""The slurmd entry points (`gpuguard prolog | epilog | healthcheck`): load the config the way a fleet can rely on
+(gpuguard.config.lastgood), run the pipeline under a watchdog that exits with the verdict whatever hangs after it,
+log what happened. Nothing here is imported by any other command."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+
+def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> Any:
+    """Last line of defence: whatever hangs, the hook exits before slurmd's own timeout."""
+    import threading
+
+    def fire() -> None:
+        log.error(f"{state['kind']}: {state.get('phase', 'total')} deadline of {seconds:g}s exceeded; "
+                  f"exiting with {state['exit_code']}")
+        os._exit(state["exit_code"])
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+# A config on a hung filesystem (NFS) must not hang the hook until slurmd kills it: after this long the hook runs
+# with the last good configuration (gpuguard.config.lastgood).
+CONFIG_LOAD_TIMEOUT_S = 10.0
+
+
+def _config_read_timeout() -> float:
+    try:  # tests shorten it; slurmd gives hooks a bare environment, so on a node it is the constant
+        return float(os.environ.get("GPUGUARD_CONFIG_LOAD_TIMEOUT_S", CONFIG_LOAD_TIMEOUT_S))
+    except ValueError:
+        return CONFIG_LOAD_TIMEOUT_S
+
+
+def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None) -> int:
+    import time
+
+    from gpuguard.context import context_from_env
+    from gpuguard.config.lastgood import describe, load_guarded
+    from gpuguard.util.log import HookLog
+
+    t0 = time.monotonic()
+    ctx = context_from_env(kind, os.environ)
+    cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
+    lg = cfg.sections["logging"]
+    log = HookLog(lg["syslog"], lg["file"], lg["level"], stderr=kind != "healthcheck")
+    if cfg.issues:
+        log.error(f"{kind} on {ctx.node}: {describe(cfg)}")
+    if ctx.ignored_env:
+        log.warning(f"{kind} on {ctx.node}: ignored malformed environment variables: {', '.join(ctx.ignored_env)}")
+    open_policy = cfg.sections["policy"]["on_internal_error"] == "open"
+    deadline = cfg.sections["deadlines"][f"{kind}_s"]
+    state: dict[str, Any] = {"kind": kind, "exit_code": 0 if open_policy else 1}
+    # the run's deadline counts from the hook's start, config loading included
+    _watchdog(max(0.5, deadline + 1.0 - (time.monotonic() - t0)), state, log)
+    try:
+        from gpuguard.pipeline.run import execute
+        from gpuguard.simulate.sources import resolve_sources
+
+        def verdict_known(code: int) -> None:
+            # from here on the hardware has spoken: a hang in drain/notify/store must not turn it into exit 0
+            state["exit_code"], state["verdict"] = code, True
+
+        result = execute(ctx, cfg, resolve_sources(cfg, ctx.node, simulate), deadline_s=deadline,
+                         on_verdict=verdict_known, log=log, hook=True)
+    except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback
+        return _internal_error(cfg, ctx, kind, e, log, open_policy, state)
+    _log_result(kind, ctx, result, log)
+    if getattr(result, "store_errors", None):
+        _tell_store_trouble(cfg, ctx, kind, result.store_errors)
+    state["exit_code"] = result.exit_code
+    return result.exit_code
+
+
+def _log_result(kind: str, ctx: Any, result: Any, log: Any) -> None:
+    v = result.verdict
+    msg = (f"{kind} node={ctx.node} job={ctx.job_id} verdict={v.outcome} took={result.duration_s:.3f}s"
+           + (f" reason={v.reason!r} drain={result.drain['outcome'] if result.drain else 'n/a'}" if v.reason else ""))
+    bad = [f"{f.check_id}:{f.severity.value}:{f.message}" for f in result.findings
+           if f.severity.value in ("fail", "warn", "incomplete")]
+    log.log("error" if v.outcome == "drain" else ("warning" if v.outcome == "warn" else "info"),
+            msg + (" findings=" + " ; ".join(bad) if bad else ""))
+    for a in result.applied:
+        log.error(f"{kind} on {ctx.node}: pending {a['pending'].op} applied ({a['outcome']}) after "
+                  f"{a['pending'].attempts + 1} attempt(s): {a['pending'].reason}")
+    for p in result.pending:
+        log.error(f"{kind} on {ctx.node}: {p.op} PENDING since {_iso(p.created)} ({p.attempts} attempt(s), last "
+                  f"error: {p.last_error}); jobs are refused until Slurm takes it: {p.reason}")
+    u = result.undrain or {}
+    if u.get("outcome") in ("done", "gone", "flapping", "failed"):
+        log.log("warning" if u["outcome"] != "done" else "info",
+                f"{kind} on {ctx.node}: undrain {u['outcome']} ({u.get('check_id') or '-'}): {u.get('detail', '')}")
+    if result.notes:
+        log.warning(f"{kind} on {ctx.node}: " + " | ".join(result.notes))
+
+
+def _iso(ts: float) -> str:
+    from gpuguard.util.timefmt import iso_utc
+
+    return iso_utc(ts) or "?"
+
+
+def _internal_error(cfg: Any, ctx: Any, kind: str, e: Exception, log: Any, open_policy: bool,
+                    state: dict[str, Any]) -> int:
+    """A gpuguard bug: logged with its traceback, recorded, told; the exit code is the verdict if one was already
+    reached (the hardware had spoken), else the on_internal_error policy's."""
+    import traceback
+
+    log.error(f"{kind} on {ctx.node} job {ctx.job_id}: INTERNAL ERROR {type(e).__name__}: {e} | "
+              + traceback.format_exc(limit=6).replace("\n", " | "))
+    if state.get("verdict"):  # the hardware has spoken already: its verdict stands
+        log.error(f"{kind} on {ctx.node}: the verdict was reached before the error: exiting with it "
+                  f"({state['exit_code']})")
+    _record_internal_error(cfg, ctx, f"{type(e).__name__}: {e}", state["exit_code"])
+    try:
+        from gpuguard.notify import Event, emit
+
+        emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
+                        message=f"gpuguard {kind} crashed ({type(e).__name__}: {e}); "
+                                + ("node NOT drained (policy open)" if open_policy else "draining (policy closed)"),
+                        action="see the gpuguard log on the node; report the bug"), budget_s=2.0)
+    except Exception:  # noqa: BLE001
+        pass
+    if state.get("verdict"):
+        return int(state["exit_code"])
+    if open_policy:
+        return 0
+    _drain_internal(cfg, ctx, kind, f"{type(e).__name__}: {e}", log)
+    return 1 if kind != "healthcheck" else 0
+
+
+def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> None:
+    """The history store failed (disk full, read-only, locked): the run still judged the hardware, but its
+    memory (cursors, drain records, undrain counters) is not being kept. A human should know."""
+    try:
+        from gpuguard.notify import Event, emit
+
+        emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
+                        check_id="store", message=f"gpuguard {kind}: history store unusable: {errors[0][:300]}",
+                        action="free space / fix permissions on the store's filesystem "
+                               "(store.path); the verdict was still applied"), budget_s=1.0)
+    except Exception:  # noqa: BLE001 - the log line is the primary record
+        pass
+
+
+def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> None:
+    """Best effort: `gpuguard history` should show that a run crashed, not just that it is missing."""
+    import time
+
+    try:
+        from gpuguard.store.sqlite import Store
+
+        with Store(cfg.sections["store"]["path"].replace("{node}", ctx.node), timeout_s=1.0) as st:
+            st.record_run(started=time.time(), duration_ms=None, node=ctx.node, kind=ctx.kind, job_id=ctx.job_id,
+                          profile=None, verdict="error", action=None, reason=None, exit_code=exit_code,
+                          error=error[:500], boot_id=None, findings=[])
+    except Exception:  # noqa: BLE001 - the log line above is the primary record
+        pass
+
+
+def _drain_internal(cfg: Any, ctx: Any, kind: str, detail: str, log: Any) -> None:
+    from gpuguard.slurm.reason import format_reason
+    from gpuguard.slurm.client import client_from_config, drain_node
+
+    try:
+        client = client_from_config(cfg.sections["slurm"], cfg.sections["deadlines"]["scontrol_s"])
+        out = drain_node(client, ctx.node, format_reason("gpuguard", "INTERNAL", detail, kind))
+        log.error(f"{kind} on {ctx.node}: drained for internal error (policy closed): {out.outcome} {out.detail}")
+    except Exception as e:  # noqa: BLE001
+        log.error(f"{kind} on {ctx.node}: could not drain for internal error: {e}")
