@@ -60,6 +60,9 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
             store.close()
 
 
+STORM_SETTLE_S = 2.0  # how long a storm-guarded drain waits for the rest of its health-check round to land
+
+
 class Run:
     def __init__(self, ctx: RunContext, cfg: Config, sources: Sources, profile: Profile, store: Any,
                  journal: Journal, budget: StageBudget, slurm: SlurmHandle, *, locked: bool, dry_run: bool,
@@ -165,9 +168,14 @@ class Run:
                                  else "unusable") + ", no verdict journal): this boot's kernel log is judged again")
         return position
 
+    @staticmethod
+    def storm_exempt(verdict: Verdict) -> bool:
+        """Unambiguous hardware evidence is never held back by the drain-storm guard."""
+        return any(is_unambiguous(f) for f in verdict.failing if f.severity is Severity.FAIL)
+
     def storm_check(self, verdict: Verdict, drained_self: bool) -> None:
         """Hold a drain back (and page) when it would be part of a drain storm (gpuguard.pipeline.storm)."""
-        if any(is_unambiguous(f) for f in verdict.failing if f.severity is Severity.FAIL):
+        if self.storm_exempt(verdict):
             return
         from gpuguard.pipeline.storm import census_hold
 
@@ -234,7 +242,10 @@ class Run:
         if self.pending is not None:
             result.drain = apply_drain(v, self.pending, self.journal, self.slurm, self.ctx.node,
                                        self.cfg.sections["reboot"]["auto"])
-            if result.drain["outcome"] == "done":
+            if result.drain["outcome"] == "done" and not self.storm_exempt(v):
+                # the nodes of one health-check round drain within a second or so of each other: let them land,
+                # so that every node ranks the same set of drains (gpuguard.pipeline.storm)
+                time.sleep(max(0.0, min(STORM_SETTLE_S, self.budget.remaining() - 1.0)))
                 self.storm_check(v, drained_self=True)
                 if v.held_by:
                     result.drain = self._undo_own_drain(result.drain)

@@ -8,9 +8,9 @@ ECC, row-remap failure, recovery action needing a reset) is never held back.
 
 The guard reads slurmctld's own view (one `sinfo` call, only when about to drain), so it holds across every node
 without any shared file. Nodes of one health-check round drain at the same instant and each sees none of the
-others yet: after draining, a node reads the census again and, if it is not among the first `limit` drains of the
-window (ordered by Slurm's reason time, then name: every node computes the same order), it lifts its own drain
-and pages instead.
+others yet: after draining, a node waits a moment for the rest of its round to land, reads the census again and,
+if it is not among the first `limit` drains of the window (ordered by Slurm's reason time, then name: every node
+computes the same order over the same set), it lifts its own drain and pages instead.
 """
 
 from __future__ import annotations
