@@ -73,11 +73,16 @@ def gg(cfg: Path, *args: str, env: dict[str, str] | None = None, timeout: float 
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def gpuguard_env() -> dict[str, str]:
+    """What gpuguard.env gives slurmd's hooks on a node: here the test's private state and runtime directories."""
+    return {k: os.environ[k] for k in ("GPUGUARD_STATE_DIR", "GPUGUARD_RUNTIME_DIR") if k in os.environ}
+
+
 def healthcheck(cfg: Path, node: str) -> tuple[int, float]:
     """What slurmd runs (HealthCheckProgram gets only SLURMD_NODENAME); returns (exit code, seconds)."""
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "gpuguard", "healthcheck", "--config", str(cfg)], capture_output=True,
-                       text=True, timeout=60, env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin"})
+                       text=True, timeout=60, env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin", **gpuguard_env()})
     return p.returncode, time.monotonic() - t0
 
 
