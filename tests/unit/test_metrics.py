@@ -28,7 +28,7 @@ from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.metrics import monitor_families
 from simnode import run_sim
 from gpuguard.slurm.client import NodeState
-from gpuguard.watch.daemon import WatchDaemon
+from gpuguard.watch.loop import WatchDaemon
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "examples" / "scenarios"

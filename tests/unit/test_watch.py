@@ -31,7 +31,9 @@ from gpuguard.kernellog.kmsg import KmsgSource
 from gpuguard.kernellog.sources import make_follower
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.store.sqlite import Store
-from gpuguard.watch.daemon import WatchDaemon, cursor_name, sd_notify
+from gpuguard.watch.loop import WatchDaemon
+from gpuguard.watch.settings import cursor_name
+from gpuguard.watch.systemd import sd_notify
 from gpuguard.watch.judge import WatchEvent, WatchJudge, XidDeduper, node_verdict, xid_line_spans
 from gpuguard.xid.catalog import load_catalog
 
