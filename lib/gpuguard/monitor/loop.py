@@ -343,14 +343,14 @@ class Monitor:
                            action=None if ok else "requeue or cancel the job by hand"))
 
     def _write_metrics(self, report: dict[str, Any], alerts: list[Alert]) -> None:
-        from gpuguard.metrics.node import textfile_dir
+        from gpuguard.metrics.textfile import textfile_dir
 
         directory = textfile_dir(self.cfg, self.node)
         if not directory:
             return
         try:
             from gpuguard.monitor.metrics import monitor_families
-            from gpuguard.metrics.node import write_families
+            from gpuguard.metrics.textfile import write_families
 
             write_families(directory, "monitor", monitor_families(report, alerts, self.cost()))
         except Exception as e:  # noqa: BLE001
@@ -366,7 +366,7 @@ class Monitor:
         self.gpus.close()
         # on every exit (end of --duration, SIGTERM/SIGINT from srun or scancel, --once): a file left behind would
         # show the GPUs' last values, and the job's alerts, as current for ever
-        from gpuguard.metrics.node import MONITOR_FILE, remove, textfile_dir
+        from gpuguard.metrics.textfile import MONITOR_FILE, remove, textfile_dir
 
         directory = textfile_dir(self.cfg, self.node)
         if directory:

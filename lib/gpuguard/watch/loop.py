@@ -22,7 +22,7 @@ from gpuguard.config.schema import Config, ConfigError, load_config
 from gpuguard.kernellog.base import FollowError, KernelLogSource, StoredCursor, read_boot_id
 from gpuguard.kernellog.cursor import describe as describe_cursor
 from gpuguard.kernellog.sources import make_follower
-from gpuguard.metrics.node import WatchHeartbeat
+from gpuguard.metrics.heartbeat import WatchHeartbeat
 from gpuguard.pipeline.journal import Journal, runtime_dir
 from gpuguard.simulate.sources import resolve_sources
 from gpuguard.store.sqlite import Store
