@@ -36,7 +36,7 @@ import time
 from typing import Any, Optional
 
 from gpuguard.slurm.hostlist import compress_hostlist
-from gpuguard.slurm.client import slurm_time  # noqa: F401 - re-exported: status callers and tests use it here
+from gpuguard.slurm.parse import slurm_time  # noqa: F401 - re-exported: status callers and tests use it here
 from gpuguard.store.sqlite import Store
 from gpuguard.util.timefmt import iso_utc
 
@@ -65,7 +65,7 @@ def format_duration(seconds: Optional[float]) -> str:
 def drained_nodes(scontrol_output: str) -> list[dict[str, Any]]:
     """Nodes that are drained or down, from `scontrol show node -o`. Pure."""
     from gpuguard.slurm.reason import is_ours, parse_reason
-    from gpuguard.slurm.client import node_state_from_fields, parse_node_lines
+    from gpuguard.slurm.parse import node_state_from_fields, parse_node_lines
 
     out = []
     for name, fields in parse_node_lines(scontrol_output).items():

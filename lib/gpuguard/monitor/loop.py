@@ -36,7 +36,8 @@ def resolve_train_log(setting: Optional[str], job_dir: str, job_id: Optional[str
     if os.path.exists(candidate) or not job_id:
         return candidate
     try:
-        from gpuguard.slurm.client import CliSlurmClient, parse_job_line
+        from gpuguard.slurm.client import CliSlurmClient
+        from gpuguard.slurm.parse import parse_job_line
 
         s = cfg.sections["slurm"]
         client = CliSlurmClient(s["scontrol"], cfg.sections["deadlines"]["scontrol_s"], s["conf"])

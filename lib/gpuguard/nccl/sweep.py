@@ -379,7 +379,7 @@ class SlurmRunner:
         return m
 
     def job_state(self, job_id: str) -> tuple[Optional[str], str]:
-        from gpuguard.slurm.client import parse_job_line
+        from gpuguard.slurm.parse import parse_job_line
 
         p = self._cmd([self.scontrol, "show", "job", "-o", job_id])
         if p.returncode != 0:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from gpuguard.slurm.client import node_state_flags, parse_job_line, parse_node_lines
+from gpuguard.slurm.parse import node_state_flags, parse_job_line, parse_node_lines
 from gpuguard.templates.attempts import (AttemptFacts, Budget, Decision, Excluded, ExclusionPlan, NodeInfo, Policy,
                                          WorkerExit, budget_from_ledger, decide, DEFAULT_NO_RETRY,
                                          fit_exclusions, parse_error_file, parse_torchrun_failures, plan_exclusions,
