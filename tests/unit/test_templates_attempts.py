@@ -14,8 +14,9 @@ from gpuguard.templates.attempts import (AttemptFacts, Budget, DEFAULT_NO_RETRY,
                                          WorkerExit, budget_from_ledger, decide, no_retry_match,
                                          node_failures_in_log, parse_error_file, parse_torchrun_failures,
                                          plan_exclusions, unschedulable)
-from gpuguard.templates.jobattempt import (CheckpointSpec, JobContext, Scontrol, begin, end, policy_from_args,
-                                           user_store_path, worker_exits)
+from gpuguard.templates.jobattempt import CheckpointSpec, JobContext, begin, end, policy_from_args
+from gpuguard.templates.jobfiles import user_store_path, worker_exits
+from gpuguard.templates.jobslurm import Scontrol
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "output"
 OK = frozenset({"ALLOCATED"})
