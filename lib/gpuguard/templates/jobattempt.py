@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from gpuguard.notify import Event, emit, user_state_path
-from gpuguard.templates.attempts import (DEFAULT_NO_RETRY, AttemptFacts, Decision, Excluded, ExclusionPlan, NodeInfo,
-                                         Policy, budget_from_ledger, decide, fit_exclusions, plan_exclusions,
-                                         unschedulable)
+from gpuguard.templates.attempts import (DEFAULT_NO_RETRY, AttemptFacts, Decision, NodeInfo, Policy,
+                                         budget_from_ledger, decide)
 from gpuguard.templates.checkpoint import find_checkpoint
+from gpuguard.templates.exclusions import Excluded, ExclusionPlan, fit_exclusions, plan_exclusions, unschedulable
 from gpuguard.templates.jobfiles import (LEDGER, STATE, append_ledger, fabric_summary, monitor_requeue_since,
                                          read_ledger, read_log_since, record_store, user_store_path, warn,
                                          worker_exits, write_json_atomic)

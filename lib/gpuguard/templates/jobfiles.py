@@ -13,8 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from gpuguard.templates.attempts import WorkerExit, parse_error_file, parse_torchrun_failures
+from gpuguard.templates.attempts import WorkerExit
 from gpuguard.templates.fabric import read_attempt, summary
+from gpuguard.templates.torchrun_report import parse_error_file, parse_torchrun_failures
 from gpuguard.util.fs import atomic_write
 
 LEDGER = "attempts.jsonl"
