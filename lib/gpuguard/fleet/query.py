@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
+import hostlist
+
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.util.timefmt import iso_utc
 
@@ -111,7 +113,6 @@ def build_filters(*, since: str, until: Optional[str] = None, node: Optional[str
                   verdict: Optional[list[str]] = None, gpu: Optional[list[str]] = None,
                   now: Optional[float] = None) -> Filters:
     """Command-line values -> Filters. Raises ValueError with a message naming the bad flag."""
-    import hostlist  # only for the commands' filters: this module is on every health check's shipping path
 
     now = time.time() if now is None else now
     t0 = parse_time(since, now, "--since")

@@ -142,9 +142,8 @@ class PyslurmClient:
             raise SlurmError(f"pyslurm: {result['error']}")
         return result.get("value")
 
-    # pyslurm is optional (and pinned to one Slurm release): imported where used, never at module level
     def get_node(self, name: str) -> Optional[NodeState]:
-        import pyslurm
+        import pyslurm  # optional (and pinned to one Slurm release): imported where used, never at module level
 
         def load() -> Optional[NodeState]:
             try:
@@ -159,17 +158,17 @@ class PyslurmClient:
         return self._bounded(load)  # type: ignore[no-any-return]
 
     def drain(self, name: str, reason: str) -> None:
-        import pyslurm
+        import pyslurm  # optional dependency
 
         self._bounded(lambda: pyslurm.Node(name).modify(state="DRAIN", reason=reason))
 
     def undrain(self, name: str) -> None:
-        import pyslurm
+        import pyslurm  # optional dependency
 
         self._bounded(lambda: pyslurm.Node(name).modify(state="UNDRAIN"))
 
     def set_reason(self, name: str, reason: str) -> None:
-        import pyslurm
+        import pyslurm  # optional dependency
 
         self._bounded(lambda: pyslurm.Node(name).modify(reason=reason))
 
