@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
-from gpuguard.fleet.schema import HOUR_COLUMNS
+from gpuguard.fleet.tables import HOUR_COLUMNS
 
 FAULTS = [  # keyword, check id, weight
     ("XID79", "gpu.xid", 15), ("XID48", "gpu.xid", 10), ("XID94", "gpu.xid", 10), ("XID95", "gpu.xid", 5),

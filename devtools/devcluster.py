@@ -134,7 +134,7 @@ class DevClusterError(RuntimeError):
 
 
 # The parsers live with the Slurm client: gpuguard reads `scontrol show node -o` the same way in production.
-from gpuguard.slurm.client import node_state_flags, parse_job_line, parse_node_line, parse_node_lines  # noqa: E402
+from gpuguard.slurm.parse import node_state_flags, parse_job_line, parse_node_line, parse_node_lines  # noqa: E402
 from devtools.devhost import DebianHostView  # noqa: E402
 
 

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuguard.nccl.parse import parse_size
+from gpuguard.nccl.table import parse_size
 
 ENV_SCENARIO_DIR = "GPUGUARD_SIM_SCENARIO_DIR"
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from devtools.devcluster import DevCluster, missing_requirements
-from gpuguard.slurm.client import node_state_flags, parse_job_line, parse_node_line
+from gpuguard.slurm.parse import node_state_flags, parse_job_line, parse_node_line
 
 _MISSING = missing_requirements()
 needs_cluster = pytest.mark.skipif(bool(_MISSING), reason="DevCluster cannot boot here: " + "; ".join(_MISSING))

@@ -143,7 +143,7 @@ def test_the_watch_daemon_ships_a_drain_within_seconds(db, tmp_path):
 
     from gpuguard.config.schema import load_config
     from gpuguard.util.log import HookLog
-    from gpuguard.watch.daemon import WatchDaemon
+    from gpuguard.watch.loop import WatchDaemon
 
     log = tmp_path / "kern.log"
     log.write_text("")

@@ -133,7 +133,7 @@ def test_the_example_training_script_follows_the_contract(tmp_path):
     import signal
     import subprocess
 
-    from gpuguard.templates.attempts import parse_torchrun_failures
+    from gpuguard.templates.torchrun_report import parse_torchrun_failures
     from gpuguard.templates.checkpoint import find_checkpoint
 
     ckpt = tmp_path / "ckpt"

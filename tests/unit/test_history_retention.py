@@ -9,7 +9,8 @@ import time
 from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg
 
 from gpuguard.model import Finding, Severity
-from gpuguard.store.sqlite import SCHEMA_VERSION, Store
+from gpuguard.store.schema import SCHEMA_VERSION
+from gpuguard.store.sqlite import Store
 
 DAY = 86400.0
 NOW = time.time()

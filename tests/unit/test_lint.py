@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuguard.templates import render_template
-from gpuguard.templates.lint import lint, parse_assignments
+from gpuguard.templates.lint import lint
+from gpuguard.templates.shellvars import parse_assignments
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "lint"
 

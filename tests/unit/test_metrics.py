@@ -22,13 +22,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuguard.config.schema import parse_config
 from gpuguard.context import RunContext
 from gpuguard.util.log import HookLog
-from gpuguard.metrics.node import (Family, new_xid_events, node_families, remove_monitor_file_of_job, update_state,
-                              write_families, write_run_metrics)
+from gpuguard.metrics.families import node_families
+from gpuguard.metrics.node import remove_monitor_file_of_job, write_run_metrics
+from gpuguard.metrics.state import new_xid_events, update_state
+from gpuguard.metrics.textfile import Family, write_families
 from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.metrics import monitor_families
 from simnode import run_sim
 from gpuguard.slurm.client import NodeState
-from gpuguard.watch.daemon import WatchDaemon
+from gpuguard.watch.loop import WatchDaemon
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "examples" / "scenarios"
@@ -290,7 +292,8 @@ def test_not_configured_writes_and_imports_nothing(tmp_path):
     code = (
         "import sys, yaml\n"
         "from gpuguard.config.schema import parse_config\n"
-        "from gpuguard.metrics.node import write_run_metrics, WatchHeartbeat\n"
+        "from gpuguard.metrics.node import write_run_metrics\n"
+        "from gpuguard.metrics.heartbeat import WatchHeartbeat\n"
         "from gpuguard.util.log import HookLog\n"
         "cfg = parse_config('')\n"
         "write_run_metrics(cfg, None)\n"
@@ -532,7 +535,7 @@ def test_one_directory_with_every_writer_has_no_duplicate_series(tmp_path):
     slurm = MemorySlurm()
     run(cfg, "healthcheck", "ecc-dbe", slurm)
     run(cfg, "prolog", "xid79", slurm, job="5150")
-    from gpuguard.metrics.node import watch_families
+    from gpuguard.metrics.heartbeat import watch_families
 
     write_families(str(d), "watch", watch_families("node2", time.time(), time.time(), 30.0, True, 0))
     report = {"node": "node2", "job_id": "5150", "ts": time.time(), "interval_s": 10.0, "host": {},

@@ -11,8 +11,8 @@ import pytest
 
 from gpuguard.nccl.fleet import format_report, run_fleet_sweep
 from gpuguard.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
-from gpuguard.nccl.sweep import (JobSpec, Measurement, SlurmRunner, SweepError, drain_reason, isolate,
-                                 parse_sinfo_nodes, render_job, threshold_resolver)
+from gpuguard.nccl.isolate import Measurement, drain_reason, isolate
+from gpuguard.nccl.sweep import JobSpec, SlurmRunner, SweepError, parse_sinfo_nodes, render_job, threshold_resolver
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.slurm.client import NodeState
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.nccl.parse import (NcclParseError, nccl_version_string, parse_nccl, parse_nccl_json, parse_nccl_text,
-                                 parse_size)
+from gpuguard.nccl.parse import parse_nccl, parse_nccl_json
+from gpuguard.nccl.result import NcclParseError
+from gpuguard.nccl.table import nccl_version_string, parse_nccl_text, parse_size
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 

@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import PROMTOOL, MemorySlurm, make_cfg, run
 
 from gpuguard.checks import registry
-from gpuguard.metrics.node import watch_families, write_families
+from gpuguard.metrics.heartbeat import watch_families
+from gpuguard.metrics.textfile import write_families
 from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.metrics import monitor_families
 

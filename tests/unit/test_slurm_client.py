@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from gpuguard.slurm.reason import format_reason, is_ours
-from gpuguard.slurm.client import (CliSlurmClient, NodeState, SlurmError, SlurmTimeout, drain_node,
-                            node_state_from_fields, parse_node_line, pyslurm_usable)
+from gpuguard.slurm.client import CliSlurmClient, NodeState, SlurmError, SlurmTimeout, drain_node, pyslurm_usable
+from gpuguard.slurm.parse import node_state_from_fields, parse_node_line
 
 OURS = format_reason("gpu.xid", "XID79", "GPU has fallen off the bus on 0000:86:00", "prolog", "reboot")
 

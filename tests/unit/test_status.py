@@ -14,8 +14,10 @@ import yaml
 
 from gpuguard.model import Action, Finding, Severity
 from gpuguard.slurm.reason import format_reason
-from gpuguard.cli.status import (drained_nodes, format_duration, group_nodes, iso_utc, render_status, slurm_time,
-                             store_facts, to_json, undelivered_notifications)
+from gpuguard.cli.status import drained_nodes, store_facts, undelivered_notifications
+from gpuguard.cli.status_render import format_duration, group_nodes, render_status, to_json
+from gpuguard.slurm.parse import slurm_time
+from gpuguard.util.timefmt import iso_utc
 from gpuguard.store.sqlite import Store
 
 NOW = 1795550793.0  # 2026-11-24T20:06:33Z

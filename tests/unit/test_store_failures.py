@@ -14,7 +14,9 @@ from typing import Iterator
 import pytest
 
 from gpuguard.model import Finding, Severity
-from gpuguard.store.sqlite import GuardedStore, Store, StoreUnavailable, is_corruption
+from gpuguard.store.corruption import StoreUnavailable, is_corruption
+from gpuguard.store.guarded import GuardedStore
+from gpuguard.store.sqlite import Store
 
 from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg, run_sim
 

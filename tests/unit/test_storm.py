@@ -7,7 +7,7 @@ from datetime import datetime
 
 from gpuguard.pipeline.storm import StormSettings, storm_hold
 from gpuguard.slurm.reason import format_reason
-from gpuguard.slurm.client import NodeRow, parse_sinfo_census
+from gpuguard.slurm.parse import NodeRow, parse_sinfo_census
 
 S = StormSettings(share=0.1, window_s=3600, min_nodes=2)
 NOW = time.time()

@@ -10,12 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuguard.templates.attempts import (AttemptFacts, Budget, DEFAULT_NO_RETRY, Excluded, NodeInfo, Policy,
-                                         WorkerExit, budget_from_ledger, decide, no_retry_match,
-                                         node_failures_in_log, parse_error_file, parse_torchrun_failures,
-                                         plan_exclusions, unschedulable)
-from gpuguard.templates.jobattempt import (CheckpointSpec, JobContext, Scontrol, begin, end, policy_from_args,
-                                           user_store_path, worker_exits)
+from gpuguard.templates.attempts import (AttemptFacts, Budget, DEFAULT_NO_RETRY, NodeInfo, Policy, WorkerExit,
+                                         budget_from_ledger, decide, no_retry_match, node_failures_in_log)
+from gpuguard.templates.exclusions import Excluded, plan_exclusions, unschedulable
+from gpuguard.templates.torchrun_report import parse_error_file, parse_torchrun_failures
+from gpuguard.templates.jobattempt import CheckpointSpec, JobContext, begin, end, policy_from_args
+from gpuguard.templates.jobfiles import user_store_path, worker_exits
+from gpuguard.templates.jobslurm import Scontrol
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "output"
 OK = frozenset({"ALLOCATED"})
@@ -504,7 +505,7 @@ def test_a_job_never_pends_forever_on_its_own_exclusions(fake, capsys):
 
 
 def test_only_as_many_exclusions_are_dropped_as_needed_oldest_first():
-    from gpuguard.templates.attempts import ExclusionPlan, fit_exclusions
+    from gpuguard.templates.exclusions import ExclusionPlan, fit_exclusions
 
     plan = ExclusionPlan(exclude=("node3", "node4", "node9"), dropped=(), kept=("node3", "node4"))
     # node9 is the job's own exclude (kept whatever), node3 was excluded before node4

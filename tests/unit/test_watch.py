@@ -31,7 +31,9 @@ from gpuguard.kernellog.kmsg import KmsgSource
 from gpuguard.kernellog.sources import make_follower
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.store.sqlite import Store
-from gpuguard.watch.daemon import WatchDaemon, cursor_name, sd_notify
+from gpuguard.watch.loop import WatchDaemon
+from gpuguard.watch.settings import cursor_name
+from gpuguard.watch.systemd import sd_notify
 from gpuguard.watch.judge import WatchEvent, WatchJudge, XidDeduper, node_verdict, xid_line_spans
 from gpuguard.xid.catalog import load_catalog
 
@@ -719,7 +721,8 @@ def test_a_hung_scontrol_does_not_stop_following_and_the_drain_is_retried(tmp_pa
         wait_for(lambda: any(d["outcome"] == "failed" for d in w.drain_rows()), what="the failed attempt")
         # pending in the verdict journal (a prolog refuses jobs meanwhile, a restart applies it): the cursor moves on
         assert [p.reason[:15] for p in w.journal().pending][:1] == ["gpuguard: XID79"]
-        assert w.cursor()["offset"] > before_xid
+        # (the worker stores the position it was handed after the failed attempt's records: wait, not race it)
+        wait_for(lambda: w.cursor()["offset"] > before_xid, what="the cursor to move past the pending drain")
         assert slurm.drains() == []
         slurm.set("hang", on=False)
         wait_for(lambda: len(slurm.drains()) == 1, timeout=5, what="the retried drain")

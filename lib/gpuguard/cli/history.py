@@ -22,9 +22,10 @@ import re
 import sys
 from typing import Any, Callable, Iterator, Optional
 
+from gpuguard.config.schema import load_config
 from gpuguard.fleet.query import Filters, build_filters, parse_time
-from gpuguard.store.history_sqlite import Requeues, SqliteHistory, attempt_store_paths, store_paths
 from gpuguard.store.history import KINDS, HistorySource, public_fields
+from gpuguard.store.history_sqlite import Requeues, SqliteHistory, attempt_store_paths, store_paths
 from gpuguard.util.timefmt import iso_utc
 
 __all__ = ["attempt_store_paths", "store_paths", "parse_since", "write_history", "add_arguments", "cmd_history"]
@@ -206,8 +207,6 @@ def requeue_source(cfg: Any) -> Optional[Requeues]:
 
 
 def cmd_history(args: Any) -> int:
-    from gpuguard.config.schema import load_config
-
     cfg = load_config(args.config)
     f = filters_from_args(args)
     source = SqliteHistory(store_paths(cfg.sections["store"]["path"], f.nodes))

@@ -1,17 +1,32 @@
-"""`gpuguard fleet init-db | ship | prune | history | report`. Imports are lazy (gpuguard.cli.main builds every
-feature's parser for `--help`); psycopg is imported only by commands that talk to PostgreSQL."""
+"""`gpuguard fleet init-db | ship | prune | history | report`. psycopg is imported only where PostgreSQL is
+talked to (gpuguard.fleet.pg), so building every feature's parser for `--help` never loads it."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from typing import Any
+
+import hostlist
+
+from gpuguard.cli.history import (add_arguments as add_history_arguments, filters_from_args, output_format,
+                                  requeue_source, write_history)
+from gpuguard.config.schema import load_config
+from gpuguard.fleet.partitions import ensure_partitions, prune
+from gpuguard.fleet.pg import FleetDBError, clean_error, connect
+from gpuguard.fleet.pgsource import PgHistory
+from gpuguard.fleet.query import build_filters
+from gpuguard.fleet.report import format_report, report_pg, report_sqlite
+from gpuguard.fleet.schema import ensure_schema
+from gpuguard.fleet.ship import ConnectionKeeper, ship_path
+from gpuguard.fleet.url import redact_url
+from gpuguard.store.history_sqlite import SqliteHistory, store_paths
+from gpuguard.util.timefmt import iso_utc
 
 
 def add_parser(sub: Any) -> None:
-    from gpuguard.cli.history import add_arguments as add_history_arguments
-
     p = sub.add_parser("fleet", help="central history in PostgreSQL (store.url): init-db, ship, prune, history, "
                                      "report")
     fs = p.add_subparsers(dest="fleet_cmd", metavar="SUBCOMMAND")
@@ -60,11 +75,6 @@ def _need_url(cfg: Any, what: str) -> str:
 
 
 def cmd_init_db(args: argparse.Namespace) -> int:
-    from gpuguard.config.schema import load_config
-    from gpuguard.fleet.pg import FleetDBError, clean_error, connect
-    from gpuguard.fleet.schema import ensure_schema
-    from gpuguard.fleet.url import redact_url
-
     cfg = load_config(args.config)
     url = _need_url(cfg, "gpuguard fleet init-db")
     try:
@@ -86,12 +96,6 @@ def cmd_init_db(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from gpuguard.config.schema import load_config
-    from gpuguard.fleet.partitions import prune
-    from gpuguard.fleet.pg import FleetDBError, clean_error
-    from gpuguard.fleet.url import redact_url
-    from gpuguard.util.timefmt import iso_utc
-
     cfg = load_config(args.config)
     url = _need_url(cfg, "gpuguard fleet prune")
     days = cfg.sections["store"].get("fleet_retention_days")
@@ -104,8 +108,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
         if days:
             done = prune(conn, float(days))
         else:
-            from gpuguard.fleet.partitions import ensure_partitions
-
             done = {"cutoff": None, "dropped": [], "deleted": {}, "created": ensure_partitions(conn)}
     except Exception as e:  # noqa: BLE001 - psycopg errors: not the owner, lock timeout
         print(f"gpuguard fleet prune: {redact_url(url)}: {clean_error(e, url)}", file=sys.stderr)
@@ -123,18 +125,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_ship(args: argparse.Namespace) -> int:
-    import time
-
-    from gpuguard.config.schema import load_config
-    from gpuguard.fleet.ship import ConnectionKeeper, ship_path
-    from gpuguard.store.history_sqlite import store_paths
-
     cfg = load_config(args.config)
     _need_url(cfg, "gpuguard fleet ship")
     nodes: list[str] = []
     if args.node:
-        import hostlist
-
         try:
             nodes = hostlist.expand_hostlist(args.node)
         except hostlist.BadHostlist as e:
@@ -165,19 +159,11 @@ def cmd_ship(args: argparse.Namespace) -> int:
 
 
 def _open_pg(cfg: Any, statement_timeout_s: float = 30.0) -> Any:
-    from gpuguard.fleet.pg import connect
-
     return connect(_need_url(cfg, "gpuguard fleet"), timeout_s=10.0, statement_timeout_s=statement_timeout_s,
                    application_name="gpuguard-fleet")
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from gpuguard.config.schema import load_config
-    from gpuguard.fleet.pg import FleetDBError
-    from gpuguard.fleet.url import redact_url
-    from gpuguard.cli.history import filters_from_args, output_format, requeue_source, write_history
-    from gpuguard.store.history_sqlite import SqliteHistory, store_paths
-
     cfg = load_config(args.config)
     f = filters_from_args(args)
     if args.local or not _url(cfg):
@@ -186,8 +172,6 @@ def cmd_history(args: argparse.Namespace) -> int:
         source: Any = SqliteHistory(store_paths(cfg.sections["store"]["path"], f.nodes))
         title = f"history ({len(source.conns)} local store file(s))"
     else:
-        from gpuguard.fleet.pgsource import PgHistory
-
         try:
             source = PgHistory(_open_pg(cfg), redact_url(cfg.sections["store"]["url"]))
         except FleetDBError as e:
@@ -198,8 +182,6 @@ def cmd_history(args: argparse.Namespace) -> int:
         write_history(sys.stdout, output_format(args), source, requeue_source(cfg), f, args.limit or None, title)
     except Exception as e:  # noqa: BLE001 - psycopg errors: undefined table (no init-db yet), timeouts
         if type(e).__module__.startswith("psycopg"):
-            from gpuguard.fleet.pg import clean_error
-
             hint = " (run `gpuguard fleet init-db`)" if "does not exist" in str(e) else ""
             print(f"\ngpuguard fleet history: {clean_error(e, cfg.sections['store']['url'] or '')}{hint}",
                   file=sys.stderr)
@@ -211,13 +193,6 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from gpuguard.config.schema import load_config
-    from gpuguard.fleet.pg import FleetDBError
-    from gpuguard.fleet.query import build_filters
-    from gpuguard.fleet.report import format_report, report_pg, report_sqlite
-    from gpuguard.fleet.url import redact_url
-    from gpuguard.store.history_sqlite import store_paths
-
     cfg = load_config(args.config)
     if args.flap_min < 1:
         raise ValueError(f"--flap-min: expected a number >= 1, got {args.flap_min}")
@@ -233,8 +208,6 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             rep = report_pg(conn, f, f"PostgreSQL {redact_url(cfg.sections['store']['url'])}", args.flap_min)
         except Exception as e:  # noqa: BLE001
-            from gpuguard.fleet.pg import clean_error
-
             hint = " (run `gpuguard fleet init-db`)" if "does not exist" in str(e) else ""
             print(f"gpuguard fleet report: {clean_error(e, cfg.sections['store']['url'])}{hint}", file=sys.stderr)
             return 1

@@ -17,7 +17,7 @@ import time
 from datetime import date, datetime, timezone
 from typing import Any, Iterable, Optional
 
-from gpuguard.fleet.schema import HISTORY_TABLES, LOCK_KEY
+from gpuguard.fleet.tables import HISTORY_TABLES, LOCK_KEY
 
 AHEAD = 2  # months created ahead of the current one
 PRUNE_BATCH = 50000  # rows deleted from a DEFAULT partition per `fleet prune`

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from typing import Any, Optional
+from urllib.parse import parse_qsl, urlsplit
 
 from gpuguard.fleet.url import redact_url
 
@@ -24,7 +25,7 @@ def connect(url: str, timeout_s: float = 5.0, statement_timeout_s: float = 30.0,
     transaction-pooling PgBouncer (docs/fleet.md), where a prepared statement could land on another server
     connection."""
     try:
-        import psycopg
+        import psycopg  # optional (gpuguard[fleet]): only where PostgreSQL is talked to
     except ImportError as e:
         raise FleetDBError(f"store.url is set but psycopg (3) is not installed: pip install 'psycopg[binary]' "
                            f"({e})") from None
@@ -43,8 +44,6 @@ def connect(url: str, timeout_s: float = 5.0, statement_timeout_s: float = 30.0,
 def clean_error(e: BaseException, url: str) -> str:
     """psycopg's message, first line, with anything that looks like the password removed."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    from urllib.parse import parse_qsl, urlsplit
-
     try:
         u = urlsplit(url)
         secrets = [u.password] if u.password else []

@@ -14,7 +14,7 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Optional
 
 from gpuguard.fleet.query import Filters, Query, SqlBuilder
-from gpuguard.fleet.schema import HOUR_COLUMNS
+from gpuguard.fleet.tables import HOUR_COLUMNS
 
 RUN_COLS = ("r.local_id AS id, r.origin::text AS origin, r.node, r.started, r.duration_ms, r.kind, r.job_id, "
             "r.restart_count, r.profile, r.verdict, r.action, r.reason, r.exit_code, r.error, r.boot_id, "

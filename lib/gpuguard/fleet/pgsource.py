@@ -45,7 +45,7 @@ class PgHistory:
         return n + self.healthy_runs(f) if kind == "runs" else n
 
     def _stream(self, sql: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        from psycopg.rows import dict_row
+        from psycopg.rows import dict_row  # optional (gpuguard[fleet]): never at import time
 
         self._n += 1
         with self.conn.cursor(name=f"gg_history_{self._n}", row_factory=dict_row) as cur:
@@ -62,7 +62,7 @@ class PgHistory:
             yield present_row(kind, r)
 
     def _with_findings(self, rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        from psycopg.rows import dict_row
+        from psycopg.rows import dict_row  # optional (gpuguard[fleet]): never at import time
 
         while True:
             page = list(itertools.islice(rows, PAGE))

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
 
+import hostlist
+
+from gpuguard.slurm.reason import parse_reason
 from gpuguard.util.timefmt import iso_utc
 
 PROBLEM = "f.severity NOT IN ('ok','skip')"  # the same text as the store's partial index findings_problems
@@ -110,7 +113,6 @@ def build_filters(*, since: str, until: Optional[str] = None, node: Optional[str
                   verdict: Optional[list[str]] = None, gpu: Optional[list[str]] = None,
                   now: Optional[float] = None) -> Filters:
     """Command-line values -> Filters. Raises ValueError with a message naming the bad flag."""
-    import hostlist
 
     now = time.time() if now is None else now
     t0 = parse_time(since, now, "--since")
@@ -151,8 +153,6 @@ def keyword_of_reason(reason: Optional[str]) -> Optional[str]:
     gg_keyword() on SQLite connections; the PostgreSQL drains table stores it at ship time."""
     if not reason:
         return None
-    from gpuguard.slurm.reason import parse_reason
-
     parsed = parse_reason(reason)
     return parsed.keyword if parsed else None
 

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from gpuguard.fleet.pg import clean_json, clean_text
 from gpuguard.fleet.query import keyword_of_reason
-from gpuguard.fleet.schema import HOUR_COLUMNS
+from gpuguard.fleet.tables import HOUR_COLUMNS
 
 DRAIN_MARKS = ("done", "already", "flapping")
 
@@ -40,7 +40,7 @@ def _int(value: Any) -> Optional[int]:
 
 
 def _evidence(text: Any) -> Any:
-    from psycopg.types.json import Jsonb
+    from psycopg.types.json import Jsonb  # optional (gpuguard[fleet]): never at import time
 
     if text is None or text == "":
         return None
@@ -205,7 +205,7 @@ def repeat_params(origin: str, key: tuple[Any, ...], value: tuple[Any, ...]) -> 
 
 
 def day_params(origin: str, node: str, start: float, day: dict[str, Any]) -> tuple[Any, ...]:
-    from psycopg.types.json import Jsonb
+    from psycopg.types.json import Jsonb  # optional (gpuguard[fleet]): never at import time
 
     return (_ts(start).date(), origin, clean_text(node), day["runs"], *day["hour_runs"], Jsonb(day["kinds"]),
             _ts(day["first"]), _ts(day["last"]), day["duration_ms_sum"], day["duration_ms_max"], day["upto"])

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.fleet.schema import HOUR_COLUMNS, TABLES_V2
+from gpuguard.fleet.partitions import create_month_partitions, months_of_v1
+from gpuguard.fleet.tables import HOUR_COLUMNS, TABLES_V2
 
 HEALTHY = ("r.verdict = 'pass' AND r.reason IS NULL AND r.error IS NULL AND NOT EXISTS (SELECT 1 FROM "
            "gpuguard_v1.findings f WHERE f.origin = r.origin AND f.run_local_id = r.local_id)")
@@ -101,8 +102,6 @@ COPY = [
 
 def upgrade_1_to_2(conn: Any) -> None:
     """Inside the caller's transaction (ensure_schema holds the schema lock)."""
-    from gpuguard.fleet.partitions import create_month_partitions, months_of_v1
-
     for stmt in MOVE + TABLES_V2[1:]:
         conn.execute(stmt)
     create_month_partitions(conn, months_of_v1(conn))

@@ -12,6 +12,9 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Optional
 
+import psutil
+
+from gpuguard.util.fs import atomic_write
 from gpuguard.util.toolrun import run_tool
 
 
@@ -29,8 +32,6 @@ def find_py_spy(name: Optional[str]) -> Optional[str]:
 def job_python_pids(job_id: Optional[str], gpu_pids: Iterable[int], limit: int = 16) -> list[int]:
     """The job's Python processes on this node: those using the GPUs, plus Python processes whose environment
     says they belong to the job (reading another user's environ fails quietly: those are not ours)."""
-    import psutil
-
     me = os.getpid()
     pids: list[int] = [p for p in dict.fromkeys(gpu_pids) if p != me]
     if job_id:
@@ -156,8 +157,6 @@ def claim_hang(path: str, node: str, now: float, owner_alive: Callable[[str], bo
     stale = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{owner}-{held.get('ts') if held else 'unreadable'}")[:100]
     if not _write_new(f"{path}.takeover-{stale}", {"node": node, "ts": now}):
         return "taken"  # another node adopted it
-    from gpuguard.util.fs import atomic_write
-
     atomic_write(path, json.dumps({"node": node, "ts": now, "adopted_from": owner}))
     return "adopted"
 

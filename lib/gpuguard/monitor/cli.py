@@ -21,6 +21,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: the full `gpuguard --help` parser imports every command's module, this one stays light
     from gpuguard.monitor.loop import main_from_args
 
     return main_from_args(args)

@@ -15,6 +15,8 @@ import re
 import time
 from typing import Any
 
+from gpuguard.util.fs import atomic_write
+
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:200] or "_"
@@ -30,8 +32,6 @@ class JobDir:
         return os.path.join(self.root, *parts)
 
     def write_report(self, node: str, report: dict[str, Any]) -> None:
-        from gpuguard.util.fs import atomic_write
-
         atomic_write(os.path.join(self.path("monitor"), f"{_safe(node)}.json"),
                      json.dumps(report, separators=(",", ":"), default=str))
 

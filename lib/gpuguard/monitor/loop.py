@@ -3,6 +3,7 @@ dumps, the requeue command) is bounded; a failing piece is logged and the loop g
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,18 +12,21 @@ import threading
 import time
 from typing import Any, Optional
 
-from gpuguard.config.schema import Config
+from gpuguard.config.schema import Config, load_config
+from gpuguard.context import parse_gpu_list
+from gpuguard.metrics.textfile import MONITOR_FILE, remove, textfile_dir, write_families
 from gpuguard.monitor.detect import (Alert, gpu_alerts, host_alerts, idle_hang, one_per_gpu_cause, progress_hang,
                                      straggler_alerts)
+from gpuguard.monitor.episodes import AlertEpisodes
 from gpuguard.monitor.jobdir import JobDir
+from gpuguard.monitor.log import log as _log
+from gpuguard.monitor.metrics import monitor_families
 from gpuguard.monitor.progress import LogFollower
 from gpuguard.monitor.sampler import GpuSampler, HostSampler, self_cost, to_dict
-
-
-def _log(msg: str) -> None:
-    # the monitor's stderr lands in the job's output: users see what it saw
-    sys.stderr.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpuguard-monitor: {msg}\n")
-    sys.stderr.flush()
+from gpuguard.notify import flush, user_state_path
+from gpuguard.simulate.sources import resolve_sources
+from gpuguard.slurm.client import CliSlurmClient
+from gpuguard.slurm.parse import parse_job_line
 
 
 def resolve_train_log(setting: Optional[str], job_dir: str, job_id: Optional[str], node: str, cfg: Config) -> \
@@ -36,8 +40,6 @@ def resolve_train_log(setting: Optional[str], job_dir: str, job_id: Optional[str
     if os.path.exists(candidate) or not job_id:
         return candidate
     try:
-        from gpuguard.slurm.client import CliSlurmClient, parse_job_line
-
         s = cfg.sections["slurm"]
         client = CliSlurmClient(s["scontrol"], cfg.sections["deadlines"]["scontrol_s"], s["conf"])
         out = client.run(["show", "job", str(job_id), "-o"])
@@ -48,7 +50,9 @@ def resolve_train_log(setting: Optional[str], job_dir: str, job_id: Optional[str
         return candidate
 
 
-class Monitor:
+class Monitor(AlertEpisodes):
+    """One node's sidecar: sample, report, compare with the other nodes, judge, act (alerts: AlertEpisodes)."""
+
     def __init__(self, cfg: Config, job_dir: str, node: str, job_id: Optional[str], interval_s: float,
                  gpus: Optional[list[int]] = None, train_log: Optional[str] = None) -> None:
         self.cfg = cfg
@@ -76,8 +80,6 @@ class Monitor:
         self.gpu_ids: dict[int, dict[str, Any]] = {}  # GPU index -> uuid, serial, pci_bus_id (for alerts)
         self.restart = os.environ.get("SLURM_RESTART_COUNT") or "0"  # a requeued job keeps its id and job dir
         self.hang_claim: Optional[str] = None
-        from gpuguard.notify import user_state_path
-
         # the monitor runs as the job's user: its notification state is its own (never the hooks' store)
         self.notify_state = user_state_path(cfg, job_dir, job_id, node)
         self.peers: dict[str, dict[str, Any]] = {}
@@ -89,9 +91,7 @@ class Monitor:
 
     def _nvml_source(self) -> tuple[Optional[str], Optional[dict[str, str]]]:
         sim = self.cfg.sections["simulation"]
-        if sim["scenario"] or sim["scenario_dir"]:
-            from gpuguard.simulate.sources import resolve_sources  # simulated node: the fake NVML and its scenario
-
+        if sim["scenario"] or sim["scenario_dir"]:  # simulated node: the fake NVML and its scenario
             sources = resolve_sources(self.cfg, self.node)
             return sources.nvml_library, sources.nvml_env
         return self.cfg.sections["sources"]["nvml_library"], None
@@ -133,8 +133,6 @@ class Monitor:
         self._write_metrics(report, alerts)
         if now - self.last_flush > 60:
             self.last_flush = now
-            from gpuguard.notify import flush
-
             flush(self.cfg, budget_s=2.0, state_path=self.notify_state)
         report["alerts"] = [a.__dict__ for a in alerts]
         report["fired"] = fired
@@ -155,203 +153,11 @@ class Monitor:
                                idle_hang(now, self.idle_since, list(self.peers.values()), p)) if a is not None]
         return one_per_gpu_cause(alerts)
 
-    # ------------------------------------------------------------------ alerts: one message per episode
-    def _notify(self, event: Any, budget_s: float = 2.0) -> str:
-        from gpuguard.notify import emit
-
-        return emit(self.cfg, event, budget_s=budget_s, state_path=self.notify_state)
-
-    def _gpu_identity(self, index: int) -> dict[str, Any]:
-        """UUID, serial and PCI address of a GPU for its alerts (asked once per GPU; NVML may not know all)."""
-        if index not in self.gpu_ids:
-            ident: dict[str, Any] = {"index": index}
-            handle, nv = dict(self.gpus.handles).get(index), self.gpus.nv
-            if handle is not None and nv is not None:
-                from gpuguard.probes.nvml import normalize_pci_bus_id
-
-                for key, fn in (("uuid", "nvmlDeviceGetUUID"), ("serial", "nvmlDeviceGetSerial"),
-                                ("pci_bus_id", "nvmlDeviceGetPciInfo")):
-                    try:
-                        value = getattr(nv, fn)(handle)
-                        value = getattr(value, "busId", value)
-                        value = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-                        if value:
-                            ident[key] = normalize_pci_bus_id(value) if key == "pci_bus_id" else value
-                    except Exception:  # noqa: BLE001 - NOT_SUPPORTED, a lost GPU: the index still names it
-                        pass
-            self.gpu_ids[index] = ident
-        return self.gpu_ids[index]
-
-    def _event(self, a: Alert, now: float, state: str = "firing", message: Optional[str] = None,
-               evidence: Optional[dict[str, Any]] = None) -> Any:
-        from gpuguard.notify import Event
-
-        ev = dict(a.evidence if evidence is None else evidence)
-        if a.gpu is not None:
-            ev["gpu"] = a.gpu
-        return Event(kind=a.kind, node=self.node, message=message or a.message, severity=a.severity,
-                     check_id=a.check_id, action=a.action if state == "firing" else None, job_id=self.job_id,
-                     evidence=ev, ts=now, state=state, gpu=a.gpu,
-                     gpus=[self._gpu_identity(a.gpu)] if a.gpu is not None else [],
-                     # a hang is the job's: one incident per job, whichever node reports or resolves it
-                     scope="job" if a.kind == "hang" and self.job_id else "node")
-
-    def _record(self, event: dict[str, Any]) -> None:
-        try:
-            self.jobdir.record_event(event)
-        except OSError:
-            pass
-
-    def _claim_hang(self, now: float) -> tuple[bool, bool]:
-        """(this node holds the job's hang episode, it has just opened it and pages). The monitor runs on every
-        node of the job: N nodes must not page N times."""
-        if not self.job_id:
-            return True, True
-        from gpuguard.monitor.actions import claim_hang, hang_claim_path
-
-        if self.hang_claim is None:
-            self.hang_claim = hang_claim_path(self.jobdir.path("claims"), self.job_id, self.restart)
-
-        def alive(owner: str) -> bool:  # its monitor still writes reports
-            try:
-                return owner in self.jobdir.read_reports(max(3 * self.interval, 60.0), now)
-            except OSError:
-                return True  # cannot tell: never page twice
-
-        try:
-            outcome = claim_hang(self.hang_claim, self.node, now, alive)
-        except OSError as e:  # the job directory is unusable: two pages are better than none
-            _log(f"cannot claim the job's hang in {self.jobdir.root}: {e}; reporting it from this node")
-            return True, True
-        return outcome in ("new", "mine", "adopted"), outcome == "new"
-
-    def _release_hang(self) -> bool:
-        """True when this node held the job's hang episode (and has now closed it)."""
-        if not self.job_id:
-            return True
-        if self.hang_claim is None:
-            return False
-        from gpuguard.monitor.actions import release_hang
-
-        try:
-            return release_hang(self.hang_claim, self.node)
-        except OSError:
-            return False
-
-    def _fire(self, now: float, alerts: list[Alert]) -> list[str]:
-        """An alert is sent when its condition starts (per node, GPU and check) and not again while it lasts;
-        a job's hang is sent once by the node that claims it first (which also requeues)."""
-        fired = []
-        for a in alerts:
-            self.clear_streak.pop(a.key, None)
-            if a.key in self.active:
-                continue
-            self.active[a.key] = a
-            evidence = dict(a.evidence)
-            pages = True
-            if a.kind == "hang":
-                evidence["stacks"] = self._dump_stacks(now)  # every node dumps its own: find the stuck rank
-                _, pages = self._claim_hang(now)
-            _log(f"{a.severity.upper()} {a.check_id}: {a.message}")
-            self._record({"ts": now, "node": self.node, "kind": a.kind, "check": a.check_id,
-                          "severity": a.severity, "message": a.message, "gpu": a.gpu, "reported": pages})
-            if not pages:
-                continue  # another node reports this job's hang (and requeues), or this node already did
-            fired.append(f"{a.check_id}:{self._notify(self._event(a, now, evidence=evidence))}")
-            if a.kind == "hang" and self.p["requeue_on_hang"] and self.job_id:
-                self._requeue(now, a)
-        return fired
-
-    def _resolve(self, now: float, current: set[str]) -> list[str]:
-        """An episode ends when its condition has been clear for `straggler_samples` samples in a row (a hang:
-        when progress resumes): a "resolved" message with the alert's dedupe key."""
-        out = []
-        for key, a in list(self.active.items()):
-            if key in current:
-                continue
-            self.clear_streak[key] = self.clear_streak.get(key, 0) + 1
-            if a.kind != "hang" and self.clear_streak[key] < max(1, self.p["straggler_samples"]):
-                continue
-            del self.active[key]
-            self.clear_streak.pop(key, None)
-            if a.kind == "hang":
-                if any(x.kind == "hang" for x in self.active.values()) or not self._release_hang():
-                    continue  # still hung here, or another node holds the job's hang
-                message = f"the job makes progress again ({a.check_id} cleared; it was: {a.message})"
-            else:
-                message = f"cleared: {a.message}"
-            out.append(self._send_resolved(a, now, message))
-        return out
-
-    def _send_resolved(self, a: Alert, now: float, message: str, budget_s: float = 2.0) -> str:
-        _log(f"RESOLVED {a.check_id}: {message}")
-        self._record({"ts": now, "node": self.node, "kind": a.kind, "check": a.check_id, "state": "resolved",
-                      "message": message, "gpu": a.gpu})
-        return f"{a.check_id}:{self._notify(self._event(a, now, state='resolved', message=message), budget_s)}"
-
-    def resolve_all(self, why: str, budget_s: float = 10.0) -> list[str]:
-        """The job ended (the monitor was stopped by srun/scancel): every open episode is resolved, so receivers
-        do not keep incidents open for a job that is gone; one last try at the spool."""
-        from gpuguard.notify import flush
-
-        now, end = time.time(), time.monotonic() + budget_s
-        out, hang_done = [], False
-        for key, a in list(self.active.items()):
-            left = end - time.monotonic()
-            if left <= 0.2:
-                break
-            del self.active[key]
-            if a.kind == "hang":
-                if hang_done or not self._release_hang():
-                    continue
-                hang_done = True
-            out.append(self._send_resolved(a, now, f"{why} (it was: {a.message})", min(2.0, left)))
-        left = end - time.monotonic()
-        if left > 0.2:
-            flush(self.cfg, budget_s=min(2.0, left), state_path=self.notify_state)
-        return out
-
-    def _dump_stacks(self, now: float) -> str:
-        from gpuguard.monitor.actions import dump_stacks, find_py_spy, job_python_pids
-
-        try:
-            pids = job_python_pids(self.job_id, self.gpus.gpu_pids() if not self.gpus.init_error else [])
-            summary = dump_stacks(find_py_spy(self.p["py_spy"]), pids, self.jobdir.stacks_path(self.node, now),
-                                  self.p["command_timeout_s"])
-        except Exception as e:  # noqa: BLE001
-            summary = f"stack dump failed: {type(e).__name__}: {e}"
-        _log(summary)
-        return summary
-
-    def _requeue(self, now: float, alert: Alert) -> None:
-        from gpuguard.monitor.actions import requeue
-        from gpuguard.notify import Event
-
-        if not self.jobdir.claim(f"requeue-{self.job_id}-{int(self.started)}", self.node):
-            return
-        ok, detail = requeue(self.p["requeue_command"], str(self.job_id), self.p["command_timeout_s"])
-        _log(f"requeue after {alert.check_id}: {detail}")
-        try:
-            self.jobdir.record_event({"ts": now, "node": self.node, "kind": "requeue", "check": alert.check_id,
-                                      "ok": ok, "detail": detail})
-        except OSError:
-            pass
-        self._notify(Event(kind="requeue", node=self.node, job_id=self.job_id, check_id=alert.check_id,
-                           severity="warning" if ok else "critical",
-                           message=f"job {self.job_id} {'requeue requested' if ok else 'requeue FAILED'} after: "
-                                   f"{alert.message}", evidence={"command": detail}, ts=now,
-                           action=None if ok else "requeue or cancel the job by hand"))
-
     def _write_metrics(self, report: dict[str, Any], alerts: list[Alert]) -> None:
-        from gpuguard.metrics.node import textfile_dir
-
         directory = textfile_dir(self.cfg, self.node)
         if not directory:
             return
         try:
-            from gpuguard.monitor.metrics import monitor_families
-            from gpuguard.metrics.node import write_families
-
             write_families(directory, "monitor", monitor_families(report, alerts, self.cost()))
         except Exception as e:  # noqa: BLE001
             _log(f"metrics: {type(e).__name__}: {e}")
@@ -366,19 +172,12 @@ class Monitor:
         self.gpus.close()
         # on every exit (end of --duration, SIGTERM/SIGINT from srun or scancel, --once): a file left behind would
         # show the GPUs' last values, and the job's alerts, as current for ever
-        from gpuguard.metrics.node import MONITOR_FILE, remove, textfile_dir
-
         directory = textfile_dir(self.cfg, self.node)
         if directory:
             remove(directory, MONITOR_FILE)
 
 
 def main_from_args(args: Any) -> int:
-    import json
-
-    from gpuguard.config.schema import load_config
-    from gpuguard.context import parse_gpu_list
-
     cfg = load_config(args.config)
     p = cfg.sections["monitor"]
     node = args.node or cfg.sections["node"]["name"] or os.environ.get("SLURMD_NODENAME") or \

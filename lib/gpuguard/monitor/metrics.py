@@ -1,4 +1,4 @@
-"""The monitor's Prometheus families (written to `gpuguard_monitor.prom` by gpuguard.metrics.node, removed when the
+"""The monitor's Prometheus families (written to `gpuguard_monitor.prom` by gpuguard.metrics.textfile, removed when the
 monitor exits). Pure.
 
 Two kinds of series:
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gpuguard.metrics.node import Family
+from gpuguard.metrics.textfile import Family
 from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.sampler import ALL_THROTTLE_NAMES
 

@@ -5,10 +5,15 @@ between two samples). I/O only; every failure ends up in the sample, never as an
 from __future__ import annotations
 
 import os
+import resource
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Mapping, Optional
+
+import psutil
+
+from gpuguard.probes.nvml import install_nvml_library, normalize_pci_bus_id, nvml_error_name
 
 # nvmlClocksEventReason* bits that slow a GPU down against the job's will (SW power cap is normal under load)
 THROTTLE_BITS = {0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake"}
@@ -86,9 +91,7 @@ class GpuSampler:
         self.handles: list[tuple[int, Any]] = []
         self.nv: Any = None
         try:
-            import pynvml as nv
-
-            from gpuguard.probes.nvml import install_nvml_library, nvml_error_name
+            import pynvml as nv  # here, not at the top: a node without the binding still samples the rest
 
             self._error_name = lambda code: nvml_error_name(nv, code)
             if library_path:
@@ -129,8 +132,6 @@ class GpuSampler:
             s.uuid = self._q(s, "uuid", nv.nvmlDeviceGetUUID, h)
             pci = self._q(s, "pci", nv.nvmlDeviceGetPciInfo, h)
             if pci is not None:
-                from gpuguard.probes.nvml import normalize_pci_bus_id
-
                 bus = pci.busId
                 s.pci_bus_id = normalize_pci_bus_id(bus.decode() if isinstance(bus, bytes) else bus)
             u = self._q(s, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
@@ -184,8 +185,6 @@ class HostSampler:
     """CPU, memory, disk space, disk I/O and network rates (bytes/s since the previous sample)."""
 
     def __init__(self, disk_paths: list[str], procfs_root: str = "/proc") -> None:
-        import psutil
-
         self.psutil = psutil
         self.disk_paths = disk_paths
         self._last: Optional[tuple[float, Any, Any]] = None
@@ -229,8 +228,6 @@ class HostSampler:
 
 def self_cost() -> tuple[float, int]:
     """(CPU seconds used by this process so far, resident memory in bytes now)."""
-    import resource
-
     ru = resource.getrusage(resource.RUSAGE_SELF)
     rss = 0
     try:

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
-from gpuguard.nccl.parse import NcclResult
+from gpuguard.nccl.result import NcclResult
 
 
 @dataclass(frozen=True)

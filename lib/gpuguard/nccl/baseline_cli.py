@@ -10,6 +10,10 @@ from typing import Any, Optional
 
 from gpuguard.nccl.cli_common import (add_config_option, add_sweep_options, history_path, load_cfg, nodes_from,
                                       profile_of, read_input, runner_from)
+from gpuguard.nccl import baseline, history
+from gpuguard.nccl.parse import parse_nccl
+from gpuguard.nccl.sweep import SweepError
+from gpuguard.slurm.hostlist import compress_hostlist
 
 
 def add_parser(sub: Any) -> None:
@@ -35,8 +39,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _proposals(cfg: Any, profile: Optional[str]) -> list[Any]:
-    from gpuguard.nccl import baseline, history
-
     n = cfg.sections["nccl"]
     with history.open_history(history_path(cfg)) as store:
         rows = history.samples(store, profile=profile)
@@ -44,9 +46,6 @@ def _proposals(cfg: Any, profile: Optional[str]) -> list[Any]:
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
-    from gpuguard.nccl import baseline, history
-    from gpuguard.nccl.parse import parse_nccl
-
     cfg = load_cfg(args)
     if args.baseline_cmd in ("show", "propose"):
         props = _proposals(cfg, args.profile)
@@ -92,10 +91,6 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def _baseline_measure(args: argparse.Namespace, cfg: Any) -> int:
-    from gpuguard.nccl import baseline, history
-    from gpuguard.slurm.hostlist import compress_hostlist
-    from gpuguard.nccl.sweep import SweepError
-
     nodes = nodes_from(args)
     size = max(1, args.group_size)
     groups = [tuple(nodes[i:i + size]) for i in range(0, len(nodes) - size + 1, size)]

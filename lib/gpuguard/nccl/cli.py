@@ -19,6 +19,15 @@ from typing import Any, Optional
 
 from gpuguard.nccl.cli_common import (add_config_option, add_sweep_options, history_path, largest_size, load_cfg,
                                       nodes_from, parse_size_arg, profile_of, read_input, runner_from, say)
+from gpuguard.config.yamlutil import NestingError
+from gpuguard.nccl import baseline, history
+from gpuguard.nccl.fleet import format_report, run_fleet_sweep
+from gpuguard.nccl.parse import parse_nccl
+from gpuguard.nccl.probe import run_single_node_nccl, run_torch_probe
+from gpuguard.nccl.result import NcclParseError
+from gpuguard.nccl.sweep import SweepError, threshold_resolver
+from gpuguard.slurm.client import client_from_config
+from gpuguard.util.timefmt import iso_utc
 
 
 def add_parser(sub: Any) -> None:
@@ -54,9 +63,6 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_nccl_parse(args: argparse.Namespace) -> int:
-    from gpuguard.nccl.parse import NcclParseError, parse_nccl
-    from gpuguard.config.yamlutil import NestingError
-
     text = read_input(args.file)
     try:
         res = parse_nccl(text, strict=True)
@@ -99,11 +105,6 @@ def cmd_nccl_parse(args: argparse.Namespace) -> int:
 
 
 def cmd_nccl_sweep(args: argparse.Namespace) -> int:
-    from gpuguard.nccl import baseline, history
-    from gpuguard.nccl.fleet import format_report, run_fleet_sweep
-    from gpuguard.nccl.sweep import SweepError, threshold_resolver
-    from gpuguard.slurm.client import client_from_config
-
     cfg = load_cfg(args)
     n = cfg.sections["nccl"]
     nodes = nodes_from(args)
@@ -160,8 +161,6 @@ def cmd_nccl_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_nccl_probe(args: argparse.Namespace) -> int:
-    from gpuguard.nccl.probe import run_single_node_nccl, run_torch_probe
-
     nprocs = args.nprocs
     if nprocs is None:
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -191,8 +190,6 @@ def cmd_nccl_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_nccl_history(args: argparse.Namespace) -> int:
-    from gpuguard.nccl import history
-
     cfg = load_cfg(args)
     with history.open_history(history_path(cfg)) as store:
         rows = history.sweeps(store, args.limit)
@@ -205,8 +202,6 @@ def cmd_nccl_history(args: argparse.Namespace) -> int:
     if not rows:
         print("no sweeps recorded")
     for r in rows:
-        from gpuguard.util.timefmt import iso_utc
-
         when = iso_utc(r["started"])
         print(f"#{r['id']} {when} {r['nodes']} {r['method']} -> {r['conclusion']} slow={r['slow_nodes']}")
         for run in r["runs"]:

@@ -8,14 +8,17 @@ import sys
 import time
 from typing import Any, Optional
 
+from gpuguard.config.schema import load_config
+from gpuguard.nccl.sweep import JobSpec, SlurmRunner, SweepError, default_workdir, partition_nodes
+from gpuguard.nccl.table import parse_size
+from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
+
 
 def add_config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
 
 
 def parse_size_arg(text: str) -> int:
-    from gpuguard.nccl.parse import parse_size
-
     try:
         return parse_size(text)
     except ValueError as e:
@@ -51,8 +54,6 @@ def say(msg: str, t0: float = time.monotonic()) -> None:
 
 
 def load_cfg(args: argparse.Namespace) -> Any:
-    from gpuguard.config.schema import load_config
-
     return load_config(getattr(args, "config", None))
 
 
@@ -69,8 +70,6 @@ def profile_of(cfg: Any, explicit: Optional[str]) -> str:
 
 
 def runner_from(args: argparse.Namespace, cfg: Any, threshold_for: Any, store_path: str) -> Any:
-    from gpuguard.nccl.sweep import JobSpec, SlurmRunner, default_workdir
-
     n = cfg.sections["nccl"]
     spec = JobSpec(partition=args.partition, gpus_per_node=args.gpus_per_node or n["sweep_gpus_per_node"],
                    binary=args.binary or n["sweep_binary"] or n["binary"],
@@ -87,9 +86,6 @@ def runner_from(args: argparse.Namespace, cfg: Any, threshold_for: Any, store_pa
 
 
 def nodes_from(args: argparse.Namespace) -> list[str]:
-    from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
-    from gpuguard.nccl.sweep import SweepError, partition_nodes
-
     if args.nodes:
         try:
             return expand_hostlist(args.nodes)

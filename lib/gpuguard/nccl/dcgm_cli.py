@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from gpuguard.nccl.cli_common import add_config_option, read_input
+from gpuguard.probes.dcgm import SEVERITY_NAMES, DcgmParseError, parse_dcgm_diag
 
 
 def add_parser(sub: Any) -> None:
@@ -21,8 +22,6 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_dcgm_parse(args: argparse.Namespace) -> int:
-    from gpuguard.probes.dcgm import SEVERITY_NAMES, DcgmParseError, parse_dcgm_diag
-
     try:
         obs = parse_dcgm_diag(read_input(args.file))
     except RecursionError:  # json's decoder on input like 100000 '[': bad input, exit 2

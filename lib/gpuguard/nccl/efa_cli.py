@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from gpuguard.nccl.cli_common import add_config_option, read_input
+from gpuguard.probes.fabric import parse_fi_info
 
 
 def add_parser(sub: Any) -> None:
@@ -20,8 +21,6 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_efa_parse(args: argparse.Namespace) -> int:
-    from gpuguard.probes.fabric import parse_fi_info
-
     info = parse_fi_info(read_input(args.file))
     out = {"devices": info.devices, "domains": info.domains, "provider_found": info.provider_found,
            "error": info.error}

@@ -1,5 +1,5 @@
-"""The sweep end to end: measure and isolate (gpuguard.nccl.sweep), drain the convicted nodes, record it all in
-the history store, and format the report table an admin reads."""
+"""The sweep end to end: measure and isolate (gpuguard.nccl.sweep, gpuguard.nccl.isolate), drain the convicted
+nodes, record it all in the history store, and format the report table an admin reads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any, Optional
 from gpuguard.nccl import history
 from gpuguard.nccl.baseline import samples_from_result
 from gpuguard.slurm.hostlist import compress_hostlist
-from gpuguard.nccl.sweep import Measure, Progress, SweepOutcome, drain_reason, isolate
+from gpuguard.nccl.isolate import Measure, Progress, SweepOutcome, drain_reason, isolate
+from gpuguard.slurm.client import drain_node
 
 
 @dataclass
@@ -27,8 +28,6 @@ def run_fleet_sweep(nodes: list[str], measure: Measure, *, method: str = "pairwi
                     progress: Optional[Progress] = None) -> SweepRecord:
     """Sweep `nodes`; drain the slow ones through `slurm_client` (gpuguard.slurm.client.drain_node's ownership rules);
     record sweep, runs, drains and busbw samples in `store` (a gpuguard Store, or None)."""
-    from gpuguard.slurm.client import drain_node
-
     t0 = time.monotonic()
     sweep_id = None
     if store is not None:

@@ -16,7 +16,8 @@ from typing import Any, Mapping, Optional
 
 from gpuguard.model import ProbeStatus
 from gpuguard.util.toolrun import run_tool, which
-from gpuguard.nccl.parse import NcclResult, parse_nccl
+from gpuguard.nccl.parse import parse_nccl
+from gpuguard.nccl.result import NcclResult
 
 
 

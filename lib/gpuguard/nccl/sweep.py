@@ -10,8 +10,8 @@
    `gpuguard.slurm.client.drain_node`), unless more than `max_drain_fraction` of the nodes look slow: that is a
    fabric or configuration problem, and draining half a fleet would make it worse.
 
-The isolation logic (`isolate`) is pure: it takes a `measure(groups, stage)` callable, so it is tested without
-Slurm; `SlurmRunner` is the real `measure`.
+The isolation logic (`gpuguard.nccl.isolate.isolate`) is pure: it takes a `measure(groups, stage)` callable, so it
+is tested without Slurm; `SlurmRunner` here is the real `measure`.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional
 
+from gpuguard.nccl.isolate import Group, Measurement, Progress
+from gpuguard.nccl.parse import parse_nccl
 from gpuguard.slurm.hostlist import compress_hostlist
-from gpuguard.nccl.parse import NcclResult, parse_nccl
+from gpuguard.slurm.parse import parse_job_line
+from gpuguard.templates import render_template
 
-Group = tuple[str, ...]
 ThresholdFn = Callable[[int], Optional[float]]
-Progress = Callable[[str], None]
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
                       "DEADLINE", "OUT_OF_MEMORY"})
@@ -41,239 +42,6 @@ class SweepError(RuntimeError):
     pass
 
 
-@dataclass
-class Measurement:
-    nodes: Group
-    stage: str  # all | pair | bisect | cross | confirm | baseline
-    threshold_gbps: Optional[float] = None
-    busbw_gbps: Optional[float] = None  # bus bandwidth of the largest message
-    size_bytes: Optional[int] = None
-    job_id: Optional[str] = None
-    job_state: Optional[str] = None
-    error: Optional[str] = None
-    output_path: Optional[str] = None
-    duration_s: float = 0.0
-    wrong: int = 0  # wrong / out-of-bounds values the collective returned
-    result: Optional[NcclResult] = field(default=None, repr=False)
-
-    @property
-    def verdict(self) -> str:
-        if self.busbw_gbps is None:
-            return "error"
-        if self.wrong:
-            return "wrong"
-        if self.threshold_gbps is not None and self.busbw_gbps < self.threshold_gbps:
-            return "slow"
-        return "ok"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"nodes": list(self.nodes), "stage": self.stage, "threshold_gbps": self.threshold_gbps,
-                "busbw_gbps": self.busbw_gbps, "size_bytes": self.size_bytes, "job_id": self.job_id,
-                "job_state": self.job_state, "verdict": self.verdict, "error": self.error, "wrong": self.wrong,
-                "output": self.output_path, "duration_s": round(self.duration_s, 2),
-                "peak_busbw_gbps": self.result.peak_busbw_gbps if self.result else None,
-                "avg_busbw_gbps": self.result.avg_busbw_gbps if self.result else None}
-
-
-Measure = Callable[[list[Group], str], list[Measurement]]
-
-
-@dataclass
-class NodeVerdict:
-    node: str
-    status: str  # ok | slow | unknown
-    busbw_gbps: Optional[float] = None
-    threshold_gbps: Optional[float] = None
-    evidence: str = ""
-    job_id: Optional[str] = None
-    partner: Optional[str] = None
-    wrong: int = 0
-    drain: Optional[dict[str, Any]] = None
-
-
-@dataclass
-class SweepOutcome:
-    nodes: list[str]
-    measurements: list[Measurement] = field(default_factory=list)
-    verdicts: dict[str, NodeVerdict] = field(default_factory=dict)
-    conclusion: str = "pass"  # pass | isolated | fabric | inconclusive | error
-    message: str = ""
-
-    @property
-    def slow(self) -> list[str]:
-        return [n for n in self.nodes if self.verdicts.get(n) and self.verdicts[n].status == "slow"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"nodes": self.nodes, "conclusion": self.conclusion, "message": self.message,
-                "slow": self.slow, "measurements": [m.to_dict() for m in self.measurements],
-                "verdicts": {n: {"status": v.status, "busbw_gbps": v.busbw_gbps, "threshold_gbps": v.threshold_gbps,
-                                 "evidence": v.evidence, "job_id": v.job_id, "partner": v.partner,
-                                 "drain": v.drain} for n, v in self.verdicts.items()}}
-
-
-# --------------------------------------------------------------------------- isolation (pure)
-
-
-def _pairs(nodes: Sequence[str]) -> tuple[list[Group], list[str]]:
-    """Disjoint pairs in order, and the odd one out."""
-    pairs = [(nodes[i], nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)]
-    rest = [nodes[-1]] if len(nodes) % 2 else []
-    return pairs, rest
-
-
-def _halves(group: Sequence[str]) -> list[list[str]]:
-    mid = len(group) // 2
-    return [list(group[:mid]), list(group[mid:])]
-
-
-def isolate(nodes: Sequence[str], measure: Measure, method: str = "pairwise",
-            max_drain_fraction: float = 0.5, progress: Optional[Progress] = None) -> SweepOutcome:
-    """Run the sweep's measurements through `measure` and decide every node's verdict. Pure apart from
-    `measure`."""
-    say = progress or (lambda _m: None)
-    nodes = list(dict.fromkeys(nodes))
-    out = SweepOutcome(nodes=nodes)
-    if not nodes:
-        out.conclusion, out.message = "error", "no nodes to sweep"
-        return out
-
-    def run(groups: list[Group], stage: str) -> list[Measurement]:
-        ms = measure(groups, stage)
-        out.measurements.extend(ms)
-        return ms
-
-    first = run([tuple(nodes)], "all")[0]
-    if first.verdict == "ok":
-        for n in nodes:
-            out.verdicts[n] = NodeVerdict(n, "ok", first.busbw_gbps, first.threshold_gbps,
-                                          f"{len(nodes)}-node run", first.job_id)
-        out.conclusion = "pass"
-        out.message = f"all {len(nodes)} nodes: {first.busbw_gbps:.1f} GB/s (threshold {first.threshold_gbps:g})"
-        return out
-    if len(nodes) == 1:
-        _convict(out, nodes[0], first, None)
-        return _finish(out, max_drain_fraction)
-    say(f"all-node run {first.verdict.upper()}: isolating ({method})")
-
-    good: list[str] = []
-    suspects: list[str] = []
-    if method == "bisect":
-        queue = [list(nodes)]
-        while queue:
-            halves = [h for g in queue for h in _halves(g)]
-            queue = []
-            testable = [tuple(h) for h in halves if len(h) >= 2]
-            results = dict(zip(testable, run(testable, "bisect"))) if testable else {}
-            for h in halves:
-                if len(h) < 2:
-                    suspects.extend(h)
-                    continue
-                m = results[tuple(h)]
-                if m.verdict == "ok":
-                    good.extend(h)
-                elif len(h) > 2:
-                    queue.append(h)
-                else:
-                    suspects.extend(h)
-    else:
-        pairs, rest = _pairs(nodes)
-        for pair, m in zip(pairs, run(pairs, "pair")):
-            (good if m.verdict == "ok" else suspects).extend(pair)
-        suspects.extend(rest)
-    suspects = [s for s in dict.fromkeys(suspects) if s not in good]
-
-    # nothing known good yet: pair suspects that have not run together, a few rounds, until one pair is fast
-    tried = {frozenset(m.nodes) for m in out.measurements if len(m.nodes) == 2}
-    for _round in range(3):
-        if good or len(suspects) < 2:
-            break
-        cross: list[Group] = []
-        used: set[str] = set()
-        for a in suspects:
-            for b in suspects:
-                if a != b and a not in used and b not in used and frozenset((a, b)) not in tried:
-                    cross.append((a, b))
-                    used |= {a, b}
-                    tried.add(frozenset((a, b)))
-        if not cross:
-            break
-        for pair, m in zip(cross, run(cross, "cross")):
-            if m.verdict == "ok":
-                good.extend(pair)
-        suspects = [s for s in suspects if s not in good]
-
-    for n in good:
-        best = max((m for m in out.measurements if n in m.nodes and m.verdict == "ok"),
-                   key=lambda m: m.busbw_gbps or 0.0)
-        partner = next((p for p in best.nodes if p != n), None) if len(best.nodes) == 2 else None
-        out.verdicts[n] = NodeVerdict(n, "ok", best.busbw_gbps, best.threshold_gbps,
-                                      f"{len(best.nodes)}-node run ({best.stage})", best.job_id, partner)
-    if not good:
-        for n in suspects:
-            out.verdicts[n] = NodeVerdict(n, "unknown", evidence="no run at full speed: nothing to compare against")
-        out.conclusion = "fabric"
-        out.message = ("every run was slow or failed: a fabric-wide or configuration problem, not one node; "
-                       "nothing drained")
-        return out
-
-    remaining = list(suspects)
-    while remaining:
-        batch = remaining[: len(good)]
-        remaining = remaining[len(good):]
-        groups = [(s, g) for s, g in zip(batch, good)]
-        for (s, g), m in zip(groups, run(groups, "confirm")):
-            if m.verdict == "ok":
-                out.verdicts[s] = NodeVerdict(s, "ok", m.busbw_gbps, m.threshold_gbps, f"2-node run with {g}",
-                                              m.job_id, g)
-            elif m.verdict in ("slow", "wrong"):
-                _convict(out, s, m, g)
-            else:
-                out.verdicts[s] = NodeVerdict(s, "unknown", None, m.threshold_gbps,
-                                              f"2-node run with {g} failed: {m.error or m.job_state}", m.job_id, g)
-    return _finish(out, max_drain_fraction)
-
-
-def _convict(out: SweepOutcome, node: str, m: Measurement, partner: Optional[str]) -> None:
-    what = f"2-node run with {partner}" if partner else f"{len(m.nodes)}-node run"
-    out.verdicts[node] = NodeVerdict(node, "slow", m.busbw_gbps, m.threshold_gbps, what, m.job_id, partner,
-                                     wrong=m.wrong)
-
-
-def _finish(out: SweepOutcome, max_drain_fraction: float) -> SweepOutcome:
-    slow = out.slow
-    unknown = [n for n, v in out.verdicts.items() if v.status == "unknown"]
-    if slow and len(slow) > max_drain_fraction * len(out.nodes) and len(out.nodes) > 1:
-        out.conclusion = "fabric"
-        out.message = (f"{len(slow)} of {len(out.nodes)} nodes look slow (more than {max_drain_fraction:.0%}): "
-                       "a fabric or configuration problem is likelier than bad nodes; nothing drained")
-        for n in slow:
-            out.verdicts[n].status = "unknown"
-            out.verdicts[n].evidence += " (not drained: too many slow nodes)"
-        return out
-    if slow:
-        out.conclusion = "isolated"
-        out.message = f"slow: {compress_hostlist(slow)}" + (f"; undecided: {compress_hostlist(unknown)}" if unknown else "")
-    elif unknown:
-        out.conclusion = "inconclusive"
-        out.message = f"runs failed for {compress_hostlist(unknown)}; no slow node proven"
-    else:
-        out.conclusion = "inconclusive"
-        out.message = ("the all-node run was slow but every smaller run was at full speed: a scale-dependent "
-                       "problem (switch, topology), not one node; nothing drained")
-    return out
-
-
-def drain_reason(v: NodeVerdict) -> str:
-    """`gpuguard: nccl.sweep NCCL: all_reduce busbw 160.2 GB/s < 300 GB/s, 2-node run with node1, job 15 [sweep]`"""
-    from gpuguard.slurm.reason import format_reason
-
-    if v.wrong:
-        what = f"all_reduce returned {v.wrong} wrong values"
-    else:
-        what = f"all_reduce busbw {v.busbw_gbps:.1f} GB/s < {v.threshold_gbps:g} GB/s"
-    detail = f"{what}, {v.evidence}" + (f", job {v.job_id}" if v.job_id else "")
-    return format_reason("nccl.sweep", "NCCL", detail, "sweep")
-
 
 # --------------------------------------------------------------------------- sbatch rendering
 
@@ -282,8 +50,6 @@ TEMPLATE_NAME = "nccl-tests.sbatch.j2"
 
 def render_job(values: Mapping[str, Any]) -> tuple[str, str]:
     """(script, which template): sbatch_templates/nccl-tests.sbatch.j2 through gpuguard.templates."""
-    from gpuguard.templates import render_template
-
     return render_template(TEMPLATE_NAME, dict(values)), TEMPLATE_NAME
 
 
@@ -379,8 +145,6 @@ class SlurmRunner:
         return m
 
     def job_state(self, job_id: str) -> tuple[Optional[str], str]:
-        from gpuguard.slurm.client import parse_job_line
-
         p = self._cmd([self.scontrol, "show", "job", "-o", job_id])
         if p.returncode != 0:
             return None, (p.stderr or p.stdout).strip()[:200]

@@ -75,6 +75,7 @@ def tier_probes(nccl_cfg: Mapping[str, Any], *, needs: set[str], gpus: int, sysf
     """(probe name, zero-argument callable, timeout_s, observation class for a timed-out result) for each of
     "nccl", "dcgm", "efa_counters" in `needs`: what gpuguard.pipeline.gather wraps in its Probe. `binary` / `dcgmi`
     override the config's tools (simulation: gpuguard.simulate.sources). Nothing heavy is imported here."""
+    # only when the slow tier runs: this module is on every prolog's path (tier_due), these probes are not
     from gpuguard.nccl.probe import NcclObservation, run_single_node_nccl
     from gpuguard.probes.dcgm import DcgmObservation, run_dcgm_diag
     from gpuguard.probes.efa_counters import EfaCounterObservation, read_efa_counters

@@ -19,6 +19,7 @@ Exit codes: 0 ok, 1 a worker failed, 2 usage, 3 torch not installed.
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import os
 import socket
@@ -72,7 +73,7 @@ def header(backend: str, world: int, min_bytes: int, max_bytes: int, warmup: int
 
 
 def worker(args: argparse.Namespace) -> int:
-    import torch
+    import torch  # optional dependency (gpuguard[probe]): only the probe's worker processes import it
     import torch.distributed as dist
 
     rank = int(os.environ["RANK"])
@@ -86,51 +87,23 @@ def worker(args: argparse.Namespace) -> int:
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world, timeout=__import__("datetime").timedelta(seconds=args.timeout))
-
-    def sync() -> None:
-        if backend == "nccl":
-            torch.cuda.synchronize(device)
-
-    if backend == "nccl":
-        name = torch.cuda.get_device_name(rank)
-        props = torch.cuda.get_device_properties(rank)
-        bus = getattr(props, "pci_bus_id", None)
-        desc = f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {socket.gethostname():>10} device {rank:2d} [{bus or '0x00'}] {name}"
-    else:
-        desc = f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {socket.gethostname():>10} device {rank:2d} [cpu] gloo"
+                            world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, desc)
+    dist.all_gather_object(gathered, _rank_line(torch, backend, rank))
     if rank == 0:
         print("\n".join(header(backend, world, args.min_bytes, args.max_bytes, args.warmup, args.iters,
                                [str(g) for g in gathered])), flush=True)
     busbws: list[float] = []
     wrong_total = 0
-    expected = world * (world + 1) / 2.0
     for size in sizes(args.min_bytes, args.max_bytes):
         count = size // 4
-        buf = torch.ones(count, dtype=torch.float32, device=device)
-        for _ in range(args.warmup):
-            dist.all_reduce(buf)
-        sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            dist.all_reduce(buf)
-        sync()
-        elapsed = torch.tensor([(time.perf_counter() - t0) / args.iters], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        check = torch.full((count,), float(rank + 1), dtype=torch.float32, device=device)
-        dist.all_reduce(check)
-        wrong = torch.tensor([int((check != expected).sum().item())], dtype=torch.int64, device=device)
-        dist.all_reduce(wrong)
-        t = float(elapsed.item())
+        t, wrong = _time_all_reduce(torch, dist, backend, device, count, rank, world, args.warmup, args.iters)
         algbw = size / t / 1e9
         busbw = algbw * bus_factor(world)
         busbws.append(busbw)
-        wrong_total += int(wrong.item())
+        wrong_total += wrong
         if rank == 0:
-            print(format_row(size, count, t * 1e6, algbw, busbw, int(wrong.item())), flush=True)
+            print(format_row(size, count, t * 1e6, algbw, busbw, wrong), flush=True)
     if rank == 0:
         print(f"# Out of bounds values : {wrong_total} {'FAILED' if wrong_total else 'OK'}")
         print(f"# Avg bus bandwidth    : {sum(busbws) / max(1, len(busbws)):g} ")
@@ -138,6 +111,43 @@ def worker(args: argparse.Namespace) -> int:
         print("# Collective test concluded: torch_all_reduce", flush=True)
     dist.destroy_process_group()
     return 0
+
+
+def _rank_line(torch: Any, backend: str, rank: int) -> str:
+    """This rank's `# Rank N ... device N [bus] name` line, as nccl-tests prints it."""
+    if backend == "nccl":
+        name = torch.cuda.get_device_name(rank)
+        props = torch.cuda.get_device_properties(rank)
+        bus = getattr(props, "pci_bus_id", None)
+        return f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {socket.gethostname():>10} device {rank:2d} [{bus or '0x00'}] {name}"
+    return f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {socket.gethostname():>10} device {rank:2d} [cpu] gloo"
+
+
+def _time_all_reduce(torch: Any, dist: Any, backend: str, device: Any, count: int, rank: int, world: int,
+                     warmup: int, iters: int) -> tuple[float, int]:
+    """(seconds per all_reduce of `count` floats, slowest rank; wrong values summed over the ranks)."""
+
+    def sync() -> None:
+        if backend == "nccl":
+            torch.cuda.synchronize(device)
+
+    buf = torch.ones(count, dtype=torch.float32, device=device)
+    for _ in range(warmup):
+        dist.all_reduce(buf)
+    sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf)
+    sync()
+    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    check = torch.full((count,), float(rank + 1), dtype=torch.float32, device=device)
+    dist.all_reduce(check)
+    expected = world * (world + 1) / 2.0
+    wrong = torch.tensor([int((check != expected).sum().item())], dtype=torch.int64, device=device)
+    dist.all_reduce(wrong)
+    return float(elapsed.item()), int(wrong.item())
 
 
 # --------------------------------------------------------------------------- launcher (no torch import)

@@ -29,12 +29,12 @@ time from its caller (`now`); nothing here sleeps.
 
 from __future__ import annotations
 
-from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.notify.api import emit, enabled, flush, spool_status
 from gpuguard.notify.apprise_target import target_url
 from gpuguard.notify.event import KINDS, Event, dedupe_key
 from gpuguard.notify.render import gpu_identities, iso_utc, render, render_digest
 from gpuguard.notify.state import Untrusted, local_node, open_trusted_dir, user_state_path
+from gpuguard.slurm.hostlist import compress_hostlist
 
 __all__ = ["KINDS", "Event", "Untrusted", "compress_hostlist", "dedupe_key", "emit", "enabled", "flush",
            "gpu_identities", "iso_utc", "local_node", "open_trusted_dir", "render", "render_digest",

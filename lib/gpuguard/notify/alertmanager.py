@@ -28,11 +28,12 @@ import base64
 import json
 from datetime import datetime, timezone
 from typing import Any, Optional
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from gpuguard.util.log import escape_text
 from gpuguard.notify.event import Event, dedupe_key
 from gpuguard.notify.render import action_text, evidence_text, gpu_line, title_of
+from gpuguard.slurm.reason import parse_reason
+from gpuguard.util.log import escape_text
 from gpuguard.util.redact import redact_url
 
 ALERTNAMES = {"drain": "GpuguardDrain", "prolog_failure": "GpuguardPrologFailure",
@@ -53,8 +54,6 @@ def keyword_of(event: Event) -> Optional[str]:
     if event.keyword:
         return event.keyword
     if event.reason:
-        from gpuguard.slurm.reason import parse_reason
-
         parsed = parse_reason(event.reason)
         return parsed.keyword if parsed else None
     return None
@@ -144,8 +143,6 @@ def api_endpoint(url: str) -> tuple[str, Optional[str]]:
     host = u.netloc.rpartition("@")[2]
     auth = None
     if u.username is not None:
-        from urllib.parse import unquote
-
         pair = f"{unquote(u.username)}:{unquote(u.password or '')}".encode()
         auth = "Basic " + base64.b64encode(pair).decode()
     return urlunsplit((u.scheme, host, path, "", "")), auth
@@ -160,6 +157,7 @@ class PostError(Exception):
 def post_alerts(url: str, alerts: list[dict[str, Any]], timeout_s: float) -> None:
     """POST `alerts` to one Alertmanager; raises PostError (permanent for a 4xx other than 408/429: the payload
     or the URL is wrong, retrying cannot help). Each socket operation is bounded by `timeout_s`."""
+    # only when posting: urllib.request brings http.client, email and ssl (~35 ms here), never on a quiet hook
     import urllib.error
     import urllib.request
 

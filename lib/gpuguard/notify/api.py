@@ -4,6 +4,7 @@ Each takes the time from its caller (`now`); none raises; emit and flush never t
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -162,8 +163,6 @@ def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None
 
 def spool_status(cfg: "Config", node: Optional[str] = None) -> dict[str, int]:
     """Counts of spooled messages by status (for `gpuguard status`). Read-only."""
-    import os
-
     if enabled(cfg) is None:
         return {}
     path = state_path(cfg, node or local_node(cfg))

@@ -15,6 +15,7 @@ from gpuguard.notify import amstate
 from gpuguard.notify.alertmanager import PostError, post_alerts
 from gpuguard.notify.apprise_target import send_apprise
 from gpuguard.notify.event import Event
+from gpuguard.notify.state import log_warning
 from gpuguard.util.redact import scrub
 
 
@@ -104,8 +105,6 @@ def _deliver_row(conn: Any, row: Row, job: Job) -> bool:
         if err:
             errors.append(f"#{tid}: {scrub(err, [t.url])}")
             if ok:  # permanent (a wrong URL, refused credentials): not retried, so say it now
-                from gpuguard.notify.state import log_warning
-
                 log_warning(f"not retried: {errors[-1]}")
         if not ok:
             left.append(tid)
@@ -131,14 +130,12 @@ def _keepalive(conn: Any, job: Job) -> None:
         amstate.mark_posted(conn, job.keepalive, job.now)
     for t, (_, err) in zip(ams, results):
         if err:
-            from gpuguard.notify.state import log_warning
-
             log_warning(f"keeping {len(job.keepalive)} alert(s) alive: {scrub(err, [t.url])}")
 
 
 def _work(job: Job, done: dict[int, bool]) -> None:
     """Worker thread: its own connection (the caller may have returned already); progress recorded per row."""
-    import sqlite3
+    import sqlite3  # only when there is something to deliver: nothing configured imports no SQLite
 
     conn = sqlite3.connect(job.path, timeout=5.0, isolation_level=None)
     try:
@@ -146,8 +143,6 @@ def _work(job: Job, done: dict[int, bool]) -> None:
             done[row.id] = _deliver_row(conn, row, job)
         _keepalive(conn, job)
     except Exception as e:  # noqa: BLE001 - a daemon thread's exception would only reach stderr
-        from gpuguard.notify.state import log_warning
-
         log_warning(f"delivery: {type(e).__name__}: {e}")
     finally:
         conn.close()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
-from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.notify.event import DEFAULT_ACTIONS, RESOLVING_KINDS, SEVERITY_RANK, Event, dedupe_key
+from gpuguard.slurm.hostlist import compress_hostlist
+from gpuguard.util.timefmt import iso_utc as fmt
 
 TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog failed", "straggler": "straggler",
           "hang": "job hang", "requeue": "job requeue requested", "internal_error": "internal error",
@@ -16,8 +17,6 @@ TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog 
 
 def iso_utc(ts: float) -> str:
     """2026-11-24T20:06:33Z."""
-    from gpuguard.util.timefmt import iso_utc as fmt
-
     return str(fmt(ts))
 
 

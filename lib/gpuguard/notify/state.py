@@ -24,6 +24,8 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuguard.util.log import escape_text
+
 if TYPE_CHECKING:
     from gpuguard.config.schema import Config
 
@@ -59,9 +61,7 @@ ADDED_COLUMNS = {
 def log_warning(msg: str) -> None:
     """Notification trouble must be visible somewhere even when it cannot be notified (syslog, escaped)."""
     try:
-        import syslog
-
-        from gpuguard.util.log import escape_text
+        import syslog  # only when notification trouble is logged
 
         syslog.syslog(syslog.LOG_WARNING, escape_text(f"gpuguard notify: {msg}"))
     except Exception:  # noqa: BLE001
@@ -240,7 +240,7 @@ def migrate(conn: Any) -> None:
 def connect_hooks(path: str, timeout_s: float) -> Any:
     """The hooks' state: the history store (WAL, busy timeout, a corrupt file is moved aside). The caller has
     checked the path with ensure_trusted_state."""
-    from gpuguard.store.sqlite import Store
+    from gpuguard.store.sqlite import Store  # only with receivers configured: nothing configured imports no SQLite
 
     store = Store(path, timeout_s=timeout_s)
     migrate(store.conn)
@@ -250,7 +250,7 @@ def connect_hooks(path: str, timeout_s: float) -> Any:
 def connect_user(path: str, timeout_s: float) -> Any:
     """The monitor's own state: a small SQLite file of its own (rollback journal, not WAL: it may sit on the job
     directory's network filesystem, where WAL does not work), created private (0700 directory, 0600 file)."""
-    import sqlite3
+    import sqlite3  # only with receivers configured: nothing configured imports no SQLite
 
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

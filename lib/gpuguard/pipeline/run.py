@@ -39,7 +39,7 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
     """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller applies the
     fail-open/closed policy); even then, a verdict already reached has been handed to `on_verdict`. `hook`: run
     by slurmd (a HealthCheckProgram's exit code means nothing to slurmd: it drains itself and exits 0)."""
-    from gpuguard.store.sqlite import GuardedStore, Store
+    from gpuguard.store.guarded import GuardedStore, Store
 
     dl = cfg.sections["deadlines"]
     budget = StageBudget(deadline_s or dl.get(f"{ctx.kind}_s", dl["manual_s"]), dl["scontrol_s"])

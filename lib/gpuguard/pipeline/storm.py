@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from gpuguard.slurm.reason import parse_reason
-from gpuguard.slurm.client import NodeRow, slurm_time
+from gpuguard.slurm.parse import NodeRow, slurm_time
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+import hostlist
+
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -24,8 +26,6 @@ class HostlistError(ValueError):
 
 def expand_hostlist(text: str) -> list[str]:
     """Expand a Slurm hostlist expression (duplicates dropped, order kept). Raises HostlistError."""
-    import hostlist
-
     try:
         names = hostlist.expand_hostlist(text.strip())
     except hostlist.BadHostlist as e:
@@ -47,8 +47,6 @@ def expand_hostlist(text: str) -> list[str]:
 def compress_hostlist(names: Iterable[str]) -> str:
     """['node001', 'node002', 'node005', 'gpu-a'] -> 'gpu-a,node[001-002,005]' (sorted, duplicates dropped).
     Raises HostlistError for a name that cannot be part of a hostlist (holds ',', '[' or ']')."""
-    import hostlist
-
     try:
         return str(hostlist.collect_hostlist([str(n) for n in names]))
     except hostlist.BadHostlist as e:

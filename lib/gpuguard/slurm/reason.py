@@ -33,7 +33,7 @@ def keywords() -> frozenset[str]:
     so importing this module stays cheap)."""
     global _keywords
     if _keywords is None:
-        from gpuguard.checks import check_keywords
+        from gpuguard.checks import check_keywords  # on first use: keep the registry off this import
 
         _keywords = BASE_KEYWORDS | check_keywords()
     return _keywords
@@ -78,7 +78,7 @@ def safe_keyword(check_id: str, keyword: Optional[str]) -> str:
     BASE_KEYWORDS), else the check's default keyword, else INTERNAL. Never raises: a check that emits a keyword it
     did not declare must not make the decision fail (the hook would fail open)."""
     try:
-        from gpuguard.checks import find_check
+        from gpuguard.checks import find_check  # on first use: keep the registry off this import
 
         spec = find_check(check_id)
         if keyword and valid_keyword(keyword) and (spec is None or spec.declares(keyword)

@@ -13,10 +13,13 @@ import glob
 import heapq
 import itertools
 import os
+import resource
 import sqlite3
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
+
+import hostlist
 
 from gpuguard.fleet.query import PROBLEM, Filters, Query, SqlBuilder, keyword_of_reason
 from gpuguard.store.history import present_row, sort_key
@@ -249,14 +252,12 @@ def _room_for_files(stores: int) -> None:
     if stores < 100:
         return
     try:
-        import resource
-
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         want = 4 * stores + 256
         if soft != resource.RLIM_INFINITY and soft < want:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard),
                                                         hard))
-    except (ImportError, ValueError, OSError):
+    except (ValueError, OSError):
         pass
 
 
@@ -271,8 +272,6 @@ class Requeues:
         self.paths = attempt_store_paths(pattern) if pattern else []
 
     def _all(self, f: Filters) -> Iterator[dict[str, Any]]:
-        import hostlist
-
         want = set(f.nodes)
         seen: set[tuple[Any, ...]] = set()
         for r in heapq.merge(*(self._one(p, f) for p in self.paths), key=sort_key, reverse=True):

@@ -20,6 +20,9 @@ Two budgets, counted from the job's ledger (NeMo-Run and submitit count the same
   (a job that never gets anywhere must not loop forever).
 - continuations (time limit, preemption, a requeue by Slurm or an admin): `max_continuations`. They never use up
   the failure budget. Prolog requeues never reach the batch script and count for neither.
+
+torchrun's own reports are parsed in gpuguard.templates.torchrun_report, the job's ExcNodeList is planned in
+gpuguard.templates.exclusions.
 """
 
 from __future__ import annotations
@@ -142,61 +145,6 @@ def no_retry_match(text: str, patterns: Sequence[tuple[str, str]]) -> Optional[t
     return None
 
 
-# torchrun's ChildFailedError report (torch/distributed/elastic/multiprocessing/errors/__init__.py, the
-# _FAILURE_FORMAT_TEMPLATE): "Root Cause (first observed failure):" then "[0]:", "  host : ...",
-# "  rank : 1 (local_rank: 1)", "  exitcode : 3 (pid: 1234)". Lines may carry srun's "N: " label.
-_LABEL = r"^(?:\d+: )?"
-_ROOT_CAUSE = re.compile(_LABEL + r"Root Cause \(first observed failure\):\s*$")
-_REPORT_FIELD = re.compile(_LABEL + r"\s+(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*?)\s*$")
-
-
-def parse_torchrun_failures(text: str) -> list[WorkerExit]:
-    """The root causes in torchrun's failure reports in `text` (one per torchrun that failed), in order."""
-    out: list[WorkerExit] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        if not _ROOT_CAUSE.match(lines[i]):
-            i += 1
-            continue
-        fields: dict[str, str] = {}
-        j = i + 1
-        while j < len(lines) and j <= i + 12:
-            m = _REPORT_FIELD.match(lines[j])
-            if m:
-                fields.setdefault(m.group(1), m.group(2))
-            elif fields and not re.match(_LABEL + r"\[\d+\]:\s*$", lines[j]):
-                break
-            j += 1
-        code = re.match(r"(-?\d+)", fields.get("exitcode", ""))
-        if code:
-            rank = re.match(r"(\d+)", fields.get("rank", ""))
-            out.append(WorkerExit(exit_code=int(code.group(1)), rank=int(rank.group(1)) if rank else None,
-                                  host=fields.get("host") or None, source="torchrun_report"))
-        i = j
-    return out
-
-
-def parse_error_file(data: object, host: Optional[str] = None) -> Optional[WorkerExit]:
-    """torchrun's error file (TORCHELASTIC_ERROR_FILE of the torchrun process): the failed worker's own report,
-    {"message": {"message": "RuntimeError: ...", "extraInfo": {...}, "errorCode": 3}}, written when the worker
-    used torch.distributed.elastic's @record (errorCode: its exit code; absent for an exception, i.e. 1)."""
-    if not isinstance(data, dict):
-        return None
-    msg = data.get("message")
-    if isinstance(msg, dict):
-        code = msg.get("errorCode")
-        text = msg.get("message")
-    else:
-        code, text = data.get("errorCode"), msg
-    if isinstance(code, bool) or not isinstance(code, int):
-        code = 1 if text else None
-    if code is None:
-        return None
-    return WorkerExit(exit_code=code, host=host, source="error_file",
-                      message=str(text).strip().splitlines()[-1][:300] if text else None)
-
-
 def budget_from_ledger(records: Sequence[Mapping[str, object]], before_attempt: int) -> Budget:
     """The budgets attempts before `before_attempt` used. Pure."""
     best: Optional[int] = None
@@ -247,166 +195,118 @@ def _worker_label(w: WorkerExit) -> str:
 def decide(f: AttemptFacts, p: Policy) -> Decision:
     if f.event not in EVENTS:
         raise ValueError(f"event must be one of {', '.join(EVENTS)}, got {f.event!r}")
-    sig = _signal_of(f)
-    bad = {n for n, info in f.nodes.items() if info.bad} | (node_failures_in_log(f.log_tail) & set(f.nodes))
-    bad_detail = ", ".join(f"{n} ({'+'.join(sorted(f.nodes[n].flags & BAD_NODE_FLAGS)) or 'node failure'}"
-                           + (f": {f.nodes[n].reason}" if f.nodes[n].reason else "") + ")" for n in sorted(bad))
-    exclude = tuple(sorted(bad))
-    progress = f.ckpt_step is not None and (f.budget.best_step is None or f.ckpt_step > f.budget.best_step)
-    failures_before = 0 if progress else f.budget.failures
-    no_retry_worker = next((w for w in f.workers if w.exit_code in p.no_retry_exit_codes), None)
-    worker = no_retry_worker or (f.workers[0] if f.workers else None)
-    worker_rc = worker.exit_code if worker and 0 < worker.exit_code < 256 else None
-    rc_fail = worker_rc or (f.exit_code if f.exit_code != 0 else 1)
-
-    def failure(reason: str, detail: str, ex: tuple[str, ...] = ()) -> Decision:
-        n = failures_before + 1
-        if n > p.max_failures:
-            return Decision(reason, "gave_up", False, ex, f"{detail}; not requeued: {n - 1} failed attempt(s) in a "
-                            f"row without checkpoint progress, the maximum is {p.max_failures} (max_failures)",
-                            rc_fail, sig, "failure", worker)
-        return Decision(reason, "requeued", True, ex, f"{detail}; failure {n} of {p.max_failures} in a row",
-                        0, sig, "failure", worker)
-
-    def continuation(reason: str, detail: str) -> Decision:
-        if reason == "time_limit" and f.checkpointing and not progress:
-            return failure(reason, f"{detail}; no new checkpoint during this attempt, so it counts as a failure")
-        n = f.budget.continuations + 1
-        if n > p.max_continuations:
-            return Decision(reason, "gave_up", False, (), f"{detail}; not requeued: the maximum of "
-                            f"{p.max_continuations} continuation(s) is reached (max_continuations)", rc_fail, sig,
-                            "continuation", worker)
-        return Decision(reason, "requeued", True, (), f"{detail}; continuation {n} of {p.max_continuations}", 0,
-                        sig, "continuation", worker)
-
+    j = _Judgement.of(f, p)
     # Slurm requeued the job itself (a node failure, preemption, an admin): whatever ended the step, the job runs
     # again; the attempt is recorded as that, and the bad nodes are excluded (never gave_up).
     if f.restarts_now is not None and f.restarts_now > f.restarts_at_start:
-        if bad:
-            return Decision("node_failure", "requeued", False, exclude,
-                            f"Slurm requeued the job after a node failure: {bad_detail}", 0, sig, "failure")
-        if f.preempted:
-            return Decision("preempted", "requeued", False, (), "preempted; Slurm requeued the job", 0, sig,
-                            "continuation")
-        return Decision("requeued_externally", "requeued", False, (),
-                        "Slurm or an admin requeued the job", 0, sig, "continuation")
-
+        return _requeued_by_slurm(j)
     if f.event == "term":
-        if f.job_state == "TIMEOUT":
-            return continuation("time_limit", "the time limit was reached before the job could checkpoint "
-                                              "(requeue_grace_s too short?)")
-        if f.preempted:
-            return continuation("preempted", "preempted (Slurm did not requeue it)")
-        if bad:
-            return failure("node_failure", f"node failure: {bad_detail}", exclude)
-        return Decision("cancelled", "gave_up", False, (), f"cancelled (JobState={f.job_state or '?'}); "
-                        "a cancelled job is never requeued", f.exit_code or 143, sig)
-
+        return _terminated(j)
     if f.event == "timelimit":
-        if f.exit_code != 0 and bad:
-            return failure("node_failure", f"node failure near the time limit: {bad_detail}", exclude)
-        if f.monitor_requeue:  # the monitor's requeue comes through the same USR1 trap as the time limit
-            return failure("hang", f"gpuguard monitor requeued a hung job: {f.monitor_requeue}")
-        return continuation("time_limit", f"time limit near: asked the job to checkpoint; step exit {f.exit_code}"
-                            + (f", checkpoint at step {f.ckpt_step}" if f.ckpt_step is not None else ""))
+        return _time_limit_near(j)
+    return _step_ended(j)  # event none: the step ended by itself
 
-    # event none: the step ended by itself
+
+@dataclass(frozen=True)
+class _Judgement:
+    """What `decide` derives from the facts once, and the two budgets an outcome is charged to."""
+
+    f: AttemptFacts
+    p: Policy
+    sig: Optional[int]
+    bad: frozenset[str]
+    bad_detail: str
+    exclude: tuple[str, ...]
+    progress: bool
+    failures_before: int
+    no_retry_worker: Optional[WorkerExit]
+    worker: Optional[WorkerExit]
+    rc_fail: int
+
+    @classmethod
+    def of(cls, f: AttemptFacts, p: Policy) -> "_Judgement":
+        bad = {n for n, info in f.nodes.items() if info.bad} | (node_failures_in_log(f.log_tail) & set(f.nodes))
+        bad_detail = ", ".join(f"{n} ({'+'.join(sorted(f.nodes[n].flags & BAD_NODE_FLAGS)) or 'node failure'}"
+                               + (f": {f.nodes[n].reason}" if f.nodes[n].reason else "") + ")" for n in sorted(bad))
+        progress = f.ckpt_step is not None and (f.budget.best_step is None or f.ckpt_step > f.budget.best_step)
+        no_retry_worker = next((w for w in f.workers if w.exit_code in p.no_retry_exit_codes), None)
+        worker = no_retry_worker or (f.workers[0] if f.workers else None)
+        worker_rc = worker.exit_code if worker and 0 < worker.exit_code < 256 else None
+        return cls(f, p, _signal_of(f), frozenset(bad), bad_detail, tuple(sorted(bad)), progress,
+                   0 if progress else f.budget.failures, no_retry_worker, worker,
+                   worker_rc or (f.exit_code if f.exit_code != 0 else 1))
+
+    def failure(self, reason: str, detail: str, ex: tuple[str, ...] = ()) -> Decision:
+        p, n = self.p, self.failures_before + 1
+        if n > p.max_failures:
+            return Decision(reason, "gave_up", False, ex, f"{detail}; not requeued: {n - 1} failed attempt(s) in a "
+                            f"row without checkpoint progress, the maximum is {p.max_failures} (max_failures)",
+                            self.rc_fail, self.sig, "failure", self.worker)
+        return Decision(reason, "requeued", True, ex, f"{detail}; failure {n} of {p.max_failures} in a row",
+                        0, self.sig, "failure", self.worker)
+
+    def continuation(self, reason: str, detail: str) -> Decision:
+        f, p = self.f, self.p
+        if reason == "time_limit" and f.checkpointing and not self.progress:
+            return self.failure(reason, f"{detail}; no new checkpoint during this attempt, so it counts as a failure")
+        n = f.budget.continuations + 1
+        if n > p.max_continuations:
+            return Decision(reason, "gave_up", False, (), f"{detail}; not requeued: the maximum of "
+                            f"{p.max_continuations} continuation(s) is reached (max_continuations)", self.rc_fail,
+                            self.sig, "continuation", self.worker)
+        return Decision(reason, "requeued", True, (), f"{detail}; continuation {n} of {p.max_continuations}", 0,
+                        self.sig, "continuation", self.worker)
+
+
+def _requeued_by_slurm(j: _Judgement) -> Decision:
+    if j.bad:
+        return Decision("node_failure", "requeued", False, j.exclude,
+                        f"Slurm requeued the job after a node failure: {j.bad_detail}", 0, j.sig, "failure")
+    if j.f.preempted:
+        return Decision("preempted", "requeued", False, (), "preempted; Slurm requeued the job", 0, j.sig,
+                        "continuation")
+    return Decision("requeued_externally", "requeued", False, (),
+                    "Slurm or an admin requeued the job", 0, j.sig, "continuation")
+
+
+def _terminated(j: _Judgement) -> Decision:
+    f = j.f
+    if f.job_state == "TIMEOUT":
+        return j.continuation("time_limit", "the time limit was reached before the job could checkpoint "
+                                            "(requeue_grace_s too short?)")
+    if f.preempted:
+        return j.continuation("preempted", "preempted (Slurm did not requeue it)")
+    if j.bad:
+        return j.failure("node_failure", f"node failure: {j.bad_detail}", j.exclude)
+    return Decision("cancelled", "gave_up", False, (), f"cancelled (JobState={f.job_state or '?'}); "
+                    "a cancelled job is never requeued", f.exit_code or 143, j.sig)
+
+
+def _time_limit_near(j: _Judgement) -> Decision:
+    f = j.f
+    if f.exit_code != 0 and j.bad:
+        return j.failure("node_failure", f"node failure near the time limit: {j.bad_detail}", j.exclude)
+    if f.monitor_requeue:  # the monitor's requeue comes through the same USR1 trap as the time limit
+        return j.failure("hang", f"gpuguard monitor requeued a hung job: {f.monitor_requeue}")
+    return j.continuation("time_limit", f"time limit near: asked the job to checkpoint; step exit {f.exit_code}"
+                          + (f", checkpoint at step {f.ckpt_step}" if f.ckpt_step is not None else ""))
+
+
+def _step_ended(j: _Judgement) -> Decision:
+    f, p, sig, worker = j.f, j.p, j.sig, j.worker
     if f.exit_code == 0:
         return Decision("completed", "finished", False, (), "the training step exited 0", 0, sig)
-    if bad:
-        return failure("node_failure", f"step exit {f.exit_code} with a bad node: {bad_detail}", exclude)
+    if j.bad:
+        return j.failure("node_failure", f"step exit {f.exit_code} with a bad node: {j.bad_detail}", j.exclude)
     if f.exit_code in p.no_retry_exit_codes:
         return Decision("no_retry", "gave_up", False, (), f"exit code {f.exit_code} is configured as no-retry",
                         f.exit_code, sig, None, worker)
-    if no_retry_worker:
-        return Decision("no_retry", "gave_up", False, (), f"{_worker_label(no_retry_worker)}: exit code "
-                        f"{no_retry_worker.exit_code} is configured as no-retry", no_retry_worker.exit_code, sig,
-                        None, no_retry_worker)
+    if j.no_retry_worker:
+        nrw = j.no_retry_worker
+        return Decision("no_retry", "gave_up", False, (), f"{_worker_label(nrw)}: exit code "
+                        f"{nrw.exit_code} is configured as no-retry", nrw.exit_code, sig, None, nrw)
     hit = no_retry_match(f.log_tail, p.no_retry_patterns)
     if hit:
-        return Decision("no_retry", "gave_up", False, (), f"{hit[1]}: {hit[0]}", rc_fail, sig, None, worker)
-    return failure("app_error", f"the training step failed with exit {f.exit_code}"
-                   + (f"; {_worker_label(worker)}" if worker else ""))
-
-
-# --------------------------------------------------------------------------- exclusions
-
-
-@dataclass(frozen=True)
-class Excluded:
-    """A node gpuguard added to the job's ExcNodeList after a failure (from the ledger)."""
-    boot_time: Optional[str] = None  # its BootTime then
-    flagged: bool = True             # Slurm showed it DOWN/DRAIN/...; False: only srun's log said it failed
-
-
-@dataclass(frozen=True)
-class ExclusionPlan:
-    exclude: tuple[str, ...]       # the job's ExcNodeList from now on
-    dropped: tuple[str, ...]       # nodes gpuguard excluded earlier that are healthy again
-    kept: tuple[str, ...]          # nodes gpuguard excluded earlier that are still bad
-
-
-def plan_exclusions(current: Sequence[str], static: Sequence[str], ours: Mapping[str, Excluded],
-                    nodes: Mapping[str, NodeInfo], new_bad: Sequence[str]) -> ExclusionPlan:
-    """Re-evaluate the job's ExcNodeList at a requeue. `current`: what Slurm has now; `static`: the job's own
-    exclude (kept forever); `ours`: nodes gpuguard excluded after earlier failures; `nodes`: their state now;
-    `new_bad`: nodes this attempt found bad. A node gpuguard excluded is dropped once Slurm no longer shows it
-    DOWN/DRAIN/FAIL/... (an admin or gpuguard's health check put it back), and, when it was excluded on srun's
-    word alone, once it booted again. Nodes someone else put in the list are kept. Pure."""
-    keep: set[str] = set(static) | set(new_bad)
-    dropped: list[str] = []
-    kept: list[str] = []
-    for n in current:
-        if n in keep:
-            continue
-        if n not in ours:
-            keep.add(n)  # an admin's, or from before gpuguard: not ours to drop
-            continue
-        info = nodes.get(n)
-        if info is None or info.bad or (not ours[n].flagged and (info.boot_time is None
-                                                                 or info.boot_time == ours[n].boot_time)):
-            keep.add(n)
-            kept.append(n)
-        else:
-            dropped.append(n)
-    return ExclusionPlan(tuple(sorted(keep)), tuple(sorted(dropped)), tuple(sorted(kept)))
-
-
-def fit_exclusions(plan: ExclusionPlan, needed: int, partition: Sequence[str], static: Sequence[str],
-                   oldest_first: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the ExcNodeList to set, gpuguard's exclusions dropped to make room). A job whose exclusions leave its
-    partition fewer nodes than it needs pends forever (BadConstraints), even once the excluded nodes are healthy
-    again, and nothing re-evaluates a pending job. So gpuguard's own exclusions (never the job's `exclude` or an
-    admin's) are dropped, oldest first, until the job fits: a node still drained or down is not used by Slurm
-    anyway, and the job starts on it once it is back. If dropping all of them does not help, nothing is dropped
-    (`unschedulable` then warns). Pure."""
-    if not partition or needed <= 0:
-        return plan.exclude, ()
-    exclude = list(plan.exclude)
-    dropped: list[str] = []
-
-    def usable() -> int:
-        return sum(1 for n in partition if n not in exclude)
-
-    for n in oldest_first:
-        if usable() >= needed:
-            break
-        if n in exclude and n not in static and n in partition:
-            exclude.remove(n)
-            dropped.append(n)
-    if usable() < needed or not dropped:
-        return plan.exclude, ()
-    return tuple(sorted(exclude)), tuple(dropped)
-
-
-def unschedulable(needed: int, partition_nodes: Sequence[str], excluded: Sequence[str]) -> Optional[str]:
-    """A warning when the partition has fewer nodes than the job needs once ExcNodeList is applied. Pure."""
-    if not partition_nodes or needed <= 0:
-        return None
-    usable = [n for n in partition_nodes if n not in set(excluded)]
-    if len(usable) >= needed:
-        return None
-    return (f"the job needs {needed} node(s) but only {len(usable)} of the partition's {len(partition_nodes)} are "
-            f"not excluded (ExcNodeList={','.join(excluded) or '(none)'}): it will pend (Reason=BadConstraints or "
-            "Resources) until excluded nodes are dropped (`scontrol update JobId=<id> ExcNodeList=...`) or the "
-            "partition grows")
+        return Decision("no_retry", "gave_up", False, (), f"{hit[1]}: {hit[0]}", j.rc_fail, sig, None, worker)
+    return j.failure("app_error", f"the training step failed with exit {f.exit_code}"
+                     + (f"; {_worker_label(worker)}" if worker else ""))

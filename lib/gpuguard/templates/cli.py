@@ -9,7 +9,19 @@ import os
 import re
 import sys
 from pathlib import Path
+from dataclasses import asdict
 from typing import Any, Mapping, Optional
+
+import yaml
+
+from gpuguard.config.schema import load_config
+from gpuguard.templates import jobattempt as ja
+from gpuguard.templates.fabric import run_check
+from gpuguard.templates.jobfiles import attempt_dir
+from gpuguard.templates.lint import format_findings, lint
+from gpuguard.templates.presets import list_presets, resolve_preset
+from gpuguard.templates.render import Renderer, TemplateError
+from gpuguard.util.fs import atomic_write
 
 COMMANDS = ("render", "templates", "lint", "job-attempt")
 
@@ -19,6 +31,13 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
+    _add_render(sub)
+    _add_templates(sub)
+    _add_lint(sub)
+    _add_job_attempt(sub)
+
+
+def _add_render(sub: Any) -> None:
     p = sub.add_parser("render", help="render an sbatch template (torchrun, nccl-tests) from a job YAML")
     _common(p)
     p.add_argument("template", help="template name, e.g. torchrun.sbatch.j2 (gpuguard templates list)")
@@ -28,6 +47,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("-o", "--output", help="write here (mode 0755) instead of stdout")
     p.add_argument("--no-lint", action="store_true", help="do not lint the rendered script")
 
+
+def _add_templates(sub: Any) -> None:
     p = sub.add_parser("templates", help="list sbatch templates, show a template's variables, list presets")
     _common(p)
     ts = p.add_subparsers(dest="templates_cmd", metavar="SUBCOMMAND")
@@ -42,6 +63,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--stack", help="stack name (default: the instance's first), or versions such as "
                                    "aws_ofi_nccl=1.14.0,efa_installer=1.28.0,nccl=2.21.5")
 
+
+def _add_lint(sub: Any) -> None:
     p = sub.add_parser("lint", help="flag known-bad NCCL/EFA settings in an sbatch script or environment dump")
     _common(p)
     p.add_argument("files", nargs="+", metavar="FILE", help="script or `env` dump ('-' for stdin)")
@@ -49,6 +72,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stack", help="software stack (efa, efa-ofi-1.6, efa-ofi-1.5, ib, none)")
     p.add_argument("--json", action="store_true")
 
+
+def _add_job_attempt(sub: Any) -> None:
     p = sub.add_parser("job-attempt", help="(called by rendered batch scripts) record an attempt, requeue, resume, "
                                           "check the fabric")
     _common(p)
@@ -87,8 +112,6 @@ def add_parser(sub: Any) -> None:
 
 def parse_set(items: list[str]) -> dict[str, Any]:
     """`--set key=value` (value parsed as YAML; dotted keys nest) -> mapping. Errors name the item."""
-    import yaml
-
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -141,8 +164,6 @@ def site_defaults(defaults: Mapping[str, Any], template: str, declared: set[str]
 
 
 def _load_values_file(path: str) -> dict[str, Any]:
-    import yaml
-
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -159,8 +180,6 @@ def _load_values_file(path: str) -> dict[str, Any]:
 
 
 def _config(path: Optional[str]) -> Any:
-    from gpuguard.config.schema import load_config
-
     return load_config(path)
 
 
@@ -168,9 +187,6 @@ def _config(path: Optional[str]) -> Any:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from gpuguard.templates.lint import format_findings, lint
-    from gpuguard.templates.render import Renderer, TemplateError
-
     cfg = _config(args.config)
     tcfg = cfg.sections.get("templates", {})
     renderer = Renderer(site_presets=tcfg.get("presets") or None,
@@ -198,8 +214,6 @@ def cmd_render(args: argparse.Namespace) -> int:
                   "values, or render with --no-lint to write it anyway", file=sys.stderr)
             return 1
     if args.output:
-        from gpuguard.util.fs import atomic_write
-
         out = Path(args.output)
         atomic_write(out, text, mode=0o755)
         print(f"wrote {out}", file=sys.stderr)
@@ -209,9 +223,6 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_templates(args: argparse.Namespace) -> int:
-    from gpuguard.templates.presets import list_presets, resolve_preset
-    from gpuguard.templates.render import Renderer
-
     cfg = _config(args.config) if args.config else None
     tcfg = cfg.sections.get("templates", {}) if cfg else {}
     renderer = Renderer(site_presets=tcfg.get("presets") or None,
@@ -254,10 +265,6 @@ def cmd_templates(args: argparse.Namespace) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from gpuguard.templates.lint import format_findings, lint
-
     worst = 0
     report: dict[str, Any] = {}
     for path in args.files:
@@ -281,8 +288,6 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_job_attempt(args: argparse.Namespace) -> int:
-    from gpuguard.templates import jobattempt as ja
-
     try:
         cfg = _config(args.config)
     except Exception as e:  # noqa: BLE001 - a broken config must not stop the bookkeeping
@@ -290,9 +295,7 @@ def cmd_job_attempt(args: argparse.Namespace) -> int:
         cfg = None
     job_dir = Path(args.job_dir)
     if args.attempt_cmd == "fabric":
-        from gpuguard.templates.fabric import run_check
-
-        run_check(ja.attempt_dir(job_dir, args.attempt) / "nccl", args.expect, args.ranks, args.wait, args.poll)
+        run_check(attempt_dir(job_dir, args.attempt) / "nccl", args.expect, args.ranks, args.wait, args.poll)
         return 0
     ctx = ja.JobContext.from_env(os.environ, cfg)
     if args.attempt_cmd == "begin":

@@ -12,6 +12,9 @@ fabric: waits for every rank's NCCL debug file and reports which network NCCL lo
 
 Every scontrol call is an argv list with a timeout. Nothing here may hang or crash a job: a failing store or
 scontrol is reported on stderr and the decision still stands.
+
+The job directory's files are read and written by gpuguard.templates.jobfiles, scontrol is called through
+gpuguard.templates.jobslurm, and gpuguard.templates.attempts judges.
 """
 
 from __future__ import annotations
@@ -22,215 +25,19 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from gpuguard.slurm.client import node_state_flags, parse_job_line, parse_node_lines
-from gpuguard.templates.attempts import (AttemptFacts, Budget, Decision, Excluded, ExclusionPlan, NodeInfo, Policy,
-                                         WorkerExit, budget_from_ledger, decide, DEFAULT_NO_RETRY,
-                                         fit_exclusions, parse_error_file, parse_torchrun_failures, plan_exclusions,
-                                         unschedulable)
+from gpuguard.notify import Event, emit, user_state_path
+from gpuguard.templates.attempts import (DEFAULT_NO_RETRY, AttemptFacts, Decision, NodeInfo, Policy,
+                                         budget_from_ledger, decide)
 from gpuguard.templates.checkpoint import find_checkpoint
-
-LEDGER = "attempts.jsonl"
-STATE = "attempt.json"
-LOG_TAIL_BYTES = 256 * 1024
-ERROR_FILE_MAX_BYTES = 1024 * 1024
-ERROR_FILES_MAX = 4096
-
-ATTEMPTS_SCHEMA = ("CREATE TABLE IF NOT EXISTS attempts (id INTEGER PRIMARY KEY, ts REAL NOT NULL, "
-                   "job_id TEXT NOT NULL, attempt INTEGER NOT NULL, nodes TEXT, exit_code INTEGER, signal INTEGER, "
-                   "reason TEXT, action TEXT, excluded TEXT)")
-
-
-def _warn(msg: str) -> None:
-    print(f"gpuguard job-attempt: {msg}", file=sys.stderr)
-
-
-def attempt_dir(job_dir: Path, attempt: int) -> Path:
-    """Where the batch script keeps one attempt's files (torchrun's error files, NCCL's debug files)."""
-    return job_dir / f"attempt-{attempt}"
-
-
-@dataclass
-class Scontrol:
-    """Bounded scontrol calls (argv lists, never a shell)."""
-    binary: str = "scontrol"
-    timeout_s: float = 10.0
-    env: Optional[Mapping[str, str]] = None
-
-    def run(self, args: Sequence[str]) -> Optional[str]:
-        from gpuguard.util.toolrun import run_tool
-
-        r = run_tool([self.binary, *args], self.timeout_s, env=self.env)
-        if r.rc is None:
-            _warn(f"scontrol {' '.join(args)}: {r.error}")
-            return None
-        if r.rc != 0:
-            _warn(f"scontrol {' '.join(args)} failed ({r.rc}): {r.err_text().strip()[:300]}")
-            return None
-        return r.text()
-
-    def job(self, job_id: str) -> dict[str, str]:
-        out = self.run(["show", "job", "-o", job_id])
-        return parse_job_line(out) if out else {}
-
-    def hostnames(self, nodelist: str) -> list[str]:
-        if not nodelist or nodelist in ("(null)", "None"):
-            return []
-        out = self.run(["show", "hostnames", nodelist])
-        return [h for h in (out or "").split() if h]
-
-    def nodes(self, names: Sequence[str]) -> dict[str, NodeInfo]:
-        if not names:
-            return {}
-        out = self.run(["show", "node", "-o", ",".join(names)])
-        infos: dict[str, NodeInfo] = {}
-        for name, f in parse_node_lines(out or "").items():
-            reason = f.get("Reason")
-            infos[name] = NodeInfo(name, frozenset(node_state_flags(f.get("State", ""))),
-                                   None if reason in (None, "", "(null)", "None") else reason,
-                                   boot_time=f.get("BootTime") or None, slurmd_start=f.get("SlurmdStartTime") or None)
-        return infos
-
-    def partition_nodes(self, partition: str) -> list[str]:
-        if not partition or partition in ("(null)", "None"):
-            return []
-        out = self.run(["show", "partition", "-o", partition.split(",")[0]])
-        fields = parse_job_line(out) if out else {}
-        return self.hostnames(fields.get("Nodes", ""))
-
-    def requeue(self, job_id: str) -> bool:
-        return self.run(["requeue", job_id]) is not None
-
-    def exclude(self, job_id: str, nodes: Sequence[str]) -> bool:
-        return self.run(["update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"]) is not None
-
-
-# --------------------------------------------------------------------------- files
-
-
-def read_ledger(job_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        text = (job_dir / LEDGER).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a torn line from a killed writer: skip it, keep the rest
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def append_ledger(job_dir: Path, record: Mapping[str, Any]) -> None:
-    line = (json.dumps(record, sort_keys=False, default=str) + "\n").encode()
-    fd = os.open(job_dir / LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)  # one write with O_APPEND: lines from concurrent writers never interleave
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    from gpuguard.util.fs import atomic_write
-
-    atomic_write(path, json.dumps(data, default=str))
-
-
-def read_log_since(path: Optional[str], offset: int, limit: int = LOG_TAIL_BYTES) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(offset, size - limit) if offset <= size else max(0, size - limit))
-            return fh.read(limit).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def record_store(store_path: Optional[str], rec: Mapping[str, Any]) -> Optional[str]:
-    """Append the attempt to the user-side store's `attempts` table (a plain SQLite file the job's user owns;
-    `gpuguard history` reads it); returns an error text instead of raising. No store configured: None."""
-    if not store_path:
-        return None
-    try:
-        import sqlite3
-
-        Path(store_path).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(store_path, timeout=5.0)
-        try:
-            with conn:
-                conn.execute(ATTEMPTS_SCHEMA)
-                conn.execute("CREATE INDEX IF NOT EXISTS attempts_job ON attempts(job_id, attempt)")
-                conn.execute(
-                    "INSERT INTO attempts(ts,job_id,attempt,nodes,exit_code,signal,reason,action,excluded) "
-                    "VALUES (?,?,?,?,?,?,?,?,?)",
-                    (rec["ts"], rec["job_id"], rec["attempt"], rec.get("nodes"), rec.get("exit_code"),
-                     rec.get("signal"), rec.get("reason"), rec.get("action"),
-                     ",".join(rec.get("excluded") or []) or None))
-        finally:
-            conn.close()
-        return None
-    except Exception as e:  # noqa: BLE001 - the ledger file is the primary record; never fail the job for this
-        return f"{type(e).__name__}: {e}"
-
-
-def worker_exits(job_dir: Path, attempt: int, log_tail: str) -> list[WorkerExit]:
-    """The failed workers of this attempt: torchrun's error files (TORCHELASTIC_ERROR_FILE of each node's torchrun,
-    written when the worker used @record: its message and exit code), then the root causes of torchrun's
-    failure reports in the attempt's output (every worker's own exit code, always there)."""
-    from dataclasses import replace
-
-    from_files: list[WorkerExit] = []
-    adir = attempt_dir(job_dir, attempt)
-    try:
-        files = sorted(adir.glob("torchrun-node*.json"))[:ERROR_FILES_MAX]
-    except OSError:
-        files = []
-    for path in files:
-        try:
-            with open(path, "rb") as fh:
-                data = json.loads(fh.read(ERROR_FILE_MAX_BYTES).decode("utf-8", errors="replace"))
-        except (OSError, ValueError):
-            continue
-        w = parse_error_file(data, host=path.stem.replace("torchrun-", ""))
-        if w:
-            from_files.append(w)
-    # the report has every root cause's rank, host and real exit code; an error file adds the exception's message
-    found: list[WorkerExit] = []
-    for r in parse_torchrun_failures(log_tail):
-        match = next((w for w in from_files if w.exit_code == r.exit_code), None)
-        if match:
-            from_files.remove(match)
-            r = replace(r, message=match.message, source="error_file")
-        found.append(r)
-    return found + from_files
-
-
-# --------------------------------------------------------------------------- context
-
-
-def user_store_path(cfg: Any, node: str, user: str) -> Optional[str]:
-    """`templates.store_path` with {node} and {user} filled in; None when unset or when it names the hooks' own
-    store (the root hooks' database must never be writable by users). Pure apart from path normalisation."""
-    if cfg is None:
-        return None
-    raw = (cfg.sections.get("templates") or {}).get("store_path")
-    if not raw:
-        return None
-    path = raw.replace("{node}", node).replace("{user}", user)
-    hooks = str(cfg.sections.get("store", {}).get("path") or "").replace("{node}", node)
-    if hooks and os.path.normpath(os.path.abspath(path)) == os.path.normpath(os.path.abspath(hooks)):
-        _warn(f"templates.store_path ({raw}) is the hooks' own store (store.path): not writing job attempts there "
-              "(users must not write the root hooks' database); only the ledger in the job directory is written")
-        return None
-    return path
+from gpuguard.templates.exclusions import Excluded, ExclusionPlan, fit_exclusions, plan_exclusions, unschedulable
+from gpuguard.templates.jobfiles import (LEDGER, STATE, append_ledger, fabric_summary, monitor_requeue_since,
+                                         read_ledger, read_log_since, record_store, user_store_path, warn,
+                                         worker_exits, write_json_atomic)
+from gpuguard.templates.jobslurm import Scontrol
 
 
 @dataclass
@@ -273,10 +80,10 @@ def _persist(ctx: JobContext, job_dir: Path, rec: Mapping[str, Any]) -> None:
     try:
         append_ledger(job_dir, rec)
     except OSError as e:
-        _warn(f"cannot append to {job_dir / LEDGER}: {e}")
+        warn(f"cannot append to {job_dir / LEDGER}: {e}")
     err = record_store(ctx.store_path, rec)
     if err:
-        _warn(f"attempt not recorded in the job store ({ctx.store_path}): {err}")
+        warn(f"attempt not recorded in the job store ({ctx.store_path}): {err}")
 
 
 @dataclass(frozen=True)
@@ -329,7 +136,7 @@ def begin(ctx: JobContext, job_dir: Path, attempt: int, checkpoint_dir: Optional
         offset = 0
     resume = find_checkpoint(checkpoint_dir, checkpoint_kind, checkpoint_glob, checkpoint_marker) \
         if checkpoint_dir else None
-    _write_json_atomic(state_path, {"attempt": attempt, "started": time.time(), "nodes": ctx.nodelist,
+    write_json_atomic(state_path, {"attempt": attempt, "started": time.time(), "nodes": ctx.nodelist,
                                     "restarts_at_start": ctx.restarts_at_start, "log": log_path,
                                     "log_offset": offset, "resume": str(resume.path) if resume else None,
                                     "resume_step": resume.step if resume else None,
@@ -394,8 +201,6 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
 def _slurm_requeued_since(ctx: JobContext, facts: AttemptFacts, policy: Policy,
                           decision: Decision) -> tuple[AttemptFacts, Decision]:
     """Facts and decision again if `scontrol show job` now says Slurm requeued the job (Restarts went up)."""
-    from dataclasses import replace
-
     fresh = ctx.scontrol.job(ctx.job_id)
     try:
         restarts = int(fresh["Restarts"])
@@ -423,7 +228,7 @@ def _record_and_act(ctx: JobContext, job_dir: Path, job: Mapping[str, str], ledg
     if decision.exclude:
         extra["excluded_boot"] = {n: nodes[n].boot_time for n in decision.exclude if n in nodes}
         extra["excluded_flagged"] = {n: nodes[n].bad for n in decision.exclude if n in nodes}
-    fabric = _fabric_summary(job_dir, attempt)
+    fabric = fabric_summary(job_dir, attempt)
     if fabric:
         extra["fabric"] = fabric
     rec = _record(ctx, attempt, ctx.nodelist, exit_code, decision.signal, event, decision.reason, decision.action,
@@ -450,9 +255,9 @@ def _record_and_act(ctx: JobContext, job_dir: Path, job: Mapping[str, str], ledg
         # ExcNodeList can only change once the job is no longer running, i.e. after the requeue; it is not
         # eligible to start again before this (Slurm waits out EligibleTime), so the next attempt sees it.
         if not ctx.scontrol.exclude(ctx.job_id, plan.exclude):
-            _warn(f"could not set ExcNodeList={','.join(plan.exclude)} on the requeued job")
+            warn(f"could not set ExcNodeList={','.join(plan.exclude)} on the requeued job")
         elif plan.dropped:
-            _warn(f"no longer excluding {','.join(plan.dropped)}: healthy again")
+            warn(f"no longer excluding {','.join(plan.dropped)}: healthy again")
     return decision
 
 
@@ -495,36 +300,6 @@ def _plan_exclusions(ctx: JobContext, job: Mapping[str, str], ledger: Sequence[M
     return plan
 
 
-def _fabric_summary(job_dir: Path, attempt: int) -> Optional[dict[str, Any]]:
-    try:
-        from gpuguard.templates.fabric import read_attempt, summary
-
-        inits = read_attempt(attempt_dir(job_dir, attempt) / "nccl")
-    except Exception as e:  # noqa: BLE001 - a summary is a nicety; never fail the bookkeeping for it
-        _warn(f"NCCL debug files not read: {e}")
-        return None
-    return summary(inits) if inits else None
-
-
-def monitor_requeue_since(job_dir: Path, since: Optional[float]) -> Optional[str]:
-    """The latest requeue `gpuguard monitor` asked for during this attempt (it records its events in
-    <job dir>/gpuguard/events.jsonl), as "check: detail"; None when there was none."""
-    found = None
-    try:
-        with open(job_dir / "gpuguard" / "events.jsonl", errors="replace") as f:
-            for line in f:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(ev, dict) and ev.get("kind") == "requeue" and ev.get("ok") and \
-                        (since is None or float(ev.get("ts") or 0) >= float(since)):
-                    found = f"{ev.get('check') or 'hang'} on {ev.get('node') or '?'}"
-    except OSError:
-        return None
-    return found
-
-
 def ignore_term() -> None:
     """For the `job-attempt end` process, for the rest of its life: `scontrol requeue` makes slurmstepd SIGTERM
     everything in the batch step, this process included, and the attempt must be recorded and its outcome printed
@@ -540,8 +315,6 @@ def notify_outcome(cfg: Any, ctx: JobContext, job_dir: Path, attempt: int, decis
     if cfg is None or decision.action != "gave_up" or decision.reason == "cancelled":
         return None
     try:
-        from gpuguard.notify import Event, emit, user_state_path
-
         event = Event(kind="gave_up", node=ctx.node, job_id=ctx.job_id, scope="job", check_id=decision.reason,
                       severity="critical", message=f"job {ctx.job_id} gave up after attempt {attempt} "
                                                     f"({decision.reason}): {decision.detail}",
@@ -549,7 +322,7 @@ def notify_outcome(cfg: Any, ctx: JobContext, job_dir: Path, attempt: int, decis
         # generous: nothing waits on this but the job's own end (the batch script gives job-attempt end 120 s)
         return emit(cfg, event, budget_s=20.0, state_path=user_state_path(cfg, str(job_dir), ctx.job_id, ctx.node))
     except Exception as e:  # noqa: BLE001 - the decision stands; a message that could not go out is logged
-        _warn(f"could not notify that the job gave up: {type(e).__name__}: {e}")
+        warn(f"could not notify that the job gave up: {type(e).__name__}: {e}")
         return None
 
 
@@ -562,7 +335,3 @@ def policy_from_args(max_failures: int, codes: Sequence[int], patterns: Sequence
 
 def state_dict(decision: Decision) -> dict[str, Any]:
     return asdict(decision)
-
-
-__all__ = ["Budget", "CheckpointSpec", "JobContext", "Scontrol", "begin", "end", "policy_from_args",
-           "read_ledger", "user_store_path", "worker_exits"]

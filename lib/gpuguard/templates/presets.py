@@ -6,6 +6,7 @@ variables under `templates.presets` in its config. Everything here is pure: load
 
 from __future__ import annotations
 
+import difflib
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -244,8 +245,6 @@ def resolve_preset(instance: str, stack: Union[None, str, Mapping[str, Any]] = N
     data = load_presets(site)
     instances, stacks = data["instances"], data["stacks"]
     if instance not in instances:
-        import difflib
-
         close = difflib.get_close_matches(instance, list(instances), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise PresetError(f"preset: unknown instance type {instance!r}{hint}; known: {', '.join(instances)}")

@@ -29,6 +29,7 @@ import jinja2
 import yaml
 from markupsafe import Markup
 
+from gpuguard.templates.containers import coverage_problem
 from gpuguard.templates.presets import EnvVar, PresetError, job_env, resolve_preset
 from gpuguard.templates.quoting import QuotingError, directive_safe, finalize, shell_word
 
@@ -156,56 +157,9 @@ def coerce(spec: VariableSpec, value: Any, where: str) -> Any:
         if spec.required:
             raise TemplateError(f"{what} is required: {spec.help}")
         return None
-    t = spec.type
-    if t == "str":
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise TemplateError(f"{what}: expected a string, got {value!r}")
-        value = str(value)
-        if spec.pattern and not re.fullmatch(spec.pattern, value):
-            raise TemplateError(f"{what}: {value!r} does not match {spec.pattern}")
-    elif t == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-                value = int(value)
-            else:
-                raise TemplateError(f"{what}: expected an integer, got {value!r}")
-        if spec.minimum is not None and value < spec.minimum:
-            raise TemplateError(f"{what}: expected an integer >= {spec.minimum}, got {value}")
-        if spec.maximum is not None and value > spec.maximum:
-            raise TemplateError(f"{what}: expected an integer <= {spec.maximum}, got {value}")
-    elif t == "bool":
-        if not isinstance(value, bool):
-            raise TemplateError(f"{what}: expected true or false, got {value!r}")
-    elif t == "list":
-        if isinstance(value, str):
-            try:
-                value = shlex.split(value)  # split like a shell would; nothing is expanded or executed
-            except ValueError as e:
-                raise TemplateError(f"{what}: cannot split {value!r}: {e}") from None
-        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
-                                                  for v in value):
-            raise TemplateError(f"{what}: expected a list of strings, got {value!r}")
-        value = [str(v) for v in value]
-    elif t == "int_list":
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise TemplateError(f"{what}: expected a list of integers, got {value!r}")
-        if spec.minimum is not None and any(v < spec.minimum for v in value) or \
-                spec.maximum is not None and any(v > spec.maximum for v in value):
-            raise TemplateError(f"{what}: values must be within {spec.minimum}..{spec.maximum}, got {value}")
-    elif t == "map":
-        if not isinstance(value, Mapping):
-            raise TemplateError(f"{what}: expected a mapping, got {value!r}")
-        value = dict(value)
-    elif t == "stack":
-        if not isinstance(value, (str, Mapping)):
-            raise TemplateError(f"{what}: expected a stack name or {{libfabric: X, aws_ofi_nccl: Y}}, got {value!r}")
-    elif t == "time":
-        value = str(value).strip()
-        if not _TIME_RE.match(value):
-            raise TemplateError(f"{what}: not a Slurm time limit (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]): "
-                                f"{value!r}")
+    by_type = _COERCE.get(spec.type)
+    if by_type is not None:
+        value = by_type(spec, value, what)
     if spec.choices and value not in spec.choices:
         raise TemplateError(f"{what}: expected one of {', '.join(map(str, spec.choices))}, got {value!r}")
     if spec.directive:
@@ -214,6 +168,84 @@ def coerce(spec: VariableSpec, value: Any, where: str) -> Any:
         except QuotingError as e:
             raise TemplateError(str(e)) from None
     return value
+
+
+# One checker per declared type: (spec, value, what) -> the normalised value, or TemplateError naming `what`.
+
+
+def _as_str(spec: VariableSpec, value: Any, what: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TemplateError(f"{what}: expected a string, got {value!r}")
+    value = str(value)
+    if spec.pattern and not re.fullmatch(spec.pattern, value):
+        raise TemplateError(f"{what}: {value!r} does not match {spec.pattern}")
+    return value
+
+
+def _as_int(spec: VariableSpec, value: Any, what: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+            value = int(value)
+        else:
+            raise TemplateError(f"{what}: expected an integer, got {value!r}")
+    if spec.minimum is not None and value < spec.minimum:
+        raise TemplateError(f"{what}: expected an integer >= {spec.minimum}, got {value}")
+    if spec.maximum is not None and value > spec.maximum:
+        raise TemplateError(f"{what}: expected an integer <= {spec.maximum}, got {value}")
+    return value
+
+
+def _as_bool(spec: VariableSpec, value: Any, what: str) -> Any:
+    if not isinstance(value, bool):
+        raise TemplateError(f"{what}: expected true or false, got {value!r}")
+    return value
+
+
+def _as_list(spec: VariableSpec, value: Any, what: str) -> Any:
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)  # split like a shell would; nothing is expanded or executed
+        except ValueError as e:
+            raise TemplateError(f"{what}: cannot split {value!r}: {e}") from None
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                              for v in value):
+        raise TemplateError(f"{what}: expected a list of strings, got {value!r}")
+    return [str(v) for v in value]
+
+
+def _as_int_list(spec: VariableSpec, value: Any, what: str) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TemplateError(f"{what}: expected a list of integers, got {value!r}")
+    if spec.minimum is not None and any(v < spec.minimum for v in value) or \
+            spec.maximum is not None and any(v > spec.maximum for v in value):
+        raise TemplateError(f"{what}: values must be within {spec.minimum}..{spec.maximum}, got {value}")
+    return value
+
+
+def _as_map(spec: VariableSpec, value: Any, what: str) -> Any:
+    if not isinstance(value, Mapping):
+        raise TemplateError(f"{what}: expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _as_stack(spec: VariableSpec, value: Any, what: str) -> Any:
+    if not isinstance(value, (str, Mapping)):
+        raise TemplateError(f"{what}: expected a stack name or {{libfabric: X, aws_ofi_nccl: Y}}, got {value!r}")
+    return value
+
+
+def _as_time(spec: VariableSpec, value: Any, what: str) -> Any:
+    value = str(value).strip()
+    if not _TIME_RE.match(value):
+        raise TemplateError(f"{what}: not a Slurm time limit (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]): "
+                            f"{value!r}")
+    return value
+
+
+_COERCE = {"str": _as_str, "int": _as_int, "bool": _as_bool, "list": _as_list, "int_list": _as_int_list,
+           "map": _as_map, "stack": _as_stack, "time": _as_time}
 
 
 def resolve_values(specs: Mapping[str, VariableSpec], values: Mapping[str, Any], template: str) -> dict[str, Any]:
@@ -291,8 +323,6 @@ def _computed(values: dict[str, Any], template: str, site_presets: Optional[Mapp
                   unset=[u for u in preset.unset if u.name not in env], warnings=list(preset.warnings),
                   fabric_check=fabric_check)
     if values.get("container_image"):
-        from gpuguard.templates.containers import coverage_problem
-
         problem = coverage_problem("checkpoint_dir", values.get("checkpoint_dir"),
                                    values.get("container_mounts") or [], [values.get("local_dir") or ""])
         if problem:

@@ -8,8 +8,9 @@ NaN/missing losses, NaN iterations, skipped steps, grad-norm spikes against the 
 throughput drops per sample, loss spikes, learning-rate faults. `plot` draws it; `cli` is the command.
 """
 
-from gpuguard.trainlog.analysis import Analysis, Flag, Thresholds, analyze
+from gpuguard.trainlog.analysis import Analysis, analyze
 from gpuguard.trainlog.cli import main_from_args, read_lines
+from gpuguard.trainlog.judging import Flag, Thresholds
 from gpuguard.trainlog.parse import TrainLog, parse_line, parse_log, scan_log
 from gpuguard.trainlog.plot import PlotUnavailable, plot
 from gpuguard.trainlog.records import IterRecord, LogEvent, parse_float

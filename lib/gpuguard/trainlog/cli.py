@@ -9,7 +9,8 @@ import json
 import sys
 from typing import Any, Iterable, Iterator
 
-from gpuguard.trainlog.analysis import Thresholds, analyze
+from gpuguard.trainlog.analysis import analyze
+from gpuguard.trainlog.judging import Thresholds
 from gpuguard.trainlog.parse import scan_log
 from gpuguard.trainlog.plot import PlotUnavailable, plot
 from gpuguard.trainlog.report import format_summary

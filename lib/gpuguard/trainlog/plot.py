@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from gpuguard.trainlog.analysis import Analysis, attempt_starts, cost, primary_loss_key
+from gpuguard.trainlog.analysis import Analysis
+from gpuguard.trainlog.judging import attempt_starts, primary_loss_key
+from gpuguard.trainlog.run_flags import cost
 from gpuguard.trainlog.records import IterRecord
 
 NAN = float("nan")
@@ -38,7 +40,7 @@ def _bad(r: IterRecord, key: Optional[str]) -> bool:
 
 def _pyplot() -> Any:
     try:
-        import matplotlib
+        import matplotlib  # optional (gpuguard[plot]): only `--plot` needs it
 
         matplotlib.use("Agg")  # no display on a login or compute node
         import matplotlib.pyplot as plt

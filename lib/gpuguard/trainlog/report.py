@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpuguard.trainlog.analysis import Analysis, fmt
+from gpuguard.trainlog.analysis import Analysis
+from gpuguard.trainlog.judging import fmt
 
 
 def format_summary(name: str, a: Analysis) -> str:
