@@ -98,9 +98,10 @@ def _undrain_events(result: RunResult) -> list[Any]:
 
 def tell_humans(cfg: Config, result: RunResult, budget: StageBudget) -> None:
     try:
-        from gpuguard.metrics.node import write_run_metrics
+        if (cfg.sections.get("metrics") or {}).get("textfile_dir"):
+            from gpuguard.metrics.node import write_run_metrics  # cold path: only where metrics are configured
 
-        write_run_metrics(cfg, result)
+            write_run_metrics(cfg, result)
         if not (result.drain or result.undrain or result.applied or result.events
                 or result.context.kind == "healthcheck" or unknown_xids(result)
                 or any(f.evidence.get("first_seen") or f.evidence.get("user_writable") for f in result.findings)):

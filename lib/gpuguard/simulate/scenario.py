@@ -14,13 +14,20 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuguard.util.fs import atomic_write
-from gpuguard.profiles import Profile, load_profile
 from gpuguard.config.yamlutil import load_yaml_file
+from gpuguard.profiles import Profile, load_profile
+from gpuguard.simulate.build import build_fake_nvml
+from gpuguard.simulate.materialized import (RECORD, ScenarioError, SimSources, record_for, scenario_digest,
+                                            scenario_for_node, sim_sources)
+from gpuguard.simulate.sysfs import write_fake_infiniband
+from gpuguard.util.fs import atomic_write
+
+__all__ = ["ScenarioError", "SimSources", "Scenario", "load_scenario", "scenario_for_node", "materialize", "inject",
+           "nvml_flat_file"]
 
 # NVML return codes by name (nvml.h) for `errors:` and `init_error:` in scenarios.
 NVML_ERRORS = {
@@ -63,36 +70,17 @@ TOP_KEYS = {"description", "profile", "instance_type", "boot_id", "driver_versio
             }
 
 
-class ScenarioError(ValueError):
-    pass
-
-
 @dataclass
 class Scenario:
     path: str
     data: dict[str, Any]
     profile: Profile
     digest: str
+    profile_name: str = "generic"  # what the scenario asked for (a profile or an instance type)
 
 
-@dataclass
-class SimSources:
-    """Where the probes must read for this simulated node."""
-
-    profile: Profile
-    nvml_library: str
-    nvml_env: dict[str, str]
-    kernel_log: str  # source spec for gpuguard.kernellog.sources
-    boot_id: str
-    sysfs_root: str
-    procfs_root: str
-    fi_info: str
-    workdir: str
-    scenario: str
-    notes: list[str] = field(default_factory=list)
-
-
-def load_scenario(path: str, profile_dir: Optional[str] = None) -> Scenario:
+def load_scenario(path: str, profile_dir: Optional[str] = None, cache_dir: Optional[str] = None) -> Scenario:
+    """`cache_dir`: where the profile's compiled copy is kept (the node's workdir)."""
     raw = Path(path).read_bytes()
     data = load_yaml_file(path) or {}
     if not isinstance(data, dict):
@@ -100,20 +88,9 @@ def load_scenario(path: str, profile_dir: Optional[str] = None) -> Scenario:
     unknown = set(data) - TOP_KEYS
     if unknown:
         raise ScenarioError(f"{path}: unknown scenario keys: {', '.join(sorted(map(str, unknown)))}")
-    prof_name = data.get("profile") or data.get("instance_type") or "generic"
-    profile = load_profile(str(prof_name), profile_dir)
-    return Scenario(path, data, profile, hashlib.sha256(raw).hexdigest()[:16])
-
-
-def scenario_for_node(scenario: Optional[str], scenario_dir: Optional[str], node: str) -> Optional[str]:
-    """A per-node file `<dir>/<node>.yaml` (else `<dir>/default.yaml`), or the single scenario file."""
-    if scenario_dir:
-        for name in (f"{node}.yaml", "default.yaml"):
-            p = os.path.join(scenario_dir, name)
-            if os.path.isfile(p):
-                return p
-        raise ScenarioError(f"no scenario for node {node} in {scenario_dir} (want {node}.yaml or default.yaml)")
-    return scenario
+    prof_name = str(data.get("profile") or data.get("instance_type") or "generic")
+    profile = load_profile(prof_name, profile_dir, cache_dir=cache_dir)
+    return Scenario(path, data, profile, scenario_digest(raw), prof_name)
 
 
 # --------------------------------------------------------------------------- NVML flat file
@@ -344,8 +321,6 @@ def _fi_info_output(devices: list[str]) -> str:
 
 
 def _write_fabric(root: Path, sc: Scenario) -> None:
-    from gpuguard.simulate.sysfs import write_fake_infiniband
-
     fab = sc.data.get("fabric") or {}
     efa = fab.get("efa") or {}
     ib = fab.get("ib") or {}
@@ -380,7 +355,7 @@ def _write_fabric(root: Path, sc: Scenario) -> None:
     stub = bindir / "fi_info"
     stub.write_text("#!/bin/sh\n# gpuguard simulation: prints a recorded `fi_info -p efa` output\n"
                     + (f"sleep {hang}\n" if hang else "")
-                    + f"cat '{out}'\nexit {rc}\n")
+                    + (f"exec cat '{out}'\n" if rc == 0 else f"cat '{out}'\nexit {rc}\n"))
     stub.chmod(0o755)
 
 
@@ -413,30 +388,29 @@ def _write_system(root: Path, sc: Scenario) -> None:
 
 def materialize(scenario_path: str, workdir: str, fake_nvml: Optional[str] = None,
                 profile_dir: Optional[str] = None) -> SimSources:
-    """Write (or reuse) the simulated node's files under `workdir` and say where the probes must look."""
-    sc = load_scenario(scenario_path, profile_dir)
+    """Write (or reuse) the simulated node's files under `workdir` and say where the probes must look. A hook on a
+    node whose scenario did not change takes gpuguard.simulate.materialized.current instead (no YAML)."""
     root = Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
+    sc = load_scenario(scenario_path, profile_dir, cache_dir=str(root))
     boot_id = str(sc.data.get("boot_id") or "00000000-0000-4000-8000-00000000b001")
+    if fake_nvml is None:
+        fake_nvml = str(build_fake_nvml())
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a prolog and a health check may materialise at once
         stamp = root / ".scenario"
         key = f"{sc.digest}:{os.path.abspath(scenario_path)}"
         if not stamp.exists() or stamp.read_text() != key:
+            (root / RECORD).unlink(missing_ok=True)  # no fast path to half-written files
             atomic_write(root / "nvml.txt", nvml_flat_file(sc))
             _write_fabric(root, sc)
             _write_system(root, sc)
             stamp.write_text(key)
-        kmsg = _sync_kmsg(root, sc, boot_id)
-    if fake_nvml is None:
-        from gpuguard.simulate.build import build_fake_nvml
-
-        fake_nvml = str(build_fake_nvml())
-    return SimSources(
-        profile=sc.profile, nvml_library=fake_nvml,
-        nvml_env={"GPUGUARD_FAKE_NVML_FILE": str(root / "nvml.txt")},
-        kernel_log=f"kmsg:{kmsg}", boot_id=boot_id, sysfs_root=str(root / "sys"), procfs_root=str(root / "proc"),
-        fi_info=str(root / "bin/fi_info"), workdir=str(root), scenario=os.path.abspath(scenario_path))
+        _sync_kmsg(root, sc, boot_id)
+        # last: the fast path trusts the files only once they are all written
+        atomic_write(root / RECORD, json.dumps(record_for(scenario_path, sc.digest, sc.profile_name, boot_id,
+                                                          fake_nvml)))
+    return sim_sources(str(root), scenario_path, sc.profile, fake_nvml, boot_id)
 
 
 # --------------------------------------------------------------------------- injecting faults at run time
