@@ -2,10 +2,10 @@
 (gpuguard.config.lastgood), run the pipeline under a watchdog that exits with the verdict whatever hangs after it,
 log what happened. Nothing here is imported by any other command.
 
-This is the prolog's hot path (it runs before every job): the hook scripts run `python -I -m gpuguard.cli.hooks
-KIND`, which parses its two options by hand (no argparse) and imports only what a hook run needs; what only a
-failing run needs (notifications, the Slurm client for an internal-error drain) is imported where it is used.
-tests/unit/test_hook_hot_path.py keeps it that way.
+This is the prolog's hot path (it runs before every job): the hook scripts run gpuguard.agent.client, which has the
+node agent (gpuguard.agent) run `run_hook` in a pre-imported child, or calls `main` here. It parses its two options by
+hand (no argparse) and imports only what a hook run needs; what only a failing run needs (notifications, a traceback)
+is imported where it is used. tests/unit/test_hook_hot_path.py keeps it that way.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from gpuguard.config.lastgood import describe, load_guarded
 from gpuguard.context import context_from_env
@@ -54,8 +54,9 @@ def parse_hook_args(argv: Sequence[str]) -> tuple[str, Optional[str], Optional[s
     return argv[0], opts["--config"], opts["--simulate"]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -I -m gpuguard.cli.hooks KIND`: what the hook scripts run. Exits with the verdict."""
+def main(argv: Optional[Sequence[str]] = None, started: Optional[float] = None) -> int:
+    """Run a hook in this process and exit with its verdict (what gpuguard.agent.client falls back to; also
+    `python -I -m gpuguard.cli.hooks KIND`). `started`: when the hook process started (time.monotonic())."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help") or args[1:2] in (["-h"], ["--help"]):
         print(USAGE)
@@ -65,18 +66,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except HookUsageError as e:
         print(f"{USAGE}\ngpuguard: error: {e}", file=sys.stderr)
         return 2
-    code = run_hook(kind, config, simulate)
+    code = run_hook(kind, config, simulate, started=started)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # never wait for a probe thread stuck in the driver
 
 
-def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> Any:
+def _watchdog(seconds: float, state: dict[str, Any], log: Any, exit_process: Callable[[int], Any] = os._exit) -> Any:
     """Last line of defence: whatever hangs, the hook exits before slurmd's own timeout."""
+
     def fire() -> None:
         log.error(f"{state['kind']}: {state.get('phase', 'total')} deadline of {seconds:g}s exceeded; "
                   f"exiting with {state['exit_code']}")
-        os._exit(state["exit_code"])
+        exit_process(state["exit_code"])
 
     t = threading.Timer(seconds, fire)
     t.daemon = True
@@ -96,8 +98,14 @@ def _config_read_timeout() -> float:
         return CONFIG_LOAD_TIMEOUT_S
 
 
-def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None) -> int:
-    t0 = time.monotonic()
+def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None, *,
+             started: Optional[float] = None, report: Optional[Callable[[int, float], None]] = None,
+             exit_process: Callable[[int], Any] = os._exit) -> int:
+    """Run one hook; returns its exit code. `started`: when the hook process started (time.monotonic(); the
+    deadline counts from there). `report(code, deadline_s)`: told the exit code the hook would end with if it were
+    stopped now, whenever that changes (the node agent's client, gpuguard.agent). `exit_process`: how the watchdog
+    ends the process."""
+    t0 = time.monotonic() if started is None else started
     ctx = context_from_env(kind, os.environ)
     cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
     lg = cfg.sections["logging"]
@@ -109,12 +117,20 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     open_policy = cfg.sections["policy"]["on_internal_error"] == "open"
     deadline = cfg.sections["deadlines"][f"{kind}_s"]
     state: dict[str, Any] = {"kind": kind, "exit_code": 0 if open_policy else 1}
+
+    def set_exit_code(code: int) -> None:
+        state["exit_code"] = code
+        if report is not None:
+            report(code, deadline)
+
+    set_exit_code(state["exit_code"])
     # the run's deadline counts from the hook's start, config loading included
-    _watchdog(max(0.5, deadline + 1.0 - (time.monotonic() - t0)), state, log)
+    _watchdog(max(0.5, deadline + 1.0 - (time.monotonic() - t0)), state, log, exit_process)
     try:
         def verdict_known(code: int) -> None:
             # from here on the hardware has spoken: a hang in drain/notify/store must not turn it into exit 0
-            state["exit_code"], state["verdict"] = code, True
+            state["verdict"] = True
+            set_exit_code(code)
 
         result = execute(ctx, cfg, resolve_sources(cfg, ctx.node, simulate), deadline_s=deadline,
                          on_verdict=verdict_known, log=log, hook=True)
@@ -123,7 +139,7 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     _log_result(kind, ctx, result, log)
     if getattr(result, "store_errors", None):
         _tell_store_trouble(cfg, ctx, kind, result.store_errors)
-    state["exit_code"] = result.exit_code
+    set_exit_code(result.exit_code)
     return result.exit_code
 
 

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from gpuguard.agent.supervise import AgentProcess
 from gpuguard.config.schema import Config, ConfigError, load_config
 from gpuguard.kernellog.base import FollowError, KernelLogSource, StoredCursor, read_boot_id
 from gpuguard.kernellog.cursor import describe as describe_cursor
@@ -613,7 +614,8 @@ class WatchDaemon:
     """Follow, judge, hand events to the worker. `run()` returns the exit code."""
 
     def __init__(self, cfg: Config, *, node: str, config_path: Optional[str] = None, source: Optional[str] = None,
-                 once: bool = False, log: Optional[HookLog] = None, slurm_client: Any = None) -> None:
+                 once: bool = False, log: Optional[HookLog] = None, slurm_client: Any = None,
+                 agent: bool = False) -> None:
         self.cfg = cfg
         self.node = node
         self.config_path = config_path
@@ -637,6 +639,7 @@ class WatchDaemon:
         self._forged_seen = 0
         self._forged_reported_at = -1e18
         self.heartbeat = WatchHeartbeat(node, enabled=not once)  # liveness metric for the "watch down" alert
+        self.agent = AgentProcess(self.log) if agent and not once else None  # the hooks' node agent (gpuguard.agent)
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
@@ -711,6 +714,8 @@ class WatchDaemon:
         self._cursor = cursor
         self.worker = DrainWorker(self.cfg, self.node, self.boot_id, self.log, self.slurm_client)
         self.worker.start()
+        if self.agent is not None:
+            self.agent.start()
         resumed = f"resuming after {describe_cursor(cursor)}" if cursor else f"start_at={self.settings.start_at}"
         self.log.info(f"watch {self.node}: following {self.follower.spec} ({resumed}, boot {self.boot_id})")
 
@@ -906,6 +911,8 @@ class WatchDaemon:
     def _shutdown(self) -> int:
         worker, follower = self.worker, self.follower
         unresolved = 0
+        if self.agent is not None:
+            self.agent.stop()
         if worker is not None:
             if self._cursor is not None:
                 worker.submit_cursor(self._cursor)
@@ -956,6 +963,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: watch.source, else sources.kernel_log)")
     p.add_argument("--once", action="store_true",
                    help="judge what is new since the cursor, drain if needed, and exit (1 if a drain failed)")
+    p.add_argument("--agent", action="store_true",
+                   help="also keep the node agent that runs the slurmd hooks without their start-up cost (docs/agent.md)")
 
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -975,7 +984,7 @@ def node_name(cfg: Config, explicit: Optional[str]) -> str:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)  # ConfigError: the CLI prints it and exits 2
     daemon = WatchDaemon(cfg, node=node_name(cfg, args.node), config_path=args.config, source=args.source,
-                         once=args.once)
+                         once=args.once, agent=args.agent)
     daemon.install_signal_handlers()
     return daemon.run()
 
