@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -93,6 +94,10 @@ def test_the_agent_gives_the_verdicts_the_hooks_own_process_gives(site_factory: 
         site.set_scenario(node, "xid79")
     healthy = run(site, "prolog", "node1", **prolog_env("11"))
     broken = run(site, "prolog", "node2", **prolog_env("12"))
+    job = site.cluster.sbatch("#!/bin/sh\ntrue\n", "-N1", "-w", "node1", "--gres=gpu:8")  # slurmd runs the prolog
+    assert site.cluster.wait_job(job, timeout=60)["JobState"] == "COMPLETED"
+    assert [line for line in site.log_lines(f"prolog node=node1 job={job} ") if "verdict=pass" in line and
+            line.endswith("via=agent")], site.log_lines(f"job={job}")
     assert site.agent is not None
     agent_pid = site.agent.pid
     stop_agent(site.agent)  # the same fault without an agent: the hook runs in its own process
@@ -101,6 +106,7 @@ def test_the_agent_gives_the_verdicts_the_hooks_own_process_gives(site_factory: 
     assert healthy.code == 0, healthy.err
     assert broken.code == alone.code == 1, (broken.err, alone.err)
     assert healthy.client_pid not in healthy.ran_in() and broken.client_pid not in broken.ran_in()  # the agent's child
+    assert "via=agent" in healthy.err and "via=agent" not in alone.err
     assert alone.ran_in() == {alone.client_pid}
     r2, r3 = parse_reason(site.cluster.node_info("node2")["Reason"]), parse_reason(site.cluster.node_info("node3")["Reason"])
     assert r2 is not None and r3 is not None
@@ -155,6 +161,38 @@ def test_a_child_killed_mid_run_means_the_hook_runs_again_itself(quiet_site: Dev
     assert h.ran_in() == {h.client_pid}
 
 
+def test_the_child_runs_as_the_hook_process_would(quiet_site: DevSite, tmp_path: Path):
+    """Its environment, working directory, umask, priority, resource limits, OOM score and standard streams are
+    the hook process's, not the agent's."""
+    assert quiet_site.agent is not None
+    slow_nvml(quiet_site, "node1", 3)
+    env = quiet_site.hook_env("node1", "prolog", **prolog_env("350"))
+    script = str(quiet_site.libexec / "gpuguard-prolog")
+    out = (tmp_path / "hook.out").open("w")
+    shell = f"cd {tmp_path} && umask 027 && exec nice -n 7 prlimit --nofile=777:888 --memlock=65536:131072 {script}"
+    proc = subprocess.Popen(["sh", "-c", shell], env=env, stdout=out, stderr=subprocess.STDOUT)
+    time.sleep(1.5)  # the child is in nvmlInit now
+    kids = [pid for pid in children_of(quiet_site.agent.pid) if _alive(pid)]
+    assert len(kids) == 1, kids
+    child = kids[0]
+    status = Path(f"/proc/{child}/status").read_text()
+    limits = Path(f"/proc/{child}/limits").read_text()
+    facts = {"cwd": os.readlink(f"/proc/{child}/cwd"), "stdout": os.readlink(f"/proc/{child}/fd/1"),
+             "nice": int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[16]),
+             "oom": Path(f"/proc/{child}/oom_score_adj").read_text().strip()}
+    assert proc.wait(60) == 0
+    out.close()
+    assert facts["cwd"] == str(tmp_path) and facts["stdout"] == str(tmp_path / "hook.out")
+    assert re.search(r"^Umask:\s+0027$", status, re.M)
+    assert facts["nice"] == 7
+    assert facts["oom"] == Path("/proc/self/oom_score_adj").read_text().strip()
+    assert re.search(r"^Max open files\s+777\s+888\s", limits, re.M)
+    assert re.search(r"^Max locked memory\s+65536\s+131072\s", limits, re.M)
+    # its log line went to the hook's stderr, for the job of the hook's environment (/proc/PID/environ shows only what
+    # a process was exec'd with, so the child's own environment is seen through what it did)
+    assert "job=350 verdict=pass" in (tmp_path / "hook.out").read_text()
+
+
 def test_a_hostile_environment_is_judged_as_in_the_hooks_own_process(quiet_site: DevSite):
     env = {**prolog_env("400"), "SLURM_JOB_GPUS": "0,1;reboot", "SLURM_JOB_USER": "$(id)"}
     through_agent = run(quiet_site, "prolog", **env)
@@ -179,13 +217,32 @@ def test_the_agent_refuses_to_run_where_hooks_would_not_run_alike(tmp_path: Path
     assert not (tmp_path / "state" / "agent.sock").exists()
 
 
-def test_watch_agent_keeps_the_agent_running_and_stops_it(quiet_site: DevSite):
+def _unit(path: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def test_the_agent_unit_keeps_the_agent_running_and_stops_it(quiet_site: DevSite):
+    """gpuguard-watch-agent.service's ExecStart= as systemd runs it (nothing but the EnvironmentFile `make install`
+    writes): the watch daemon starts the agent, starts it again when it dies, stops it on SIGTERM."""
     assert quiet_site.agent is not None
     stop_agent(quiet_site.agent)
-    state = quiet_site.workdir / "state"
-    env = {**os.environ, "GPUGUARD_CONFIG": str(quiet_site.config_path), "GPUGUARD_STATE_DIR": str(state)}
-    watch = subprocess.Popen([sys.executable, "-I", "-m", "gpuguard.watch.daemon", "--agent", "--node", "node1"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    unit = _unit(Path(__file__).resolve().parents[2] / "healthcheck" / "gpuguard-watch-agent.service")
+    assert unit["EnvironmentFile"] == ["/usr/local/libexec/gpuguard/gpuguard.env"]
+    assert unit["Conflicts"] == ["gpuguard-watch.service"] and unit["RuntimeDirectoryPreserve"] == ["yes"]
+    assert not {"ProtectSystem", "PrivateTmp", "CapabilityBoundingSet", "NoNewPrivileges", "MemoryMax"} & set(unit)
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "node1"}
+    for line in (quiet_site.libexec / "gpuguard.env").read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = shlex.split(value)[0]
+    state = Path(env["GPUGUARD_STATE_DIR"])
+    watch = subprocess.Popen(shlex.split(unit["ExecStart"][0]), env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
     try:
         first = _agent_pid(watch.pid, state)
         h = run(quiet_site, "prolog", **prolog_env("500"))

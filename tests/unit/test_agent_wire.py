@@ -25,7 +25,7 @@ from gpuguard.cli.hooks import HookUsageError, parse_hook_args
 def _request(**over: object) -> wire.HookRequest:
     fields: dict[str, object] = dict(
         kind="prolog", args=["prolog"], env={b"SLURM_JOB_ID": b"42", b"PATH": b"/bin"}, cwd="/", umask=0o022,
-        nice=0, oom_score_adj=None, started=12.5, executable=sys.executable,
+        nice=0, oom_score_adj=None, rlimits={8: (65536, 65536), 7: (1024, 524288), 4: (0, -1)}, started=12.5, executable=sys.executable,
         package=os.path.dirname(os.path.abspath(sys.modules["gpuguard"].__file__ or "")),
         runtime=wire.runtime_signature(), fds="012")
     fields.update(over)
@@ -48,6 +48,7 @@ def test_a_request_round_trips_with_a_hostile_environment():
     assert back.env == env  # byte for byte: the child validates it exactly as the hook process would
     assert (back.kind, back.args, back.nice, back.oom_score_adj, back.started) == \
         ("prolog", ["prolog", "--config", "/etc/gg.yaml"], -5, -1000, 12.5)
+    assert back.rlimits == {8: (65536, 65536), 7: (1024, 524288), 4: (0, -1)}
 
 
 @pytest.mark.parametrize("mangle", [

@@ -7,7 +7,8 @@ its own process instead (gpuguard.cli.hooks, as it always did) whenever
 - there is no agent socket, nobody listens on it, or the listener is not root (not this user);
 - the agent does not fork a child for it, or the child does not take the request, within ACK_TIMEOUT_S each (a
   hung or stopped agent);
-- the agent refuses (its code is older than the installed one, another installation, a malformed request);
+- the agent refuses (its code is older than the installed one, another installation, a malformed request, limits
+  it cannot give the child);
 - the agent's child ends without an answer while there is time left (killed, crashed).
 
 A child that stops answering is killed once the hook's own deadline (plus its watchdog's second) has passed, and the
@@ -19,6 +20,7 @@ knows which way it goes, this module imports only os, socket and the wire format
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 
@@ -32,6 +34,9 @@ FIRST_REPORT_S = 15.0  # the child reports the hook's deadline once the config i
 WATCHDOG_GRACE_S = 2.0  # the hook's watchdog ends it at its deadline + 1 s; after one more second the client stops
 MIN_FALLBACK_S = 1.0  # a child that died with less time than this left: its last reported code stands
 SIGKILL = 9
+# the limits slurmd's hooks inherit that can change a hook's outcome (the NCCL tier pins memory; fds; core files)
+RLIMITS = ("RLIMIT_MEMLOCK", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_DATA",
+           "RLIMIT_FSIZE", "RLIMIT_CORE")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,8 +125,9 @@ def _request(args: list[str], started: float, fds: str) -> HookRequest:
     umask = os.umask(0o022)
     os.umask(umask)
     package = os.path.dirname(os.path.abspath(sys.modules["gpuguard"].__file__ or ""))
+    limits = {getattr(resource, n): resource.getrlimit(getattr(resource, n)) for n in RLIMITS if hasattr(resource, n)}
     return HookRequest(args[0], list(args), dict(os.environb), os.getcwd(), umask, os.getpriority(os.PRIO_PROCESS, 0),
-                       _oom_score_adj(), started, sys.executable, package, runtime_signature(), fds)
+                       _oom_score_adj(), limits, started, sys.executable, package, runtime_signature(), fds)
 
 
 def _converse(reader: LineReader, child: Child, started: float, ack_timeout_s: float) -> int | None:

@@ -20,6 +20,7 @@ import argparse
 import fcntl
 import importlib
 import os
+import resource
 import select
 import signal
 import socket
@@ -284,7 +285,8 @@ def mismatch(req: wire.HookRequest) -> Optional[str]:
 
 
 def adopt(req: wire.HookRequest, fds: list[int]) -> None:
-    """Become the hook process: its environment, directory, umask, priority, OOM score, standard streams."""
+    """Become the hook process: its environment, directory, umask, priority, resource limits, OOM score, standard
+    streams."""
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -294,6 +296,8 @@ def adopt(req: wire.HookRequest, fds: list[int]) -> None:
     os.chdir(req.cwd)
     os.umask(req.umask)
     os.setpriority(os.PRIO_PROCESS, 0, req.nice)
+    for limit, (soft, hard) in req.rlimits.items():
+        resource.setrlimit(limit, (soft, hard))  # ValueError/OSError: refused, the hook runs in its own process
     if req.oom_score_adj is not None:
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
@@ -326,7 +330,7 @@ def serve_request(conn: socket.socket) -> int:
     if why is None:
         try:
             adopt(req, fds)
-        except OSError as e:
+        except (OSError, ValueError) as e:
             why = f"cannot take over the hook's process settings: {e}"
     if why is not None:
         _send(conn, f"refused {why}\n".encode(errors="replace"))
@@ -370,7 +374,8 @@ def run_for_client(conn: socket.socket, req: wire.HookRequest) -> NoReturn:
         print(f"{hooks.USAGE}\ngpuguard: error: {e}", file=sys.stderr)
         exit_process(2)
     code = hooks.run_hook(kind, config, simulate, started=req.started,
-                          report=lambda c, deadline: send(f"code {c} {deadline:g}\n"), exit_process=exit_process)
+                          report=lambda c, deadline: send(f"code {c} {deadline:g}\n"), exit_process=exit_process,
+                          via="agent")
     exit_process(code)
 
 

@@ -4,8 +4,8 @@ The agent's child for a connection says `hello <pid>`; only then does the client
 stdin/stdout/stderr attached, SCM_RIGHTS):
 
     b"gpuguard-hook/1 <length>\\n" + <length> bytes of NUL-terminated fields:
-    kind, cwd, umask, nice, oom_score_adj, started, executable, package, runtime, fds, len(args), args...,
-    len(env), K=V...
+    kind, cwd, umask, nice, oom_score_adj, rlimits, started, executable, package, runtime, fds, len(args),
+    args..., len(env), K=V...
 
 and the child answers with lines: `ready <pid>` (it holds the request and waits),
 after the client's `go`: `code <n> <deadline_s>` whenever the exit code the hook would end with changes, and
@@ -39,14 +39,15 @@ class WireError(ValueError):
 class HookRequest:
     """One hook run as the hook process would have run it."""
 
-    __slots__ = ("kind", "args", "env", "cwd", "umask", "nice", "oom_score_adj", "started", "executable", "package",
-                 "runtime", "fds")
+    __slots__ = ("kind", "args", "env", "cwd", "umask", "nice", "oom_score_adj", "rlimits", "started", "executable",
+                 "package", "runtime", "fds")
 
     def __init__(self, kind: str, args: list[str], env: dict[bytes, bytes], cwd: str, umask: int, nice: int,
-                 oom_score_adj: int | None, started: float, executable: str, package: str, runtime: str,
-                 fds: str) -> None:
+                 oom_score_adj: int | None, rlimits: dict[int, tuple[int, int]], started: float, executable: str,
+                 package: str, runtime: str, fds: str) -> None:
         self.kind, self.args, self.env, self.cwd = kind, args, env, cwd
         self.umask, self.nice, self.oom_score_adj, self.started = umask, nice, oom_score_adj, started
+        self.rlimits = rlimits  # resource number -> (soft, hard); the NCCL tier needs slurmd's RLIMIT_MEMLOCK
         # which Python and which gpuguard sent it, and how that Python encodes text: the agent runs only requests
         # its own code would have run the same way
         self.executable, self.package, self.runtime, self.fds = executable, package, runtime, fds
@@ -68,7 +69,9 @@ def socket_path(directory: str) -> str:
 
 def encode_request(req: HookRequest) -> bytes:
     fields = [os.fsencode(f) for f in (req.kind, req.cwd, str(req.umask), str(req.nice),
-                                       "" if req.oom_score_adj is None else str(req.oom_score_adj), repr(req.started),
+                                       "" if req.oom_score_adj is None else str(req.oom_score_adj),
+                                       ",".join(f"{n}:{s}:{h}" for n, (s, h) in sorted(req.rlimits.items())),
+                                       repr(req.started),
                                        req.executable, req.package, req.runtime, req.fds, str(len(req.args)),
                                        *req.args,
                                        str(len(req.env)))]
@@ -98,17 +101,18 @@ def decode_request(body: bytes) -> HookRequest:
         raise WireError("truncated request")
     fields = body[:-1].split(b"\0")
     try:
-        head, rest = fields[:11], fields[11:]
-        kind, cwd, umask, nice, oom, started, executable, package, runtime, fds, nargs = (os.fsdecode(f) for f in head)
+        head, rest = fields[:12], fields[12:]
+        kind, cwd, umask, nice, oom, limits, started, executable, package, runtime, fds, nargs = \
+            (os.fsdecode(f) for f in head)
         args = [os.fsdecode(a) for a in rest[:int(nargs)]]
         rest = rest[int(nargs):]
         nenv = int(rest[0])
         pairs = rest[1:]
-        if len(head) != 11 or len(args) != int(nargs) or len(pairs) != nenv:
+        if len(head) != 12 or len(args) != int(nargs) or len(pairs) != nenv:
             raise WireError("field counts do not add up")
         env = dict(_split_env(p) for p in pairs)
-        req = HookRequest(kind, args, env, cwd, int(umask), int(nice), int(oom) if oom else None, float(started),
-                          executable, package, runtime, fds)
+        req = HookRequest(kind, args, env, cwd, int(umask), int(nice), int(oom) if oom else None,
+                          _rlimits(limits), float(started), executable, package, runtime, fds)
     except (ValueError, IndexError) as e:
         raise WireError(f"malformed request: {e}") from None
     if req.kind not in HOOK_KINDS:
@@ -117,6 +121,14 @@ def decode_request(body: bytes) -> HookRequest:
             or not set(req.fds) <= set("012") or len(req.fds) != len(set(req.fds)):
         raise WireError("bad process settings")
     return req
+
+
+def _rlimits(text: str) -> dict[int, tuple[int, int]]:
+    out = {}
+    for item in filter(None, text.split(",")):
+        n, soft, hard = (int(x) for x in item.split(":"))
+        out[n] = (soft, hard)
+    return out
 
 
 def _split_env(pair: bytes) -> tuple[bytes, bytes]:

@@ -100,11 +100,11 @@ def _config_read_timeout() -> float:
 
 def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None, *,
              started: Optional[float] = None, report: Optional[Callable[[int, float], None]] = None,
-             exit_process: Callable[[int], Any] = os._exit) -> int:
+             exit_process: Callable[[int], Any] = os._exit, via: Optional[str] = None) -> int:
     """Run one hook; returns its exit code. `started`: when the hook process started (time.monotonic(); the
     deadline counts from there). `report(code, deadline_s)`: told the exit code the hook would end with if it were
     stopped now, whenever that changes (the node agent's client, gpuguard.agent). `exit_process`: how the watchdog
-    ends the process."""
+    ends the process. `via`: who runs it, for the log line (`agent`)."""
     t0 = time.monotonic() if started is None else started
     ctx = context_from_env(kind, os.environ)
     cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
@@ -136,16 +136,17 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
                          on_verdict=verdict_known, log=log, hook=True)
     except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback
         return _internal_error(cfg, ctx, kind, e, log, open_policy, state)
-    _log_result(kind, ctx, result, log)
+    _log_result(kind, ctx, result, log, via)
     if getattr(result, "store_errors", None):
         _tell_store_trouble(cfg, ctx, kind, result.store_errors)
     set_exit_code(result.exit_code)
     return result.exit_code
 
 
-def _log_result(kind: str, ctx: Any, result: Any, log: Any) -> None:
+def _log_result(kind: str, ctx: Any, result: Any, log: Any, via: Optional[str] = None) -> None:
     v = result.verdict
     msg = (f"{kind} node={ctx.node} job={ctx.job_id} verdict={v.outcome} took={result.duration_s:.3f}s"
+           + (f" via={via}" if via else "")
            + (f" reason={v.reason!r} drain={result.drain['outcome'] if result.drain else 'n/a'}" if v.reason else ""))
     bad = [f"{f.check_id}:{f.severity.value}:{f.message}" for f in result.findings
            if f.severity.value in ("fail", "warn", "incomplete")]
