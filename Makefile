@@ -106,10 +106,12 @@ install: fakenvml
 	@install -m 644 sbatch_templates/*.j2 sbatch_templates/README.md $(PREFIX)/share/gpuguard/sbatch_templates/
 	@cp -r examples/scenarios $(PREFIX)/share/gpuguard/examples/
 	@install -d $(PREFIX)/share/gpuguard/observability && install -m 644 observability/gpuguard-dashboard.json docs/runbooks.md $(PREFIX)/share/gpuguard/observability/ && u='$(RUNBOOK_URL)' && sed "s|@RUNBOOK_URL@|$${u:-file://$(PREFIX)/share/gpuguard/observability/runbooks.md}|g" observability/gpuguard.rules.yml > $(PREFIX)/share/gpuguard/observability/gpuguard.rules.yml
-	@sed "s|/usr/local/libexec|$(PREFIX)/libexec|g" healthcheck/gpuguard-watch.service \
-	  > $(PREFIX)/share/gpuguard/gpuguard-watch.service
+	@for unit in gpuguard-watch gpuguard-watch-agent; do sed "s|/usr/local/libexec|$(PREFIX)/libexec|g" \
+	  healthcheck/$$unit.service > $(PREFIX)/share/gpuguard/$$unit.service; done
 	@echo ">> the watch daemon (drains within a second of a fatal Xid):"
 	@echo "   cp $(PREFIX)/share/gpuguard/gpuguard-watch.service /etc/systemd/system/ && systemctl daemon-reload && systemctl enable --now gpuguard-watch"
+	@echo "   or, with the node agent that runs the hooks without a Python start-up each (docs/agent.md), instead:"
+	@echo "   cp $(PREFIX)/share/gpuguard/gpuguard-watch-agent.service /etc/systemd/system/ && systemctl daemon-reload && systemctl enable --now gpuguard-watch-agent"
 	@PYTHONPATH=lib $(PYTHON) -m gpuguard.cli.install --libexec $(PREFIX)/libexec/gpuguard \
 	  --python $(PREFIX)/lib/gpuguard/venv/bin/python --config $(CONFDIR)/config.yaml
 	@# 0640, never overwritten: notification URLs in it carry tokens

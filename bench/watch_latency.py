@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "lib"))
@@ -39,12 +39,28 @@ from devtools.devsite import DevSite  # noqa: E402
 XID79 = "NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID13 = "NVRM: Xid (PCI:0000:{bus}:00): 13, pid={pid}, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 0)"
 
-Row = Callable[[str, str, str, Optional[bool]], None]
+Row = Callable[..., None]  # (what, value, target, ok, yardstick="-", ratio=None), as bench/run.py's row
 
 
-def _print_row(what: str, value: str, target: str, ok: Optional[bool]) -> None:
+def _print_row(what: str, value: str, target: str, ok: Optional[bool], yardstick: str = "-",
+               ratio: Optional[float] = None) -> None:
     verdict = "-" if ok is None else ("ok" if ok else "MISSED")
-    print(f"  {what}: {value} (target {target}) {verdict}", flush=True)
+    beside = "" if yardstick == "-" else f" | {yardstick}" + ("" if ratio is None else f" | {ratio:.2f}x")
+    print(f"  {what}: {value}{beside} (target {target}) {verdict}", flush=True)
+
+
+def scontrol_drain_s(cluster: Any, node: str, samples: int) -> list[float]:
+    """The floor of any drain: a bare `scontrol update NodeName=X State=DRAIN Reason=...` round trip on the same
+    cluster (then resumed)."""
+    out = []
+    for _ in range(samples):
+        t0 = time.monotonic()
+        p = cluster.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=bench yardstick"])
+        out.append(time.monotonic() - t0)
+        if p.returncode != 0:
+            raise SystemExit(f"scontrol drain failed: {p.stderr.strip()}")
+        cluster.resume(node)
+    return out
 
 
 def pct(values: list[float], p: float) -> float:
@@ -138,8 +154,13 @@ def bench_watch(samples: int = 20, idle_s: float = 60.0, flood: int = 100_000, r
                     raise SystemExit(f"sample {i}: no drain row: {rows[:1]}")
                 done_lat.append(rows[0]["ts"] - t_wall)
             p50, p95 = statistics.median(done_lat), pct(done_lat, 95)
-            row("watch: Xid -> drain done, p50", f"{p50:.3f} s", "<= 1 s", p50 <= 1.0)
-            row("watch: Xid -> drain done, p95", f"{p95:.3f} s", "-", None)
+            if "DRAIN" in cluster.node_flags("node1"):
+                cluster.resume("node1")
+            floor = statistics.median(scontrol_drain_s(cluster, "node1", max(5, samples // 2)))
+            yard = f"bare scontrol drain {floor:.3f} s"
+            row("watch: Xid -> drain done, p50", f"{p50:.3f} s", "<= 1 s", p50 <= 1.0, yardstick=yard,
+                ratio=p50 / floor)
+            row("watch: Xid -> drain done, p95", f"{p95:.3f} s", "-", None, yardstick=yard, ratio=p95 / floor)
             row("watch: Xid -> DRAIN seen by scontrol, p50 / p95",
                 f"{statistics.median(seen_lat):.3f} s / {pct(seen_lat, 95):.3f} s", "-", None)
 
@@ -188,9 +209,11 @@ def main() -> int:
     a = ap.parse_args()
     rows: list[tuple[str, str, str, str]] = []
 
-    def record(what: str, value: str, target: str, ok: Optional[bool]) -> None:
-        _print_row(what, value, target, ok)
-        rows.append((what, value, target, "-" if ok is None else ("ok" if ok else "MISSED")))
+    def record(what: str, value: str, target: str, ok: Optional[bool], yardstick: str = "-",
+               ratio: Optional[float] = None) -> None:
+        _print_row(what, value, target, ok, yardstick, ratio)
+        beside = "" if yardstick == "-" else f" ({yardstick}, {ratio:.2f}x)" if ratio else f" ({yardstick})"
+        rows.append((what, value + beside, target, "-" if ok is None else ("ok" if ok else "MISSED")))
 
     bench_watch(a.samples, a.idle_s, a.flood, row=record)
     width = max(len(r[0]) for r in rows)

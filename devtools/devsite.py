@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import weakref
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -45,12 +48,45 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def start_agent(python: str, state_dir: Path, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
+    """The node agent for hooks whose gpuguard.env names `state_dir`; returns once it listens."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([python, "-I", "-m", "gpuguard.agent.server", "--state-dir", str(state_dir),
+                             "--exit-with-parent"], stdin=subprocess.DEVNULL, cwd="/")
+    until = time.monotonic() + timeout_s
+    while not agent_listening(state_dir / "agent.sock"):  # a stale socket file may be there already
+        if proc.poll() is not None or time.monotonic() > until:
+            stop_agent(proc)
+            raise RuntimeError(f"the node agent did not start (exit {proc.returncode})")
+        time.sleep(0.05)
+    return proc
+
+
+def agent_listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))  # the agent's child for this empty request just ends
+            return True
+        except OSError:
+            return False
+
+
+def stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class DevSite:
     def __init__(self, nodes: int = 3, workdir: Optional[Path] = None, scenario: str = "healthy-p5",
                  config: Optional[Mapping[str, Any]] = None, prolog: bool = True, epilog: bool = False,
                  healthcheck: bool = False, health_check_interval: int = 0, keep: bool = False,
                  python: Optional[str] = None, slurm_conf: Optional[Mapping[str, str]] = None,
-                 host_view: Optional[DebianHostView] = None) -> None:
+                 host_view: Optional[DebianHostView] = None, agent: Optional[bool] = None) -> None:
         self._own = workdir is None
         self.keep = keep
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gg-site-"))
@@ -72,6 +108,12 @@ class DevSite:
             self.set_scenario(node, scenario)
         self.config: dict[str, Any] = {}
         self.write_config(config or {})
+        # the node agent the hooks ask first (gpuguard.agent), as `gpuguard watch --agent` keeps it on a node;
+        # GPUGUARD_TEST_AGENT=1 runs every site's hooks through one (the suite must pass with and without)
+        self.agent: Optional[subprocess.Popen[bytes]] = None
+        if agent if agent is not None else os.environ.get("GPUGUARD_TEST_AGENT") == "1":
+            self.agent = start_agent(self.python, self.workdir / "state")
+            weakref.finalize(self, stop_agent, self.agent)
 
     # ------------------------------------------------------------------ configuration
     def base_config(self) -> dict[str, Any]:
@@ -112,6 +154,8 @@ class DevSite:
 
     def stop(self) -> None:
         self.cluster.stop()
+        if self.agent is not None:
+            stop_agent(self.agent)
         if self._own and not self.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

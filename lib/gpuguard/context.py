@@ -6,8 +6,8 @@ controlled): values are validated and anything malformed is dropped, never inter
 
 from __future__ import annotations
 
+import os
 import re
-import socket
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
@@ -76,7 +76,7 @@ def parse_gpu_ids(value: Optional[str]) -> Optional[tuple[str, ...]]:
 
 
 def _short_hostname() -> str:
-    return socket.gethostname().split(".")[0]
+    return os.uname().nodename.split(".")[0]  # what socket.gethostname() returns, without importing socket
 
 
 def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = None) -> RunContext:

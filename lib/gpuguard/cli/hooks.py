@@ -1,21 +1,84 @@
 """The slurmd entry points (`gpuguard prolog | epilog | healthcheck`): load the config the way a fleet can rely on
 (gpuguard.config.lastgood), run the pipeline under a watchdog that exits with the verdict whatever hangs after it,
-log what happened. Nothing here is imported by any other command."""
+log what happened. Nothing here is imported by any other command.
+
+This is the prolog's hot path (it runs before every job): the hook scripts run gpuguard.agent.client, which has the
+node agent (gpuguard.agent) run `run_hook` in a pre-imported child, or calls `main` here. It parses its two options by
+hand (no argparse) and imports only what a hook run needs; what only a failing run needs (notifications, a traceback)
+is imported where it is used. tests/unit/test_hook_hot_path.py keeps it that way.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from gpuguard.config.lastgood import describe, load_guarded
+from gpuguard.context import context_from_env
+from gpuguard.pipeline.run import execute
+from gpuguard.simulate.sources import resolve_sources
+from gpuguard.slurm.client import client_from_config, drain_node
+from gpuguard.slurm.reason import format_reason
+from gpuguard.store.sqlite import Store
+from gpuguard.util.log import HookLog
+from gpuguard.util.timefmt import iso_utc
+
+HOOK_KINDS = ("prolog", "epilog", "healthcheck")
+USAGE = "usage: gpuguard {prolog|epilog|healthcheck} [--config FILE] [--simulate SCENARIO]"
 
 
-def _watchdog(seconds: float, state: dict[str, Any], log: Any) -> Any:
+class HookUsageError(ValueError):
+    pass
+
+
+def parse_hook_args(argv: Sequence[str]) -> tuple[str, Optional[str], Optional[str]]:
+    """`KIND [--config FILE] [--simulate SCENARIO]` (also `--opt=value`) -> (kind, config, simulate). slurmd passes
+    no arguments at all; the options are for admins and tests."""
+    if not argv or argv[0] not in HOOK_KINDS:
+        raise HookUsageError(f"the first argument must be one of {', '.join(HOOK_KINDS)}")
+    opts: dict[str, Optional[str]] = {"--config": None, "--simulate": None}
+    rest = list(argv[1:])
+    while rest:
+        arg = rest.pop(0)
+        name, eq, value = arg.partition("=")
+        if name not in opts:
+            raise HookUsageError(f"unrecognized argument: {arg}")
+        if not eq:
+            if not rest:
+                raise HookUsageError(f"{name} needs a value")
+            value = rest.pop(0)
+        opts[name] = value
+    return argv[0], opts["--config"], opts["--simulate"]
+
+
+def main(argv: Optional[Sequence[str]] = None, started: Optional[float] = None) -> int:
+    """Run a hook in this process and exit with its verdict (what gpuguard.agent.client falls back to; also
+    `python -I -m gpuguard.cli.hooks KIND`). `started`: when the hook process started (time.monotonic())."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help") or args[1:2] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    try:
+        kind, config, simulate = parse_hook_args(args)
+    except HookUsageError as e:
+        print(f"{USAGE}\ngpuguard: error: {e}", file=sys.stderr)
+        return 2
+    code = run_hook(kind, config, simulate, started=started)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # never wait for a probe thread stuck in the driver
+
+
+def _watchdog(seconds: float, state: dict[str, Any], log: Any, exit_process: Callable[[int], Any] = os._exit) -> Any:
     """Last line of defence: whatever hangs, the hook exits before slurmd's own timeout."""
-    import threading
 
     def fire() -> None:
         log.error(f"{state['kind']}: {state.get('phase', 'total')} deadline of {seconds:g}s exceeded; "
                   f"exiting with {state['exit_code']}")
-        os._exit(state["exit_code"])
+        exit_process(state["exit_code"])
 
     t = threading.Timer(seconds, fire)
     t.daemon = True
@@ -35,14 +98,14 @@ def _config_read_timeout() -> float:
         return CONFIG_LOAD_TIMEOUT_S
 
 
-def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None) -> int:
-    import time
-
-    from gpuguard.context import context_from_env
-    from gpuguard.config.lastgood import describe, load_guarded
-    from gpuguard.util.log import HookLog
-
-    t0 = time.monotonic()
+def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None, *,
+             started: Optional[float] = None, report: Optional[Callable[[int, float], None]] = None,
+             exit_process: Callable[[int], Any] = os._exit, via: Optional[str] = None) -> int:
+    """Run one hook; returns its exit code. `started`: when the hook process started (time.monotonic(); the
+    deadline counts from there). `report(code, deadline_s)`: told the exit code the hook would end with if it were
+    stopped now, whenever that changes (the node agent's client, gpuguard.agent). `exit_process`: how the watchdog
+    ends the process. `via`: who runs it, for the log line (`agent`)."""
+    t0 = time.monotonic() if started is None else started
     ctx = context_from_env(kind, os.environ)
     cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
     lg = cfg.sections["logging"]
@@ -54,30 +117,36 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     open_policy = cfg.sections["policy"]["on_internal_error"] == "open"
     deadline = cfg.sections["deadlines"][f"{kind}_s"]
     state: dict[str, Any] = {"kind": kind, "exit_code": 0 if open_policy else 1}
-    # the run's deadline counts from the hook's start, config loading included
-    _watchdog(max(0.5, deadline + 1.0 - (time.monotonic() - t0)), state, log)
-    try:
-        from gpuguard.pipeline.run import execute
-        from gpuguard.simulate.sources import resolve_sources
 
+    def set_exit_code(code: int) -> None:
+        state["exit_code"] = code
+        if report is not None:
+            report(code, deadline)
+
+    set_exit_code(state["exit_code"])
+    # the run's deadline counts from the hook's start, config loading included
+    _watchdog(max(0.5, deadline + 1.0 - (time.monotonic() - t0)), state, log, exit_process)
+    try:
         def verdict_known(code: int) -> None:
             # from here on the hardware has spoken: a hang in drain/notify/store must not turn it into exit 0
-            state["exit_code"], state["verdict"] = code, True
+            state["verdict"] = True
+            set_exit_code(code)
 
         result = execute(ctx, cfg, resolve_sources(cfg, ctx.node, simulate), deadline_s=deadline,
                          on_verdict=verdict_known, log=log, hook=True)
     except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback
         return _internal_error(cfg, ctx, kind, e, log, open_policy, state)
-    _log_result(kind, ctx, result, log)
+    _log_result(kind, ctx, result, log, via)
     if getattr(result, "store_errors", None):
         _tell_store_trouble(cfg, ctx, kind, result.store_errors)
-    state["exit_code"] = result.exit_code
+    set_exit_code(result.exit_code)
     return result.exit_code
 
 
-def _log_result(kind: str, ctx: Any, result: Any, log: Any) -> None:
+def _log_result(kind: str, ctx: Any, result: Any, log: Any, via: Optional[str] = None) -> None:
     v = result.verdict
     msg = (f"{kind} node={ctx.node} job={ctx.job_id} verdict={v.outcome} took={result.duration_s:.3f}s"
+           + (f" via={via}" if via else "")
            + (f" reason={v.reason!r} drain={result.drain['outcome'] if result.drain else 'n/a'}" if v.reason else ""))
     bad = [f"{f.check_id}:{f.severity.value}:{f.message}" for f in result.findings
            if f.severity.value in ("fail", "warn", "incomplete")]
@@ -98,8 +167,6 @@ def _log_result(kind: str, ctx: Any, result: Any, log: Any) -> None:
 
 
 def _iso(ts: float) -> str:
-    from gpuguard.util.timefmt import iso_utc
-
     return iso_utc(ts) or "?"
 
 
@@ -107,7 +174,7 @@ def _internal_error(cfg: Any, ctx: Any, kind: str, e: Exception, log: Any, open_
                     state: dict[str, Any]) -> int:
     """A gpuguard bug: logged with its traceback, recorded, told; the exit code is the verdict if one was already
     reached (the hardware had spoken), else the on_internal_error policy's."""
-    import traceback
+    import traceback  # cold path: only a gpuguard bug gets here
 
     log.error(f"{kind} on {ctx.node} job {ctx.job_id}: INTERNAL ERROR {type(e).__name__}: {e} | "
               + traceback.format_exc(limit=6).replace("\n", " | "))
@@ -116,7 +183,7 @@ def _internal_error(cfg: Any, ctx: Any, kind: str, e: Exception, log: Any, open_
                   f"({state['exit_code']})")
     _record_internal_error(cfg, ctx, f"{type(e).__name__}: {e}", state["exit_code"])
     try:
-        from gpuguard.notify import Event, emit
+        from gpuguard.notify import Event, emit  # cold path: only a crashed run notifies from here
 
         emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
                         message=f"gpuguard {kind} crashed ({type(e).__name__}: {e}); "
@@ -136,7 +203,7 @@ def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> Non
     """The history store failed (disk full, read-only, locked): the run still judged the hardware, but its
     memory (cursors, drain records, undrain counters) is not being kept. A human should know."""
     try:
-        from gpuguard.notify import Event, emit
+        from gpuguard.notify import Event, emit  # cold path: only an unusable store notifies from here
 
         emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
                         check_id="store", message=f"gpuguard {kind}: history store unusable: {errors[0][:300]}",
@@ -148,11 +215,7 @@ def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> Non
 
 def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> None:
     """Best effort: `gpuguard history` should show that a run crashed, not just that it is missing."""
-    import time
-
     try:
-        from gpuguard.store.sqlite import Store
-
         with Store(cfg.sections["store"]["path"].replace("{node}", ctx.node), timeout_s=1.0) as st:
             st.record_run(started=time.time(), duration_ms=None, node=ctx.node, kind=ctx.kind, job_id=ctx.job_id,
                           profile=None, verdict="error", action=None, reason=None, exit_code=exit_code,
@@ -162,12 +225,13 @@ def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> No
 
 
 def _drain_internal(cfg: Any, ctx: Any, kind: str, detail: str, log: Any) -> None:
-    from gpuguard.slurm.reason import format_reason
-    from gpuguard.slurm.client import client_from_config, drain_node
-
     try:
         client = client_from_config(cfg.sections["slurm"], cfg.sections["deadlines"]["scontrol_s"])
         out = drain_node(client, ctx.node, format_reason("gpuguard", "INTERNAL", detail, kind))
         log.error(f"{kind} on {ctx.node}: drained for internal error (policy closed): {out.outcome} {out.detail}")
     except Exception as e:  # noqa: BLE001
         log.error(f"{kind} on {ctx.node}: could not drain for internal error: {e}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

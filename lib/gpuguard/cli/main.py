@@ -68,7 +68,8 @@ def build_parser(only_feature: Optional[str] = None) -> argparse.ArgumentParser:
 
 
 def build_hook_parser(kind: str) -> argparse.ArgumentParser:
-    """The hooks' own tiny parser: slurmd passes no arguments, the hot path imports nothing else."""
+    """The hooks' options as argparse would take them (`gpuguard prolog --help` in the full parser); the hooks
+    themselves parse them by hand (gpuguard.cli.hooks.parse_hook_args)."""
     p = argparse.ArgumentParser(prog=f"gpuguard {kind}")
     p.add_argument("kind", choices=HOOK_KINDS)
     _add_common(p)
@@ -83,15 +84,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         print(f"gpuguard {__version__}")
         return 0
-    # Fast path for the hooks: no argparse help machinery needed beyond a tiny parse.
+    # The hooks have their own entry (gpuguard.cli.hooks, what the hook scripts run): no argparse, nothing else
     if argv and argv[0] in HOOK_KINDS:
-        args = build_hook_parser(argv[0]).parse_args(argv)
-        from gpuguard.cli.hooks import run_hook
+        from gpuguard.cli import hooks
 
-        code = run_hook(argv[0], args.config, args.simulate)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # never wait for a probe thread stuck in the driver
+        return hooks.main(argv)
     if argv[:2] == ["xid", "scan"]:  # lean path: a 1 GiB log scans in grep's time only without the full CLI
         from gpuguard.kernellog import scancli
 

@@ -23,11 +23,13 @@ import hashlib
 import json
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuguard.config.schema import (SCHEMA, Config, ConfigError, ConfigIssue, config_path, default_config, parse_config)
+from gpuguard.util.fs import atomic_write
 
 ENV_STATE_DIR = "GPUGUARD_STATE_DIR"
 DEFAULT_STATE_DIR = "/var/lib/gpuguard"
@@ -93,8 +95,6 @@ def read_last_good(path: str) -> Optional[tuple[Config, str]]:
 
 
 def write_last_good(path: str, cfg: Config, digest: str) -> None:
-    from gpuguard.util.fs import atomic_write
-
     try:
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         atomic_write(path, _encode(cfg, digest), mode=0o600)
@@ -107,8 +107,6 @@ def write_last_good(path: str, cfg: Config, digest: str) -> None:
 
 def read_bounded(path: str, timeout_s: float) -> bytes:
     """The file's bytes, or OSError: a config on a hung filesystem (NFS) must not hang a prolog."""
-    import threading
-
     box: dict[str, Any] = {}
 
     def read() -> None:

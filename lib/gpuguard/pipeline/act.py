@@ -9,15 +9,15 @@ run's deadline; once slurmctld did not answer, the run makes no further calls (e
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from typing import Any, Optional
 
 from gpuguard.config.schema import Config
 from gpuguard.model import PendingDrain, Verdict
 from gpuguard.pipeline.budget import StageBudget
 from gpuguard.pipeline.journal import Journal
-from gpuguard.slurm.client import DrainOutcome, SlurmError, drain_node, request_reboot
+from gpuguard.slurm.client import DrainOutcome, SlurmError, client_from_config, drain_node, request_reboot
 
 
 class SlurmHandle:
@@ -35,8 +35,6 @@ class SlurmHandle:
             if self.injected is not None:
                 self._client = self.injected
             else:
-                from gpuguard.slurm.client import client_from_config
-
                 scontrol_s = self.cfg.sections["deadlines"]["scontrol_s"]
                 timeout = self.budget.act_bound(scontrol_s) if self.budget else scontrol_s
                 self._client = client_from_config(self.cfg.sections["slurm"], timeout)
@@ -62,9 +60,14 @@ class SlurmHandle:
         return out
 
 
+def new_id() -> str:
+    """A pending drain's id: 48 random bits, unique among a node's few pending drains."""
+    return os.urandom(6).hex()
+
+
 def new_pending(verdict: Verdict, origin: str, now: float, op: str = "drain") -> PendingDrain:
     primary = verdict.primary
-    return PendingDrain(id=uuid.uuid4().hex[:12], op=op, reason=verdict.reason or "", action=verdict.action.value,
+    return PendingDrain(id=new_id(), op=op, reason=verdict.reason or "", action=verdict.action.value,
                         check_id=primary.check_id if primary else None, created=now, origin=origin)
 
 
@@ -88,7 +91,7 @@ def retry_pending(journal: Journal, slurm: SlurmHandle, node: str, reboot_auto: 
         journal.resolve(p.id)
         applied.append({"pending": p, "outcome": outcome, "detail": detail})
         if p.op == "drain" and outcome == "done" and p.action == "reboot" and reboot_auto:
-            journal.add_pending(PendingDrain(id=uuid.uuid4().hex[:12], op="reboot", reason=p.reason,
+            journal.add_pending(PendingDrain(id=new_id(), op="reboot", reason=p.reason,
                                              action=p.action, check_id=p.check_id, created=now, origin=p.origin,
                                              run_id=p.run_id))
     return applied
@@ -110,7 +113,7 @@ def apply_drain(verdict: Verdict, pending: PendingDrain, journal: Journal, slurm
     if out.outcome == "done" and verdict.action.value == "reboot" and reboot_auto:
         result["reboot"] = slurm.reboot(node, pending.reason)
         if result["reboot"]["outcome"] == "failed":
-            journal.add_pending(PendingDrain(id=uuid.uuid4().hex[:12], op="reboot", reason=pending.reason,
+            journal.add_pending(PendingDrain(id=new_id(), op="reboot", reason=pending.reason,
                                              action=pending.action, check_id=pending.check_id,
                                              created=pending.created, origin=pending.origin))
     return result

@@ -12,14 +12,14 @@ from gpuguard.model import Observations
 from gpuguard.pipeline.budget import Deadline
 from gpuguard.pipeline.evaluate import name_processes
 from gpuguard.pipeline.gather import build_probes, gather
+from gpuguard.pipeline.jobscratch import remove_job_scratch
+from gpuguard.pipeline.leftovers import cleanup_leftovers
 from gpuguard.pipeline.sources import Sources
 from gpuguard.profiles import Profile
 
 
 def epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list[CheckSpec], sources: Sources,
                    profile: Profile, deadline: Deadline, log: Any) -> Any:
-    from gpuguard.pipeline.leftovers import cleanup_leftovers
-
     ecfg = cfg.sections["epilog"]
     grace = min(ecfg["kill_grace_s"], deadline.remaining() / 3)
     cleanup = cleanup_leftovers(obs.nvml, ctx.gpu_indices, ctx.job_id, ctx.job_uid, grace, ecfg["kill_leftovers"])
@@ -39,8 +39,6 @@ def _remove_job_scratch(ctx: RunContext, ecfg: dict[str, Any], deadline: Deadlin
     if not (ctx.job_id and ctx.job_uid is not None and ecfg.get("scratch_dirs")):
         return
     try:
-        from gpuguard.pipeline.jobscratch import remove_job_scratch
-
         res = remove_job_scratch(ctx.job_id, ctx.job_uid, ecfg["scratch_dirs"],
                                  deadline_s=min(5.0, max(0.5, deadline.remaining() / 4)))
         if res.removed or res.skipped or res.errors or res.incomplete:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gpuguard.checks import is_hardware_evidence
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Finding, Severity, Verdict
@@ -18,8 +19,6 @@ def is_unambiguous(f: Finding) -> bool:
     """Unambiguous per-node hardware evidence (the registry's `hardware_evidence`, never a mismatch or a launch
     choice): judged even when no config can be read, and never held back by the drain-storm guard (a real Xid 79
     on 40 nodes is 40 broken nodes)."""
-    from gpuguard.checks import is_hardware_evidence
-
     return bool(is_hardware_evidence(f))
 
 

@@ -11,15 +11,15 @@ from gpuguard.checks import CheckInput, CheckSpec, param_defaults, run_check
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Finding, Observations
+from gpuguard.pipeline.gpumap import resolve_job_gpus
 from gpuguard.profiles import Profile
+from gpuguard.xid.catalog import load_catalog
 
 
 def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunContext, profile: Profile,
              mapping: Any = None) -> list[Finding]:
     catalog = None
     if any(s.needs == "kernel_log" for s in specs):
-        from gpuguard.xid.catalog import load_catalog
-
         catalog = load_catalog(overrides=cfg.sections["xid"]["overrides"] or None)
     findings: list[Finding] = []
     for spec in specs:
@@ -35,8 +35,6 @@ def map_job_gpus(ctx: RunContext, obs: Observations, mode: str) -> tuple[RunCont
     """The job's GPUs as NVML indices, from Slurm's ids (GRES index = minor number, or GPU-/MIG- UUIDs)."""
     if ctx.gpu_ids is None or obs.nvml is None or not obs.nvml.gpus:
         return ctx, None
-    from gpuguard.pipeline.gpumap import resolve_job_gpus
-
     mapping = resolve_job_gpus(ctx.gpu_ids, obs.nvml.gpus, mode)
     return replace(ctx, gpu_indices=mapping.indices), mapping
 

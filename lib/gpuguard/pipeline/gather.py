@@ -16,9 +16,13 @@ from typing import Any, Callable, Optional
 from gpuguard.checks import CheckSpec, probe_options
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
+from gpuguard.kernellog.sources import read_xid_events
 from gpuguard.model import FabricObservation, KernelLogObservation, NvmlObservation, ProbeStatus, SystemObservation
 from gpuguard.pipeline.budget import Deadline
 from gpuguard.pipeline.sources import Sources, read_boot_id
+from gpuguard.probes.fabric import read_fabric
+from gpuguard.probes.nvml import read_nvml
+from gpuguard.probes.system import read_system
 from gpuguard.profiles import Profile
 
 
@@ -109,21 +113,15 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
     if "nvml" in needs:
         probes.append(_nvml_probe(bool(opts["nvml"].get("with_processes")), dl, sources, profile))
     if "kernel_log" in needs:
-        from gpuguard.kernellog.sources import read_xid_events
-
         probes.append(Probe("kernel_log", lambda: read_xid_events(
             sources.kernel_log, kernel_cursor, timeout_s=dl["kernel_log_s"], boot_id_path=sources.boot_id_path,
             boot_id=sources.boot_id), dl["kernel_log_s"] + 0.5, timed_out(KernelLogObservation)))
     if "fabric" in needs:
-        from gpuguard.probes.fabric import read_fabric
-
         want_fi = bool(opts["fabric"].get("fi_info"))
         probes.append(Probe("fabric", lambda: read_fabric(
             sysfs_root=sources.sysfs_root, fi_info=sources.fi_info if want_fi else None,
             timeout_s=dl["fabric_s"]), dl["fabric_s"] + 0.5, timed_out(FabricObservation)))
     if "system" in needs:
-        from gpuguard.probes.system import read_system
-
         paths = list(opts["system"].get("disk_paths") or [])
         probes.append(Probe("system", lambda: read_system(paths, procfs_root=sources.procfs_root,
                                                           sysfs_root=sources.sysfs_root),
@@ -132,8 +130,6 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
 
 
 def _nvml_probe(want_procs: bool, dl: dict[str, Any], sources: Sources, profile: Profile) -> Probe:
-    from gpuguard.probes.nvml import read_nvml
-
     # every GPU of the node: node-level faults are judged on all of them whatever the job asked for, and Slurm's
     # GPU ids are mapped to NVML's afterwards (gpuguard.pipeline.gpumap)
     return Probe("nvml", lambda: read_nvml(

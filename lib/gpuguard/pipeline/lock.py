@@ -3,6 +3,7 @@ position, the verdict journal and the drain bookkeeping."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from typing import Optional
@@ -27,8 +28,6 @@ class NodeLock:
         return None
 
     def __enter__(self) -> bool:
-        import fcntl
-
         self.fd = self._open()
         if self.fd is None:
             return False

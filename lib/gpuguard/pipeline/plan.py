@@ -9,7 +9,7 @@ from typing import Any, Optional
 from gpuguard.checks import CheckSpec, registry
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
-from gpuguard.profiles import Profile
+from gpuguard.profiles import Profile, apply_overrides, load_profile
 
 
 def state_dir(cfg: Config) -> str:
@@ -17,9 +17,8 @@ def state_dir(cfg: Config) -> str:
 
 
 def resolve_profile(cfg: Config, node: str) -> tuple[Profile, str]:
-    """(profile, how it was chosen). `auto` asks EC2 instance metadata once per boot, else `generic`."""
-    from gpuguard.profiles import apply_overrides, load_profile
-
+    """(profile, how it was chosen). `auto` asks EC2 instance metadata once per boot, else `generic`. The
+    profile's compiled copy is kept in the state directory (no YAML on the hooks' path)."""
     ncfg = cfg.sections["node"]
     name = ncfg["profile"]
     how = "config"
@@ -32,11 +31,12 @@ def resolve_profile(cfg: Config, node: str) -> tuple[Profile, str]:
                                   boot_id_path=cfg.sections["sources"]["boot_id_path"])
         name, how = (itype, "ec2-metadata") if itype else ("generic", "default (not on EC2)")
         try:
-            prof = load_profile(name, ncfg["profile_dir"])
+            prof = load_profile(name, ncfg["profile_dir"], cache_dir=state_dir(cfg))
         except ValueError:
-            prof, how = load_profile("generic", ncfg["profile_dir"]), f"generic (no profile for {name})"
+            prof, how = (load_profile("generic", ncfg["profile_dir"], cache_dir=state_dir(cfg)),
+                         f"generic (no profile for {name})")
     else:
-        prof = load_profile(name, ncfg["profile_dir"])
+        prof = load_profile(name, ncfg["profile_dir"], cache_dir=state_dir(cfg))
     return apply_overrides(prof, ncfg["overrides"]), how
 
 

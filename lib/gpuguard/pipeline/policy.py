@@ -7,26 +7,23 @@ for `incomplete_escalate_after` consecutive runs (a node whose fi_info hangs eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from gpuguard.checks import check_priority, priority_of
 from gpuguard.model import Action, Finding, Severity, Verdict
-from gpuguard.slurm.reason import format_reason, safe_keyword
+from gpuguard.slurm.reason import format_reason, is_ours, parse_reason, safe_keyword
 
 
 def __getattr__(name: str) -> object:
     # When several checks fail, the reason names the most actionable one: root causes first. The order is each
     # check's CheckSpec.priority (gpuguard.checks.check_priority()).
     if name == "CHECK_PRIORITY":
-        from gpuguard.checks import check_priority
-
         return check_priority()
     raise AttributeError(name)
 
 
 def _priority(f: Finding) -> tuple[int, int]:
-    from gpuguard.checks import priority_of
-
     return (-f.action.rank, priority_of(f.check_id))
 
 
@@ -150,8 +147,6 @@ def decide_undrain(
 ) -> UndrainDecision:
     """May the health check lift the drain gpuguard put on this node? Ownership first (DESIGN §3): only a
     node that is still drained with a gpuguard reason, never one an admin took over."""
-    from gpuguard.slurm.reason import is_ours, parse_reason
-
     if not node_drained:
         return UndrainDecision("closed", "no longer drained (resumed by someone else)")
     if not is_ours(node_reason):

@@ -10,6 +10,7 @@ import time
 from typing import Any, Optional
 
 from gpuguard.checks import CheckSpec
+from gpuguard.checks.inventory import update_inventory
 from gpuguard.context import RunContext
 from gpuguard.model import Observations, RunResult
 
@@ -61,8 +62,6 @@ def save_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs: Obser
     if replays is not None:
         store.set_cursor(f"pcie_replay:{ctx.node}", replays)
     if profile is not None:
-        from gpuguard.checks.inventory import update_inventory
-
         seen = update_inventory(obs.previous.get("inventory"), obs, profile)
         if seen is not None:
             store.set_cursor(f"inventory:{ctx.node}", seen)

@@ -17,11 +17,13 @@ import time
 from typing import Any, Callable, Optional
 
 from gpuguard.checks import CheckSpec
+from gpuguard.config.lastgood import describe
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Observations, PendingDrain, RunResult, Severity, Verdict
 from gpuguard.pipeline.act import SlurmHandle, apply_drain, new_pending, retry_pending
 from gpuguard.pipeline.budget import StageBudget
+from gpuguard.pipeline.cleanup import epilog_cleanup
 from gpuguard.pipeline.decide import is_unambiguous, judge
 from gpuguard.pipeline.evaluate import evaluate, map_job_gpus, name_processes, observations_from
 from gpuguard.pipeline.gather import build_probes, gather
@@ -30,7 +32,12 @@ from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.pipeline.plan import plan_checks, resolve_profile
 from gpuguard.pipeline.record import job_cursor, node_cursor, record_drains, record_run, save_cursors
 from gpuguard.pipeline.sources import Sources, read_boot_id
+from gpuguard.pipeline.tell import tell_humans
+from gpuguard.pipeline.undrain import driver_seen, maybe_undrain, slurm_seen_cursor
+from gpuguard.probes.system import read_driver_fingerprint
 from gpuguard.profiles import Profile
+from gpuguard.slurm.client import SlurmError
+from gpuguard.store.guarded import GuardedStore, Store
 
 
 def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = False,
@@ -39,8 +46,6 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
     """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller applies the
     fail-open/closed policy); even then, a verdict already reached has been handed to `on_verdict`. `hook`: run
     by slurmd (a HealthCheckProgram's exit code means nothing to slurmd: it drains itself and exits 0)."""
-    from gpuguard.store.guarded import GuardedStore, Store
-
     dl = cfg.sections["deadlines"]
     budget = StageBudget(deadline_s or dl.get(f"{ctx.kind}_s", dl["manual_s"]), dl["scontrol_s"])
     profile = sources.profile or resolve_profile(cfg, ctx.node)[0]
@@ -115,8 +120,6 @@ class Run:
     def known_drained(self, verdict: Verdict) -> bool:
         """A health check confirming the drain gpuguard already has in place (the store says so for the same
         check, and Slurm's state was seen within undrain.resync_s) costs slurmctld nothing."""
-        from gpuguard.pipeline.undrain import slurm_seen_cursor
-
         if self.ctx.kind != "healthcheck" or verdict.primary is None:
             return False
         active = self.store.active_drain(self.ctx.node)
@@ -142,8 +145,6 @@ class Run:
         name_processes(obs, self.sources.procfs_root)
         self.ctx, mapping = map_job_gpus(self.ctx, obs, self.cfg.sections["slurm"]["gpu_ids"])
         if self.ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not self.dry_run:
-            from gpuguard.pipeline.cleanup import epilog_cleanup
-
             obs.cleanup = epilog_cleanup(self.ctx, self.cfg, obs, specs, self.sources, self.profile,
                                          self.budget.gather, self.log or _NullLog())
         obs.now = time.time()
@@ -177,14 +178,14 @@ class Run:
         """Hold a drain back (and page) when it would be part of a drain storm (gpuguard.pipeline.storm)."""
         if self.storm_exempt(verdict):
             return
-        from gpuguard.pipeline.storm import census_hold
+        from gpuguard.pipeline.storm import census_hold  # cold path: only a drain verdict gets here
 
         why = census_hold(self.slurm, self.ctx.node, verdict, self.cfg, drained_self)
         if why is None:
             return
         verdict.outcome, verdict.held_by, verdict.reported_only = "warn", f"drain-storm guard: {why}", True
         self.notes.append(verdict.held_by)
-        from gpuguard.notify import Event
+        from gpuguard.notify import Event  # cold path: a held drain pages
 
         p = verdict.primary
         self.events.append(Event(
@@ -200,11 +201,9 @@ class Run:
         issues = [str(i) for i in self.cfg.issues]
         if before.get("issues") == (issues or None) or (not issues and not before):
             return  # unchanged: nothing to write, nothing to tell (the hook still logs it every run)
-        from gpuguard.notify import Event
+        from gpuguard.notify import Event  # cold path: the config broke or was fixed since the last run
 
         if issues:
-            from gpuguard.config.lastgood import describe
-
             self.journal.config = {"mode": self.cfg.mode, "issues": issues, "source": self.cfg.source,
                                    "since": time.time(), "last_good_at": self.cfg.last_good_at}
             self.events.append(Event(kind="internal_error", severity="critical", node=self.ctx.node,
@@ -266,8 +265,6 @@ class Run:
 
     def _undo_own_drain(self, drain: dict[str, Any]) -> dict[str, Any]:
         """This node came after the storm guard's limit: lift the drain it just set (only if it is still ours)."""
-        from gpuguard.slurm.client import SlurmError
-
         try:
             state = self.slurm.client().get_node(self.ctx.node)
             if state is not None and state.reason == drain["reason"]:
@@ -291,8 +288,6 @@ class Run:
         if self.journal.error:
             result.notes.append(self.journal.error)
         if not self.dry_run:
-            from gpuguard.pipeline.tell import tell_humans
-
             tell_humans(self.cfg, result, self.budget)
         if self.ctx.kind == "healthcheck" and not self.read_only:
             self._ship(result)
@@ -303,17 +298,17 @@ class Run:
                                 + "; ".join(self.store.errors)[:400])
 
     def undrain(self, result: RunResult) -> Optional[dict[str, Any]]:
-        from gpuguard.pipeline.undrain import driver_seen, maybe_undrain
-        from gpuguard.probes.system import read_driver_fingerprint
-
         driver = driver_seen(self.store, self.ctx.node, read_driver_fingerprint(self.sources.sysfs_root),
                              self.read_only)
         return maybe_undrain(self.store, self.slurm, self.ctx.node, result.verdict.outcome, self.boot_id, self.cfg,
                              result.run_id, result.findings, driver, time.time())
 
     def _ship(self, result: RunResult) -> None:
+        scfg = self.cfg.sections["store"]
+        if not scfg.get("url") and not scfg.get("retention_days"):
+            return  # nothing to ship or prune (gpuguard.fleet.ship.ship_after_run's own test, without the import)
         try:  # central history + retention, bounded by store.ship_budget_s; never on a prolog's path
-            from gpuguard.fleet.ship import ship_after_run
+            from gpuguard.fleet.ship import ship_after_run  # cold path: only where store.url or retention is set
 
             ship_after_run(self.cfg, result, self.budget.total)
         except Exception as e:  # noqa: BLE001 - shipping history must never change what the run decided

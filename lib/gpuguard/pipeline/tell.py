@@ -96,11 +96,20 @@ def _undrain_events(result: RunResult) -> list[Any]:
     return []
 
 
+def notify_configured(cfg: Config) -> bool:
+    """Anything to receive notifications (gpuguard.notify.api.enabled's test, without importing notify)."""
+    ncfg = cfg.sections.get("notify") or {}
+    return bool(ncfg.get("urls") or ncfg.get("alertmanager_urls"))
+
+
 def tell_humans(cfg: Config, result: RunResult, budget: StageBudget) -> None:
     try:
-        from gpuguard.metrics.node import write_run_metrics
+        if (cfg.sections.get("metrics") or {}).get("textfile_dir"):
+            from gpuguard.metrics.node import write_run_metrics  # cold path: only where metrics are configured
 
-        write_run_metrics(cfg, result)
+            write_run_metrics(cfg, result)
+        if not notify_configured(cfg):
+            return  # every event would be "disabled": nothing to build, nothing to import
         if not (result.drain or result.undrain or result.applied or result.events
                 or result.context.kind == "healthcheck" or unknown_xids(result)
                 or any(f.evidence.get("first_seen") or f.evidence.get("user_writable") for f in result.findings)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from gpuguard.checks import cleared_only_by_reset
 from gpuguard.config.schema import Config
 from gpuguard.model import Finding, Severity
 from gpuguard.pipeline.act import SlurmHandle
@@ -52,8 +53,6 @@ def reset_evidence(drain: dict[str, Any], store: Any, findings: list[Finding], b
     drained_for = {drain.get("check_id")}
     if drain.get("run_id") is not None:
         drained_for |= {f["check_id"] for f in store.findings_for(drain["run_id"]) if f["severity"] == "fail"}
-    from gpuguard.checks import cleared_only_by_reset
-
     # States only a reset clears: one that failed when the node was drained and reads clear now shows the GPU was
     # reset. "Clear" means read and OK: a value NVML could not read is incomplete, never evidence of a reset.
     for check_id, what in cleared_only_by_reset().items():

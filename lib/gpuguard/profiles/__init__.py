@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from gpuguard.config.compiled import copy_path, read_copy, source_digest, write_copy
+
 PROFILE_DIR = Path(__file__).resolve().parent
 
 
@@ -72,11 +74,44 @@ def _profile_from_mapping(name: str, data: dict[str, Any], source: str) -> Profi
     return Profile(**kwargs)
 
 
-def load_profile_file(path: Path) -> Profile:
-    from gpuguard.config.yamlutil import load_yaml_file
+def load_profile_file(path: Path, cache_dir: Optional[str] = None) -> Profile:
+    """The profile in `path`. With `cache_dir`, through a compiled copy kept there (gpuguard.config.compiled):
+    the hooks read a profile on every run, and YAML is parsed only when the file changed."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read: {e.strerror}") from None
+    digest = source_digest(raw)
+    copy = copy_path(cache_dir, "profile", str(path)) if cache_dir else None
+    if copy is not None:
+        value = read_copy(copy, digest)
+        if isinstance(value, dict):
+            try:
+                return _profile_from_mapping(path.stem, value, str(path))
+            except (ProfileError, TypeError):
+                pass  # a copy from another version: compile again
+    from gpuguard.config.yamlutil import load_yaml_text  # cold path: the file is new or changed
 
-    data = load_yaml_file(path)
-    return _profile_from_mapping(path.stem, data or {}, str(path))
+    data = load_yaml_text(raw, str(path)) or {}
+    profile = _profile_from_mapping(path.stem, data, str(path))
+    if copy is not None:
+        write_copy(copy, digest, profile_to_dict(profile), str(path))
+    return profile
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """Every field (a compiled copy of a profile: tuples become lists, _profile_from_mapping turns them back)."""
+    return {name: list(v) if isinstance(v, tuple) else v for name in PROFILE_FIELDS
+            for v in (getattr(profile, name),)}
+
+
+def find_profile_file(name: str, extra_dir: Optional[str] = None) -> Optional[Path]:
+    """`<name>.yaml` in the site directory, else among the built-in profiles; None when no file has that name."""
+    for d in profile_dirs(extra_dir):
+        p = d / f"{name}.yaml"
+        if p.is_file():
+            return p
+    return None
 
 
 def list_profiles(extra_dir: Optional[str] = None) -> dict[str, Path]:
@@ -88,12 +123,12 @@ def list_profiles(extra_dir: Optional[str] = None) -> dict[str, Path]:
     return found
 
 
-def load_profile(name: str, extra_dir: Optional[str] = None) -> Profile:
-    """Load a profile by name or by EC2 instance type (file names are the instance types)."""
-    for d in profile_dirs(extra_dir):
-        p = d / f"{name}.yaml"
-        if p.is_file():
-            return load_profile_file(p)
+def load_profile(name: str, extra_dir: Optional[str] = None, cache_dir: Optional[str] = None) -> Profile:
+    """Load a profile by name or by EC2 instance type (file names are the instance types). `cache_dir`: keep a
+    compiled copy there (see load_profile_file)."""
+    path = find_profile_file(name, extra_dir)
+    if path is not None:
+        return load_profile_file(path, cache_dir)
     # fall back to a profile that lists the instance type
     for path in list_profiles(extra_dir).values():
         prof = load_profile_file(path)

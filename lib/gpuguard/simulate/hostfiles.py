@@ -109,7 +109,7 @@ def write_fabric(root: Path, sc: Scenario) -> None:
     stub = bindir / "fi_info"
     stub.write_text("#!/bin/sh\n# gpuguard simulation: prints a recorded `fi_info -p efa` output\n"
                     + (f"sleep {hang}\n" if hang else "")
-                    + f"cat '{out}'\nexit {rc}\n")
+                    + (f"exec cat '{out}'\n" if rc == 0 else f"cat '{out}'\nexit {rc}\n"))
     stub.chmod(0o755)
 
 

@@ -13,6 +13,7 @@ NVML's flat file) and gpuguard.simulate.hostfiles (kernel log, sysfs, /proc, too
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -23,19 +24,12 @@ from gpuguard.config.yamlutil import load_yaml_file
 from gpuguard.simulate.build import build_fake_nvml
 from gpuguard.simulate.hostfiles import sync_kmsg, write_fabric, write_system
 from gpuguard.simulate.nvmlfile import nvml_flat_file
+from gpuguard.simulate.materialized import RECORD, record_for, scenario_for_node, sim_sources
 from gpuguard.simulate.spec import GPU_KEYS, ScenarioError, SimSources, load_scenario
+
+__all__ = ["ScenarioError", "SimSources", "load_scenario", "scenario_for_node", "materialize", "inject",
+           "nvml_flat_file"]
 from gpuguard.util.fs import atomic_write
-
-
-def scenario_for_node(scenario: Optional[str], scenario_dir: Optional[str], node: str) -> Optional[str]:
-    """A per-node file `<dir>/<node>.yaml` (else `<dir>/default.yaml`), or the single scenario file."""
-    if scenario_dir:
-        for name in (f"{node}.yaml", "default.yaml"):
-            p = os.path.join(scenario_dir, name)
-            if os.path.isfile(p):
-                return p
-        raise ScenarioError(f"no scenario for node {node} in {scenario_dir} (want {node}.yaml or default.yaml)")
-    return scenario
 
 
 # --------------------------------------------------------------------------- materialise
@@ -43,28 +37,29 @@ def scenario_for_node(scenario: Optional[str], scenario_dir: Optional[str], node
 
 def materialize(scenario_path: str, workdir: str, fake_nvml: Optional[str] = None,
                 profile_dir: Optional[str] = None) -> SimSources:
-    """Write (or reuse) the simulated node's files under `workdir` and say where the probes must look."""
-    sc = load_scenario(scenario_path, profile_dir)
+    """Write (or reuse) the simulated node's files under `workdir` and say where the probes must look. A hook on a
+    node whose scenario did not change takes gpuguard.simulate.materialized.current instead (no YAML)."""
     root = Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
+    sc = load_scenario(scenario_path, profile_dir, cache_dir=str(root))
     boot_id = str(sc.data.get("boot_id") or "00000000-0000-4000-8000-00000000b001")
+    if fake_nvml is None:
+        fake_nvml = str(build_fake_nvml())
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a prolog and a health check may materialise at once
         stamp = root / ".scenario"
         key = f"{sc.digest}:{os.path.abspath(scenario_path)}"
         if not stamp.exists() or stamp.read_text() != key:
+            (root / RECORD).unlink(missing_ok=True)  # no fast path to half-written files
             atomic_write(root / "nvml.txt", nvml_flat_file(sc))
             write_fabric(root, sc)
             write_system(root, sc)
             stamp.write_text(key)
-        kmsg = sync_kmsg(root, sc, boot_id)
-    if fake_nvml is None:
-        fake_nvml = str(build_fake_nvml())
-    return SimSources(
-        profile=sc.profile, nvml_library=fake_nvml,
-        nvml_env={"GPUGUARD_FAKE_NVML_FILE": str(root / "nvml.txt")},
-        kernel_log=f"kmsg:{kmsg}", boot_id=boot_id, sysfs_root=str(root / "sys"), procfs_root=str(root / "proc"),
-        fi_info=str(root / "bin/fi_info"), workdir=str(root), scenario=os.path.abspath(scenario_path))
+        sync_kmsg(root, sc, boot_id)
+        # last: the fast path trusts the files only once they are all written
+        atomic_write(root / RECORD, json.dumps(record_for(scenario_path, sc.digest, sc.profile_name, boot_id,
+                                                          fake_nvml)))
+    return sim_sources(str(root), scenario_path, sc.profile, fake_nvml, boot_id)
 
 
 # --------------------------------------------------------------------------- injecting faults at run time

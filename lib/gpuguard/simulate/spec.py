@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuguard.config.yamlutil import load_yaml_file
 from gpuguard.profiles import Profile, load_profile
+from gpuguard.simulate.materialized import ScenarioError, SimSources, scenario_digest
+
+__all__ = ["GPU_KEYS", "TOP_KEYS", "Scenario", "ScenarioError", "SimSources", "load_scenario"]
 
 GPU_KEYS = {
     "name", "uuid", "serial", "pci_bus_id", "memory_mib", "memory_used_mib", "ecc_enabled", "ecc_pending",
@@ -32,36 +34,17 @@ TOP_KEYS = {"description", "profile", "instance_type", "boot_id", "driver_versio
             }
 
 
-class ScenarioError(ValueError):
-    pass
-
-
 @dataclass
 class Scenario:
     path: str
     data: dict[str, Any]
     profile: Profile
     digest: str
+    profile_name: str = "generic"  # what the scenario asked for (a profile or an instance type)
 
 
-@dataclass
-class SimSources:
-    """Where the probes must read for this simulated node."""
-
-    profile: Profile
-    nvml_library: str
-    nvml_env: dict[str, str]
-    kernel_log: str  # source spec for gpuguard.kernellog.sources
-    boot_id: str
-    sysfs_root: str
-    procfs_root: str
-    fi_info: str
-    workdir: str
-    scenario: str
-    notes: list[str] = field(default_factory=list)
-
-
-def load_scenario(path: str, profile_dir: Optional[str] = None) -> Scenario:
+def load_scenario(path: str, profile_dir: Optional[str] = None, cache_dir: Optional[str] = None) -> Scenario:
+    """`cache_dir`: where the profile's compiled copy is kept (the node's workdir)."""
     raw = Path(path).read_bytes()
     data = load_yaml_file(path) or {}
     if not isinstance(data, dict):
@@ -69,6 +52,6 @@ def load_scenario(path: str, profile_dir: Optional[str] = None) -> Scenario:
     unknown = set(data) - TOP_KEYS
     if unknown:
         raise ScenarioError(f"{path}: unknown scenario keys: {', '.join(sorted(map(str, unknown)))}")
-    prof_name = data.get("profile") or data.get("instance_type") or "generic"
-    profile = load_profile(str(prof_name), profile_dir)
-    return Scenario(path, data, profile, hashlib.sha256(raw).hexdigest()[:16])
+    prof_name = str(data.get("profile") or data.get("instance_type") or "generic")
+    profile = load_profile(prof_name, profile_dir, cache_dir=cache_dir)
+    return Scenario(path, data, profile, scenario_digest(raw), prof_name)

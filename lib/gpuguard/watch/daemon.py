@@ -44,6 +44,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: watch.source, else sources.kernel_log)")
     p.add_argument("--once", action="store_true",
                    help="judge what is new since the cursor, drain if needed, and exit (1 if a drain failed)")
+    p.add_argument("--agent", action="store_true",
+                   help="also keep the node agent that runs the slurmd hooks without their start-up cost (docs/agent.md)")
 
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -61,7 +63,7 @@ def node_name(cfg: Config, explicit: Optional[str]) -> str:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)  # ConfigError: the CLI prints it and exits 2
     daemon = WatchDaemon(cfg, node=node_name(cfg, args.node), config_path=args.config, source=args.source,
-                         once=args.once)
+                         once=args.once, agent=args.agent)
     daemon.install_signal_handlers()
     return daemon.run()
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from gpuguard.agent.supervise import AgentProcess
 from gpuguard.config.schema import Config, ConfigError, load_config
 from gpuguard.kernellog.base import FollowError, KernelLogSource, StoredCursor, read_boot_id
 from gpuguard.kernellog.cursor import describe as describe_cursor
@@ -53,7 +54,8 @@ class WatchDaemon:
     """Follow, judge, hand events to the worker. `run()` returns the exit code."""
 
     def __init__(self, cfg: Config, *, node: str, config_path: Optional[str] = None, source: Optional[str] = None,
-                 once: bool = False, log: Optional[HookLog] = None, slurm_client: Any = None) -> None:
+                 once: bool = False, log: Optional[HookLog] = None, slurm_client: Any = None,
+                 agent: bool = False) -> None:
         self.cfg = cfg
         self.node = node
         self.config_path = config_path
@@ -77,6 +79,7 @@ class WatchDaemon:
         self._forged_seen = 0
         self._forged_reported_at = -1e18
         self.heartbeat = WatchHeartbeat(node, enabled=not once)  # liveness metric for the "watch down" alert
+        self.agent = AgentProcess(self.log) if agent and not once else None  # the hooks' node agent (gpuguard.agent)
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
@@ -145,6 +148,8 @@ class WatchDaemon:
         self._cursor = cursor
         self.worker = DrainWorker(self.cfg, self.node, self.boot_id, self.log, self.slurm_client)
         self.worker.start()
+        if self.agent is not None:
+            self.agent.start()
         resumed = f"resuming after {describe_cursor(cursor)}" if cursor else f"start_at={self.settings.start_at}"
         self.log.info(f"watch {self.node}: following {self.follower.spec} ({resumed}, boot {self.boot_id})")
 
@@ -340,6 +345,8 @@ class WatchDaemon:
     def _shutdown(self) -> int:
         worker, follower = self.worker, self.follower
         unresolved = 0
+        if self.agent is not None:
+            self.agent.stop()
         if worker is not None:
             if self._cursor is not None:
                 worker.submit_cursor(self._cursor)

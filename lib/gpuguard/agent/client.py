@@ -1,0 +1,178 @@
+"""The hook scripts' entry: `python -I -c 'from gpuguard.agent.client import main; raise SystemExit(main())' KIND`
+(= `gpuguard KIND [--config F] [--simulate S]`; -c rather than -m: runpy costs milliseconds before every job).
+
+It asks the node agent (gpuguard.agent.server) to run the hook and exits with the agent's answer. It runs the hook in
+its own process instead (gpuguard.cli.hooks, as it always did) whenever
+
+- there is no agent socket, nobody listens on it, or the listener is not root (not this user);
+- the agent does not fork a child for it, or the child does not take the request, within ACK_TIMEOUT_S each (a
+  hung or stopped agent);
+- the agent refuses (its code is older than the installed one, another installation, a malformed request, limits
+  it cannot give the child);
+- the agent's child ends without an answer while there is time left (killed, crashed).
+
+A child that stops answering is killed once the hook's own deadline (plus its watchdog's second) has passed, and the
+client exits with the code the hook would have exited with at that moment, as the hook's watchdog does. The hook's
+standard streams go to the child only once it said hello: a queued connection never holds them. Until it
+knows which way it goes, this module imports only os, socket and the wire format (gpuguard.agent.wire).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+
+import _socket
+
+from gpuguard.agent.wire import (HOOK_KINDS, HookRequest, LineReader, WireError, address, encode_request, peer_uid,
+                                 runtime_signature, send_with_fds, socket_path, state_dir)
+
+ACK_TIMEOUT_S = 0.5  # the agent accepts and forks in milliseconds; a hung or stopped one costs a hook this much
+FIRST_REPORT_S = 15.0  # the child reports the hook's deadline once the config is loaded (10 s on a hung filesystem)
+WATCHDOG_GRACE_S = 2.0  # the hook's watchdog ends it at its deadline + 1 s; after one more second the client stops
+MIN_FALLBACK_S = 1.0  # a child that died with less time than this left: its last reported code stands
+SIGKILL = 9
+# the limits slurmd's hooks inherit that can change a hook's outcome (the NCCL tier pins memory; fds; core files)
+RLIMITS = ("RLIMIT_MEMLOCK", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_DATA",
+           "RLIMIT_FSIZE", "RLIMIT_CORE")
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    args = list(sys.argv[1:] if argv is None else argv)
+    code = run_through_agent(args, started)
+    if code is not None:
+        os._exit(code)
+    from gpuguard.cli import hooks  # cold path: no agent, or it could not run this hook: run it in this process
+
+    return hooks.main(args, started=started)
+
+
+def run_through_agent(args: list[str], started: float, directory: str | None = None,
+                      ack_timeout_s: float = ACK_TIMEOUT_S) -> int | None:
+    """The hook's exit code as the agent ran it, or None: run the hook in this process."""
+    if not args or args[0] not in HOOK_KINDS:
+        return None  # a usage error: the hook's own parser explains it
+    path = socket_path(directory or state_dir(os.environ))
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    except OSError:
+        return None
+    child = Child()
+    try:
+        sock.settimeout(ack_timeout_s)
+        addr, dirfd = address(path)
+        try:
+            sock.connect(addr)
+        finally:
+            if dirfd is not None:
+                os.close(dirfd)
+        if peer_uid(sock) != os.geteuid():
+            return None  # only an agent running as this user (root) may answer for a root hook
+        reader = LineReader(sock)
+        # the agent forked a child for us; only now do our stdin/stdout/stderr travel: a connection a stopped
+        # agent never accepted must not hold them (whoever reads the hook's output would wait for its end)
+        if not child.hello(reader.line(ack_timeout_s)):
+            return None
+        fds = [fd for fd in (0, 1, 2) if _is_open(fd)]
+        send_with_fds(sock, encode_request(_request(args, started, "".join(map(str, fds)))), fds)
+        code = _converse(reader, child, started, ack_timeout_s)
+        if not child.ended:
+            child.kill()  # past the hook's deadline and its watchdog's: it must not act later
+        return code
+    except (OSError, WireError, ValueError):
+        if not child.ended:
+            child.kill()  # a timeout: alive but not answering, it must not act later
+        return None
+    finally:
+        sock.close()
+
+
+class Child:
+    """The agent's child serving this hook: killed, through a pidfd, whenever the client stops waiting for it."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.pidfd: int | None = None
+        self.ended = True  # nothing to kill until it said hello; again once its socket reached EOF
+
+    def hello(self, line: bytes | None) -> bool:
+        if line is None or not line.startswith(b"hello "):
+            return False
+        self.pid, self.ended = int(line[len(b"hello "):]), False
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except (OSError, AttributeError):  # Linux < 5.3: the pid (the child cannot be reaped while we hold it)
+            self.pidfd = None
+        return True
+
+    def kill(self) -> None:
+        try:
+            if self.pidfd is not None:
+                import signal  # cold path: only a hung or stopped child gets here
+
+                signal.pidfd_send_signal(self.pidfd, SIGKILL)
+            elif self.pid:
+                os.kill(self.pid, SIGKILL)
+        except OSError:
+            pass
+        self.ended = True
+
+
+def _request(args: list[str], started: float, fds: str) -> HookRequest:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    package = os.path.dirname(os.path.abspath(sys.modules["gpuguard"].__file__ or ""))
+    limits = {getattr(resource, n): resource.getrlimit(getattr(resource, n)) for n in RLIMITS if hasattr(resource, n)}
+    return HookRequest(args[0], list(args), dict(os.environb), os.getcwd(), umask, os.getpriority(os.PRIO_PROCESS, 0),
+                       _oom_score_adj(), limits, started, sys.executable, package, runtime_signature(), fds)
+
+
+def _converse(reader: LineReader, child: Child, started: float, ack_timeout_s: float) -> int | None:
+    line = reader.line(ack_timeout_s)  # _socket.timeout (an OSError): hung before taking the request
+    if line is None or not line.startswith(b"ready "):
+        child.ended = True  # gone, or `refused ...` (and ending)
+        return None
+    reader.sock.sendall(b"go\n")
+    limit = started + FIRST_REPORT_S
+    last: int | None = None
+    while True:
+        remaining = limit - time.monotonic()
+        if remaining <= 0:
+            return last  # stopped or wedged past its own watchdog: the caller kills it
+        try:
+            line = reader.line(remaining)
+        except _socket.timeout:  # TimeoutError since 3.10
+            continue
+        if line is None:  # the child ended without an answer
+            child.ended = True
+            return last if last is not None and limit - time.monotonic() < MIN_FALLBACK_S else None
+        verb, _, rest = line.partition(b" ")
+        if verb == b"exit":
+            child.ended = True
+            return int(rest)
+        if verb == b"code":
+            code, deadline = rest.split()
+            last, limit = int(code), started + float(deadline) + WATCHDOG_GRACE_S
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _oom_score_adj() -> int | None:
+    try:
+        with open("/proc/self/oom_score_adj", "rb") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,399 @@
+"""The node agent: `python -I -m gpuguard.agent.server [--state-dir DIR] [--exit-with-parent]`, started and kept
+alive by `gpuguard watch --agent` (gpuguard.agent.supervise).
+
+It imports the whole hook path once (the pipeline, pynvml, SQLite, the checks and the Xid catalog), then, single-
+threaded so that forking is safe, accepts hook requests on `<state dir>/agent.sock` (0600, root only, checked again
+with SO_PEERCRED) and forks one child per request. The parent never reads a request, never touches NVML or the
+store, and so cannot be wedged by a client or a hung GPU. The child (`serve_request`) takes the hook's environment,
+working directory, umask, priority, OOM score and standard streams, and runs gpuguard.cli.hooks.run_hook exactly as
+the hook process would have; its exit code goes back to the client, which exits with it.
+
+It refuses to start where a hook would not run as slurmd runs it (gpuguard.agent.confinement), when another agent
+holds `<state dir>/agent.lock`, or when the state directory is writable by others; and stops, for its supervisor to
+start a fresh one, as soon as a file of the code it loaded changed on disk (an upgrade: a request is never run by
+old code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import importlib
+import os
+import resource
+import select
+import signal
+import socket
+import stat
+import sys
+import sysconfig
+import threading
+import time
+from typing import NoReturn, Optional
+
+import pynvml  # noqa: F401 - imported once here rather than in every hook (gpuguard.probes.nvml imports it lazily)
+
+from gpuguard.agent import EXIT_BUSY, EXIT_CODE_CHANGED, EXIT_CONFINED, EXIT_STOPPED, EXIT_UNSAFE, wire
+from gpuguard.agent.confinement import confinement_issues
+from gpuguard.checks import registry
+from gpuguard.cli import hooks
+from gpuguard.xid.catalog import load_catalog
+
+REQUEST_TIMEOUT_S = 2.0  # the client sends its request right after connecting
+GO_TIMEOUT_S = 2.0  # and says `go` right after `ready`; a client that went its own way never starts a run
+POLL_S = 1.0
+
+
+def _log(msg: str) -> None:
+    print(f"gpuguard agent[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- what the agent loaded
+
+
+def loaded_files() -> list[str]:
+    """The files of every module loaded from outside the standard library (gpuguard, pynvml, ...)."""
+    stdlib = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+    out = []
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if f and not f.startswith(stdlib):
+            out.append(os.path.abspath(f))
+    return sorted(set(out))
+
+
+def code_stamp(files: list[str]) -> list[tuple[str, int, int]]:
+    stamp = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            stamp.append((f, st.st_mtime_ns, st.st_size))
+        except OSError:
+            stamp.append((f, -1, -1))
+    return stamp
+
+
+# What hooks import only on some paths (the health check's EFA counters and pruning, a drain's notification, the
+# optional NCCL/DCGM tier): imported here once, so that no child pays for it. One that cannot be imported (an
+# optional dependency missing) is left to the child, which handles it as the hook process would.
+WARM_MODULES = ("gpuguard.nccl.tier", "gpuguard.nccl.probe", "gpuguard.probes.dcgm", "gpuguard.probes.efa_counters",
+                "gpuguard.fleet.ship", "gpuguard.notify", "gpuguard.pipeline.storm", "gpuguard.metrics.node")
+
+
+def warm() -> None:
+    """What every hook would otherwise build itself; pure data, safe to share across fork."""
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - see WARM_MODULES
+            pass
+    registry()
+    load_catalog()
+
+
+# --------------------------------------------------------------------------- the listening socket
+
+
+def check_directory(directory: str) -> Optional[str]:
+    """Why `directory` cannot hold the socket, or None: another user able to write it could replace the socket."""
+    try:
+        st = os.stat(directory)
+    except OSError as e:
+        return f"{directory}: {e.strerror}"
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return f"{directory} is writable by others or not owned by uid {os.geteuid()}"
+    return None
+
+
+def listen(path: str) -> socket.socket:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(f"{path} exists and is not a socket")
+        os.unlink(path)  # a previous agent's (we hold the lock)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    addr, dirfd = wire.address(path)
+    old = os.umask(0o177)  # created 0600: only root may connect
+    try:
+        sock.bind(addr)
+    finally:
+        os.umask(old)
+        if dirfd is not None:
+            os.close(dirfd)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+class Agent:
+    def __init__(self, directory: str, exit_with_parent: bool = False) -> None:
+        self.directory = directory
+        self.path = wire.socket_path(directory)
+        self.parent = os.getppid() if exit_with_parent else None
+        self.files: list[str] = []
+        self.stamp: list[tuple[str, int, int]] = []
+        self.lock_fd: Optional[int] = None
+        self.listener: Optional[socket.socket] = None
+        self.served = 0
+
+    def start(self) -> Optional[int]:
+        """None when ready to serve, else the exit code."""
+        issues = confinement_issues()
+        if issues:
+            _log("not starting: hooks would not run here as slurmd runs them: " + "; ".join(issues))
+            return EXIT_CONFINED
+        os.makedirs(self.directory, mode=0o755, exist_ok=True)
+        unsafe = check_directory(self.directory)
+        if unsafe:
+            _log(f"not starting: {unsafe}")
+            return EXIT_UNSAFE
+        self.lock_fd = os.open(os.path.join(self.directory, "agent.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                               0o600)
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"not starting: another agent serves {self.directory}")
+            return EXIT_BUSY
+        warm()
+        if threading.active_count() != 1:
+            _log("not starting: a thread is running, forking would not be safe")
+            return EXIT_UNSAFE
+        self.files = loaded_files()
+        self.stamp = code_stamp(self.files)
+        self.listener = listen(self.path)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_STOPPED))  # serve()'s finally removes the socket
+        _log(f"serving hooks on {self.path}")
+        return None
+
+    def serve(self) -> int:
+        assert self.listener is not None
+        try:
+            while True:
+                ready, _, _ = select.select([self.listener], [], [], POLL_S)
+                self.reap()
+                if self.parent is not None and os.getppid() != self.parent:
+                    _log("the watch daemon is gone: stopping")
+                    return EXIT_STOPPED
+                if ready and not self.accept():
+                    return EXIT_CODE_CHANGED
+        finally:
+            self.close()
+
+    def accept(self) -> bool:
+        """Hand one connection to a child. False: the code on disk changed, stop."""
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return True
+        with conn:
+            if wire.peer_uid(conn) != os.geteuid():
+                return True
+            if code_stamp(self.files) != self.stamp:
+                _log("gpuguard changed on disk since the agent started: stopping (the hooks run in their own "
+                     "processes until the new agent is up)")
+                _send(conn, b"refused code changed\n")
+                return False
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                self._become_child(conn)
+            self.served += 1
+        return True
+
+    def _become_child(self, conn: socket.socket) -> NoReturn:
+        code = 70
+        try:
+            assert self.listener is not None
+            self.listener.close()
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)  # the lock is the agent's, not its children's
+            code = serve_request(conn)
+        except BaseException:  # noqa: BLE001 - never back into the parent's loop
+            pass
+        os._exit(code)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            try:
+                if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                    os.unlink(self.path)
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------- the child: one hook run
+
+
+def _send(conn: socket.socket, data: bytes) -> bool:
+    try:
+        conn.sendall(data)
+        return True
+    except OSError:
+        return False
+
+
+def read_request(conn: socket.socket) -> tuple[wire.HookRequest, list[int]]:
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    try:
+        while b"\n" not in data[:64]:
+            if len(data) >= 64 or not (more := conn.recv(1 << 16)):
+                raise wire.WireError("no request header")
+            data += more
+        header, _, body = data.partition(b"\n")
+        need = wire.body_length(header)
+        while len(body) < need:
+            more = conn.recv(min(1 << 16, need - len(body)))
+            if not more:
+                raise wire.WireError("truncated request")
+            body += more
+        return wire.decode_request(body[:need]), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def mismatch(req: wire.HookRequest) -> Optional[str]:
+    """Why this agent's code would not run `req` as the client's own process would, or None."""
+    mine = os.path.dirname(os.path.abspath(sys.modules["gpuguard"].__file__ or ""))
+    if os.path.realpath(req.executable) != os.path.realpath(sys.executable):
+        return "another Python"
+    if os.path.realpath(req.package) != os.path.realpath(mine):
+        return "another gpuguard installation"
+    if req.runtime != wire.runtime_signature():
+        return "another interpreter setup"
+    return None
+
+
+def adopt(req: wire.HookRequest, fds: list[int]) -> None:
+    """Become the hook process: its environment, directory, umask, priority, resource limits, OOM score, standard
+    streams."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environb.clear()
+    os.environb.update(req.env)
+    time.tzset()  # the hook's TZ, for its log lines' timestamps
+    os.chdir(req.cwd)
+    os.umask(req.umask)
+    os.setpriority(os.PRIO_PROCESS, 0, req.nice)
+    for limit, (soft, hard) in req.rlimits.items():
+        resource.setrlimit(limit, (soft, hard))  # ValueError/OSError: refused, the hook runs in its own process
+    if req.oom_score_adj is not None:
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(req.oom_score_adj))
+        except OSError:
+            pass
+    for target in (0, 1, 2):
+        if str(target) in req.fds:
+            fd = fds[req.fds.index(str(target))]
+            os.dup2(fd, target)
+        else:
+            try:
+                os.close(target)  # closed in the hook process too
+            except OSError:
+                pass
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+
+
+def serve_request(conn: socket.socket) -> int:
+    if not _send(conn, f"hello {os.getpid()}\n".encode()):
+        return 2  # the client gave up on a queued connection
+    try:
+        req, fds = read_request(conn)
+    except (OSError, wire.WireError) as e:
+        _send(conn, f"refused {str(e)[:200]}\n".encode(errors="replace"))
+        return 2
+    why = mismatch(req)
+    if why is None:
+        try:
+            adopt(req, fds)
+        except (OSError, ValueError) as e:
+            why = f"cannot take over the hook's process settings: {e}"
+    if why is not None:
+        _send(conn, f"refused {why}\n".encode(errors="replace"))
+        return 2
+    if not _send(conn, f"ready {os.getpid()}\n".encode()):
+        return 2
+    if wire.LineReader(conn).line(GO_TIMEOUT_S) != b"go":
+        return 2  # the client ran the hook itself (it timed out on us) or went away
+    return run_for_client(conn, req)
+
+
+def run_for_client(conn: socket.socket, req: wire.HookRequest) -> NoReturn:
+    lock = threading.Lock()
+
+    def send(line: str) -> None:
+        with lock:
+            _send(conn, line.encode())
+
+    def exit_process(code: int) -> NoReturn:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        send(f"exit {code}\n")
+        os._exit(code)
+
+    def client_gone() -> None:  # slurmd killed the hook (its timeout) or the client gave up: so does the run
+        conn.settimeout(None)
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        os._exit(3)
+
+    threading.Thread(target=client_gone, name="agent-client", daemon=True).start()
+    try:
+        kind, config, simulate = hooks.parse_hook_args(req.args)
+    except hooks.HookUsageError as e:
+        print(f"{hooks.USAGE}\ngpuguard: error: {e}", file=sys.stderr)
+        exit_process(2)
+    code = hooks.run_hook(kind, config, simulate, started=req.started,
+                          report=lambda c, deadline: send(f"code {c} {deadline:g}\n"), exit_process=exit_process,
+                          via="agent")
+    exit_process(code)
+
+
+# --------------------------------------------------------------------------- entry
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpuguard.agent.server", description=__doc__.splitlines()[0])
+    ap.add_argument("--state-dir", help=f"where agent.sock lives (default ${wire.ENV_STATE_DIR} or "
+                                        f"{wire.DEFAULT_STATE_DIR}: the hooks look there)")
+    ap.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it ends")
+    args = ap.parse_args(argv)
+    agent = Agent(args.state_dir or wire.state_dir(os.environ), exit_with_parent=args.exit_with_parent)
+    code = agent.start()
+    if code is not None:
+        return code
+    return agent.serve()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
