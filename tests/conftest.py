@@ -17,9 +17,11 @@ def _private_gpuguard_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch
     monkeypatch.setenv("GPUGUARD_RUNTIME_DIR", str(base / "run"))
 
 
-# The node-wide directories a test must never write (a journal left in /run/gpuguard by one test is evidence the
-# next test's node "already handled": CI once saw a drain recorded for the wrong check that way). Checked once for
-# the whole session, on the controller when pytest-xdist runs workers.
+
+# The node-wide directories a test must never write: a journal left in /run/gpuguard by one test is evidence the
+# next test's node "already handled" (CI once recorded a drain under the wrong check that way), and a store in
+# /var/lib/gpuguard outlives the run. Checked around every test, so the error names the test that wrote there
+# (on a machine where something else runs gpuguard at the same time this can name an innocent test).
 _SHARED_DIRS = ("/run/gpuguard", "/var/lib/gpuguard")
 
 
@@ -38,22 +40,12 @@ def _shared_snapshot() -> dict[str, int]:
     return out
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[_SHARED_KEY] = _shared_snapshot()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if hasattr(session.config, "workerinput"):
-        return
-    before = session.config.stash.get(_SHARED_KEY, None)
-    if before is None:
-        return
-    after = _shared_snapshot()
-    touched = sorted(p for p, m in after.items() if before.get(p) != m)
+@pytest.fixture(autouse=True)
+def _no_writes_to_node_wide_dirs() -> Any:
+    before = _shared_snapshot()
+    yield
+    touched = sorted(p for p, m in _shared_snapshot().items() if before.get(p) != m)
     if touched:
-        sys.stderr.write("\nERROR: tests wrote gpuguard's node-wide directories (a test lost its private "
-                         f"GPUGUARD_STATE_DIR/GPUGUARD_RUNTIME_DIR): {', '.join(touched)}\n")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-_SHARED_KEY = pytest.StashKey[dict]()
+        pytest.fail("this test wrote gpuguard's node-wide directories (a subprocess lost the test's private "
+                    f"GPUGUARD_STATE_DIR/GPUGUARD_RUNTIME_DIR, or a config without store.path): {', '.join(touched)}",
+                    pytrace=False)

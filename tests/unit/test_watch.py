@@ -857,6 +857,7 @@ def test_shipped_systemd_unit_starts_the_daemon_from_the_installed_env(tmp_path,
     install_hooks(libexec, sys.executable, str(cfg))
     assert unit["EnvironmentFile"] == ["/usr/local/libexec/gpuguard/gpuguard.env"]
     env = {"PATH": "/usr/bin:/bin"}  # systemd's environment: nothing but the EnvironmentFile
+    env["GPUGUARD_RUNTIME_DIR"] = os.environ["GPUGUARD_RUNTIME_DIR"]  # ... and this test's own /run/gpuguard
     for line in (libexec / "gpuguard.env").read_text().splitlines():
         if "=" in line and not line.startswith("#"):
             key, _, value = line.partition("=")
