@@ -138,7 +138,11 @@ def test_every_hook_run_writes_one_node_file_that_promtool_accepts(tmp_path):
     cfg = make_cfg(tmp_path, str(tmp_path / "textfile" / "{node}"))
     slurm = MemorySlurm()
     assert run(cfg, "prolog", "xid79", slurm, job="77").verdict.outcome == "drain" and slurm.reason
-    run(cfg, "healthcheck", "xid79", slurm)  # the Xid was judged already (cursor): the node stays drained
+    # slurmd's HealthCheckProgram (hook=True) exits 0 whatever it finds: slurmd ignores the code and gpuguard
+    # drains itself (issue 16: the metric said 1 after a health check that exited 0)
+    hc = run_sim(RunContext(kind="healthcheck", node="node2"), cfg, simulate=str(SCENARIOS / "xid79.yaml"),
+                 slurm_client=slurm, hook=True)
+    assert hc.exit_code == 0 and slurm.reason  # the node stays drained
     run(cfg, "epilog", "healthy-p5", slurm, job="77")
 
     assert sorted(p.name for p in prom.iterdir()) == ["gpuguard_node.prom"]  # no temp files, legacy ones gone
@@ -149,6 +153,7 @@ def test_every_hook_run_writes_one_node_file_that_promtool_accepts(tmp_path):
     assert value(m, "gpuguard_run_verdict", kind="prolog", verdict="drain") == 1
     assert value(m, "gpuguard_run_verdict", kind="prolog", verdict="pass") == 0
     assert value(m, "gpuguard_run_exit_code", node="node2", kind="prolog") == 1
+    assert value(m, "gpuguard_run_exit_code", node="node2", kind="healthcheck") == 0
     assert value(m, "gpuguard_run_verdict", kind="epilog", verdict="pass") == 1
     assert {lab["kind"] for lab, _ in m["gpuguard_run_last_timestamp_seconds"]} == {"prolog", "healthcheck",
                                                                                     "epilog"}
@@ -160,6 +165,8 @@ def test_every_hook_run_writes_one_node_file_that_promtool_accepts(tmp_path):
     assert m["gpuguard_node_drained"][0][0] == {"node": "node2", "check": "gpu.xid", "keyword": "XID79"}
     assert abs(value(m, "gpuguard_node_drained_since_timestamp_seconds") - time.time()) < 60
     assert value(m, "gpuguard_drain_operations_total", op="drain", outcome="done") == 1
+    # the health check found the drain in place: not an operation (issue 16: "already" grew every health check)
+    assert not [lab for lab, _ in m["gpuguard_drain_operations_total"] if lab.get("outcome") == "already"]
     # the Xid once, although the prolog, health check and epilog all read that kernel log
     assert value(m, "gpuguard_xid_events_total", **{"class": "fatal"}) == 1
     assert value(m, "gpuguard_xid_events_total", **{"class": "app"}) == 0
@@ -194,6 +201,8 @@ def test_counters_start_at_zero_so_increase_sees_the_first_drain(tmp_path):
     run(cfg, "prolog", "ecc-dbe", slurm, job="1")
     m = read_metrics(tmp_path / "prom" / "gpuguard_node.prom")
     assert value(m, "gpuguard_drain_operations_total", op="drain", outcome="done") == 1
+    # the health check found the drain in place: not an operation (issue 16: "already" grew every health check)
+    assert not [lab for lab, _ in m["gpuguard_drain_operations_total"] if lab.get("outcome") == "already"]
     assert value(m, "gpuguard_node_drained") == 1
     assert {lab["keyword"] for lab, _ in m["gpuguard_node_drained"]} == {"XID48"}  # the DBE's Xid 48 leads
     assert value(m, "gpuguard_xid_events_total", **{"class": "fatal"}) == 1
@@ -216,6 +225,8 @@ def test_drains_by_other_writers_are_counted_once_and_undrain_clears_the_state(t
     run(cfg, "healthcheck", "healthy-p5", slurm)
     m = read_metrics(tmp_path / "prom" / "gpuguard_node.prom")
     assert value(m, "gpuguard_drain_operations_total", op="drain", outcome="done") == 1
+    # the health check found the drain in place: not an operation (issue 16: "already" grew every health check)
+    assert not [lab for lab, _ in m["gpuguard_drain_operations_total"] if lab.get("outcome") == "already"]
     assert m["gpuguard_node_drained"] == [({"node": "node2", "check": "gpu.xid", "keyword": "XID79"}, 1.0)]
     with Store(str(tmp_path / "state" / "node2.db")) as st:  # an admin lifts it; old rows are pruned
         st.record_drain(node="node2", op="undrain", outcome="done", check_id="gpu.xid", action=None, run_id=None,

@@ -94,3 +94,19 @@ def test_recovery_action_unreadable_keeps_the_reset_drain(tmp_path):
         # waits; or, once the unknown has lasted incomplete_escalate_after runs, the verdict itself is a drain
         assert r.verdict.outcome == "drain" or r.undrain["decision"] == "wait"
     assert ("undrain", None) not in slurm.calls and slurm.reason
+
+
+def test_the_undrain_message_names_the_check_that_drained_the_node(tmp_path):
+    """Issue 16: the undrain notification said `check: -`. It names the drain's check (and resolves its alert)."""
+    from gpuguard.notify.render import render
+    from gpuguard.pipeline.tell import run_events
+
+    slurm = MemorySlurm()
+    results = [_hc(tmp_path, {"kernel_log": [XID119]}, slurm) for _ in range(3)]  # drained, then passes
+    _reload_driver(tmp_path)
+    results.append(_hc(tmp_path, {"kernel_log": [XID119]}, slurm))
+    done = [r for r in results if (r.undrain or {}).get("outcome") == "done"]
+    assert len(done) == 1 and slurm.reason is None
+    (event,) = [e for e in run_events(done[0]) if e.kind == "undrain"]
+    assert event.check_id == "gpu.xid"
+    assert "check:    gpu.xid" in render(event)[1]
