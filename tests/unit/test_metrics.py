@@ -556,3 +556,40 @@ def test_one_directory_with_every_writer_has_no_duplicate_series(tmp_path):
     assert len(series) > 100
     for f in d.glob("*.prom"):
         promtool_check_metrics(f)
+
+
+class _HungController(MemorySlurm):
+    """slurmctld down: every call fails, as the CLI client's do when scontrol times out."""
+
+    def get_node(self, name):
+        from gpuguard.slurm.client import SlurmTimeout
+
+        raise SlurmTimeout("scontrol show node timed out after 5 s")
+
+    drain = set_reason = undrain = get_node  # type: ignore[assignment]
+
+
+def test_a_pending_drain_is_in_the_metrics_and_in_gpuguard_status_with_its_age(tmp_path):
+    """Issue 14: a drain Slurm could not take shows as pending, with its age, in the node's metrics and in
+    `gpuguard status` (the lines an admin sees first), until it is applied."""
+    from gpuguard.cli.status import own_health
+    from gpuguard.cli.status_render import render_own_health
+    from gpuguard.pipeline.journal import runtime_dir
+
+    prom = tmp_path / "textfile" / "node2"
+    cfg = make_cfg(tmp_path, str(tmp_path / "textfile" / "{node}"))
+    r = run(cfg, "healthcheck", "xid79", _HungController())
+    assert r.verdict.outcome == "drain" and r.drain["outcome"] == "failed"
+    m = read_metrics(prom / "gpuguard_node.prom")
+    assert value(m, "gpuguard_pending_drains", node="node2") == 1
+    decided = value(m, "gpuguard_pending_drain_oldest_timestamp_seconds", node="node2")
+    assert abs(decided - time.time()) < 60
+    health = own_health(runtime_dir(cfg))
+    (line,) = [x for x in render_own_health(cfg, health, decided + 600) if x.startswith("PENDING")]
+    assert "drain on node2 for 10m" in line and "XID79" in line and "jobs refused until Slurm takes it" in line
+
+    slurm = MemorySlurm()  # slurmctld is back: the next run applies it and nothing is pending any more
+    run(cfg, "healthcheck", "xid79", slurm)
+    assert slurm.reason and "XID79" in slurm.reason
+    assert value(read_metrics(prom / "gpuguard_node.prom"), "gpuguard_pending_drains", node="node2") == 0
+    assert not own_health(runtime_dir(cfg))["pending"]
