@@ -97,7 +97,8 @@ class DevSite:
         self.config_path = self.workdir / "config.yaml"
         self.log_path = self.workdir / "gpuguard.log"
         self.python = python or sys.executable
-        hooks = install_hooks(self.libexec, self.python, str(self.config_path), state_dir=str(self.workdir / "state"))
+        hooks = install_hooks(self.libexec, self.python, str(self.config_path), state_dir=str(self.workdir / "state"),
+                              runtime_dir=str(self.workdir / "run"))
         self.cluster = DevCluster(
             nodes=nodes, workdir=self.workdir / "cluster",
             prolog=str(hooks["prolog"]) if prolog else None,
@@ -213,6 +214,6 @@ class DevSite:
 
     def gpuguard(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "GPUGUARD_CONFIG": str(self.config_path), "GPUGUARD_STATE_DIR": str(self.workdir / "state"),
-               **self.cluster.env}
+               "GPUGUARD_RUNTIME_DIR": str(self.workdir / "run"), **self.cluster.env}
         return subprocess.run(self.cluster.command([self.python, "-m", "gpuguard", *args]), env=env,
                               capture_output=True, text=True, timeout=timeout)

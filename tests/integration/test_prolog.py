@@ -113,13 +113,15 @@ def test_hung_scontrol_still_ends_the_prolog(site_factory, tmp_path):
 
 def test_malformed_config_fails_open_with_a_clear_error(site_factory):
     site = site_factory(nodes=2)
-    site.config_path.write_text("policy:\n  on_failure: drain\ndeadlines:\n  prolog_s: soon\n")
+    # the site's own file (its nodes' stores, scenarios) with one bad value
+    site.write_config({"deadlines": {"prolog_s": "soon"}})
+    bad_line = site.config_path.read_text().splitlines().index("  prolog_s: soon") + 1
     job = site.cluster.sbatch(JOB, "-N2", "--gres=gpu:8")
     assert site.cluster.wait_job(job, timeout=30)["JobState"] == "COMPLETED"
     assert not any("DRAIN" in site.cluster.node_flags(n) for n in site.cluster.node_names)
     check = site.gpuguard("config", "--config", str(site.config_path))
     assert check.returncode == 2
-    assert f"{site.config_path}: line 4: deadlines.prolog_s: expected a number" in check.stderr
+    assert f"{site.config_path}: line {bad_line}: deadlines.prolog_s: expected a number" in check.stderr
 
 
 def test_forged_xid_from_userspace_does_not_drain(site_factory):

@@ -22,9 +22,10 @@ def repo_root() -> Optional[Path]:
 
 
 def install_hooks(libexec: Path, python: str, config: Optional[str], source: Optional[Path] = None,
-                  state_dir: Optional[str] = None) -> dict[str, Path]:
+                  state_dir: Optional[str] = None, runtime_dir: Optional[str] = None) -> dict[str, Path]:
     """Copy the hook scripts into `libexec` and write `gpuguard.env` beside them. `state_dir`: where the hooks keep
-    the last good configuration (default /var/lib/gpuguard)."""
+    the last good configuration (default /var/lib/gpuguard); `runtime_dir`: their verdict journals when the config
+    names none or cannot be read (default /run/gpuguard). Both matter where several nodes share one host."""
     src = source or repo_root()
     if src is None:
         raise FileNotFoundError("hook scripts not found (run from a gpuguard checkout)")
@@ -43,6 +44,8 @@ def install_hooks(libexec: Path, python: str, config: Optional[str], source: Opt
         lines.append(f"GPUGUARD_CONFIG={shlex.quote(config)}")
     if state_dir:
         lines.append(f"GPUGUARD_STATE_DIR={shlex.quote(state_dir)}")
+    if runtime_dir:
+        lines.append(f"GPUGUARD_RUNTIME_DIR={shlex.quote(runtime_dir)}")
     env = libexec / "gpuguard.env"
     env.write_text("\n".join(lines) + "\n")
     env.chmod(0o644)
