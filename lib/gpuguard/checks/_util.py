@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 from gpuguard.model import Action, Finding, GpuInfo, NvmlObservation, Severity
 
 if TYPE_CHECKING:
-    from gpuguard.checks import CheckInput, CheckSpec
+    from gpuguard.checks.spec import CheckInput, CheckSpec
 
 
 def spec_of(inp: "CheckInput") -> "CheckSpec":

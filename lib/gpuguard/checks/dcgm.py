@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckInput
+from gpuguard.checks.spec import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
 from gpuguard.model import Action, Finding, Observations
 

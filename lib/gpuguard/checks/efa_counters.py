@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckInput
+from gpuguard.checks.spec import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, skip, spec_of
 from gpuguard.model import Action, Finding, Observations, Severity
 

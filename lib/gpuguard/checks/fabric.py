@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from gpuguard.checks import CheckInput
+from gpuguard.checks.spec import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, skip, spec_of
 from gpuguard.checks.inventory import count_finding, efa_devices, had_count, ib_devices
 from gpuguard.model import Action, Finding, Observations, RdmaDevice

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckInput
+from gpuguard.checks.spec import CheckInput
 from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, job_gpus, mismatch, nvml_unavailable, ok, skip,
                                    spec_of, unread_fields, unread_finding, warn)
 from gpuguard.model import Action, Finding, Observations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gpuguard.checks import CheckInput, CheckSpec
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.checks._util import (fail, gpu_label, incomplete, job_gpus, mismatch, nvml_unavailable, ok, skip,
                                    spec_of, unread_fields, unread_finding, warn)
 from gpuguard.checks.inventory import GPU_IDLE, count_finding, gpu_busy, had_nvlinks, had_pcie

@@ -9,7 +9,7 @@ ok: the health check lifts a reset-class drain only on a value read as clear (gp
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckInput, CheckSpec
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.checks._util import (fail, gpu_label, job_gpus, mismatch, nvml_unavailable, ok, skip, spec_of,
                                    unread_fields, unread_finding)
 from gpuguard.model import Action, Finding, GpuInfo, Observations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckInput, CheckSpec
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.checks._util import (fail, gpu_label, job_gpus, nvml_unavailable, ok, skip, spec_of, unread_fields,
                                    unread_finding, warn)
 from gpuguard.model import Action, Finding, GpuInfo, Observations
