@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.model import Action, Finding, GpuInfo, KernelLogObservation, Observations, XidEvent
 
 if TYPE_CHECKING:
