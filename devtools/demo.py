@@ -14,8 +14,11 @@ import sys
 import time
 from typing import Any
 
+import yaml
+
 from devtools.devcluster import missing_requirements
 from devtools.devsite import DevSite, scenario_path
+from gpuguard.util.fs import atomic_write
 
 BOLD, DIM, RED, GREEN, YELLOW, RESET = "\033[1m", "\033[2m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
 JOB = "#!/bin/sh\n# a stand-in for torchrun: one task per node\nsrun -l hostname\n"
@@ -79,10 +82,6 @@ XID119 = ("NVRM: Xid (PCI:0000:86:00): 119, pid=2113, name=python3, Timeout afte
 def _controller_down(site: DevSite, out: Out) -> bool:
     """The drain cannot reach slurmctld: it is kept as pending, the node refuses jobs, and it is applied once
     slurmctld is back."""
-    import yaml
-
-    from gpuguard.util.fs import atomic_write
-
     path = site.scenarios / "node3.yaml"
     data = yaml.safe_load(path.read_text())
     data["kernel_log"] = list(data.get("kernel_log") or []) + [XID119]
@@ -135,13 +134,12 @@ def run_demo(keep: bool = False) -> int:
     if missing:
         print("cannot run the demo here: " + "; ".join(missing), file=sys.stderr)
         return 2
-    total = 8
     print(out.c(BOLD, "gpuguard demo: a real Slurm cluster on this machine, 3 nodes, each a simulated "
                       "p5.48xlarge (8x H100 80GB, 32 EFA)"))
     print(out.c(DIM, "NVML answers through the real nvidia-ml-py binding over a fake libnvidia-ml.so.1; "
                      "slurmd runs gpuguard's installed prolog before every job."))
 
-    out.step(1, total, "booting munge + slurmctld + 3 slurmd with Prolog=gpuguard-prolog")
+    out.step(1, TOTAL_STEPS, "booting munge + slurmctld + 3 slurmd with Prolog=gpuguard-prolog")
     t0 = time.monotonic()
     site = DevSite(nodes=3, scenario="healthy-p5", keep=keep)
     try:
@@ -149,62 +147,7 @@ def run_demo(keep: bool = False) -> int:
         out.line(f"up in {time.monotonic() - t0:.1f}s (workdir {site.workdir})")
         out.line(f"Prolog={site.libexec / 'gpuguard-prolog'}   config {site.config_path}")
         _nodes_table(site, out)
-
-        out.step(2, total, "a healthy 2-node job (8 GPUs per node)")
-        t0 = time.monotonic()
-        job = site.cluster.sbatch(JOB, "-N2", "--gres=gpu:8", "--job-name=train-llm")
-        info = site.cluster.wait_job(job, timeout=60)
-        out.line(f"job {job} {out.c(GREEN, info['JobState'])} on {info['NodeList']} in {time.monotonic() - t0:.1f}s")
-        for node, r in _prolog_runs(site, job):
-            nchecks = sum(1 for f in r["findings"] if f["severity"] == "ok")
-            out.line(f"gpuguard prolog on {node}: {out.c(GREEN, r['verdict'].upper())} "
-                     f"({nchecks} checks ok, {r['duration_ms']:.0f} ms)")
-
-        out.step(3, total, "fault injected: GPU 3 on node2 falls off the bus (Xid 79)")
-        site.set_scenario("node2", "xid79")
-        out.line(f"node2 now runs scenario {scenario_path('xid79').name}: NVML sees 7 GPUs and the kernel log says")
-        out.line(out.c(DIM, "NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."))
-
-        out.step(4, total, "the same 2-node job again")
-        t0 = time.monotonic()
-        job = site.cluster.sbatch(JOB, "-N2", "--gres=gpu:8", "--job-name=train-llm")
-        info = site.cluster.wait_job(job, timeout=90)
-        took = time.monotonic() - t0
-        for node, r in _prolog_runs(site, job):
-            color = RED if r["verdict"] == "drain" else GREEN
-            out.line(f"attempt {(r['restart_count'] or 0) + 1}: gpuguard prolog on {node}: "
-                     f"{out.c(color, r['verdict'].upper())} ({r['duration_ms']:.0f} ms)"
-                     + (" -> exit 1, node drained, Slurm requeues the job" if r["verdict"] == "drain" else ""))
-        ok = info["JobState"] == "COMPLETED"
-        out.line(f"job {job} {out.c(GREEN if ok else RED, info['JobState'])} on {info['NodeList']} after "
-                 f"{info['Restarts']} requeue(s), {took:.1f}s end to end, no human involved")
-        _nodes_table(site, out)
-
-        out.step(5, total, "what gpuguard found on node2 (history store: runs, findings, drains)")
-        runs = site.runs("node2", "prolog")
-        bad = runs[0]
-        for f in bad["findings"]:
-            if f["severity"] in ("fail", "warn", "incomplete"):
-                out.line(f"{out.c(RED, f['severity'].upper()):<6} {f['check_id']:<12} {f['message']}")
-                if f["remediation"]:
-                    out.line(out.c(DIM, f"         -> {f['action']}: {f['remediation']}"))
-        d = site.store("node2").drains("node2")[0]
-        out.line(f"drain: {d['outcome']}  reason: {d['reason']}")
-        ev = json.loads([f for f in bad["findings"] if f["check_id"] == "gpu.xid"][0]["evidence"])
-        out.line(out.c(DIM, f"evidence: {ev.get('first', '')}"))
-        out.line("(more: .venv/bin/gpuguard xid explain 79 ; make demo DEMO_ARGS=--keep keeps the site for "
-                 "`gpuguard history`)")
-
-        out.step(6, total, "fleet report of the demo's drains (`gpuguard fleet report`)")
-        fleet_ok = _fleet_report(site, out)
-
-        out.step(7, total, "slurmctld goes down while node3's GPU logs Xid 119 (GSP timeout)")
-        pending_ok = _controller_down(site, out)
-
-        out.step(8, total, "a config typo is deployed to every node")
-        config_ok = _config_typo(site, out)
-        success = ok and info["NodeList"] == "node[1,3]" and (d["reason"] or "").startswith("gpuguard: XID79 gpu.xid") \
-            and fleet_ok and pending_ok and config_ok
+        success = _story(site, out)
     except Exception as e:  # noqa: BLE001 - show what happened, keep the logs
         site.keep = True
         print(f"\ndemo failed: {e}\n(logs kept in {site.workdir})", file=sys.stderr)
@@ -216,6 +159,84 @@ def run_demo(keep: bool = False) -> int:
         print("done" + (f" (kept {site.workdir})" if site.keep else ""))
     print(out.c(GREEN if success else RED, "demo OK" if success else "demo FAILED"))
     return 0 if success else 1
+
+
+TOTAL_STEPS = 8
+
+
+def _story(site: DevSite, out: Out) -> bool:
+    """Steps 2-8 on a booted site; True when every one showed what it should."""
+    out.step(2, TOTAL_STEPS, "a healthy 2-node job (8 GPUs per node)")
+    _healthy_job(site, out)
+
+    out.step(3, TOTAL_STEPS, "fault injected: GPU 3 on node2 falls off the bus (Xid 79)")
+    site.set_scenario("node2", "xid79")
+    out.line(f"node2 now runs scenario {scenario_path('xid79').name}: NVML sees 7 GPUs and the kernel log says")
+    out.line(out.c(DIM, "NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."))
+
+    out.step(4, TOTAL_STEPS, "the same 2-node job again")
+    info = _job_after_the_fault(site, out)
+
+    out.step(5, TOTAL_STEPS, "what gpuguard found on node2 (history store: runs, findings, drains)")
+    drain = _findings_on_node2(site, out)
+
+    out.step(6, TOTAL_STEPS, "fleet report of the demo's drains (`gpuguard fleet report`)")
+    fleet_ok = _fleet_report(site, out)
+
+    out.step(7, TOTAL_STEPS, "slurmctld goes down while node3's GPU logs Xid 119 (GSP timeout)")
+    pending_ok = _controller_down(site, out)
+
+    out.step(8, TOTAL_STEPS, "a config typo is deployed to every node")
+    config_ok = _config_typo(site, out)
+    return info["JobState"] == "COMPLETED" and info["NodeList"] == "node[1,3]" \
+        and (drain["reason"] or "").startswith("gpuguard: XID79 gpu.xid") and fleet_ok and pending_ok and config_ok
+
+
+def _healthy_job(site: DevSite, out: Out) -> None:
+    t0 = time.monotonic()
+    job = site.cluster.sbatch(JOB, "-N2", "--gres=gpu:8", "--job-name=train-llm")
+    info = site.cluster.wait_job(job, timeout=60)
+    out.line(f"job {job} {out.c(GREEN, info['JobState'])} on {info['NodeList']} in {time.monotonic() - t0:.1f}s")
+    for node, r in _prolog_runs(site, job):
+        nchecks = sum(1 for f in r["findings"] if f["severity"] == "ok")
+        out.line(f"gpuguard prolog on {node}: {out.c(GREEN, r['verdict'].upper())} "
+                 f"({nchecks} checks ok, {r['duration_ms']:.0f} ms)")
+
+
+def _job_after_the_fault(site: DevSite, out: Out) -> dict[str, str]:
+    """The job's final fields: node2's prolog drains, Slurm requeues the job onto the healthy nodes."""
+    t0 = time.monotonic()
+    job = site.cluster.sbatch(JOB, "-N2", "--gres=gpu:8", "--job-name=train-llm")
+    info = site.cluster.wait_job(job, timeout=90)
+    took = time.monotonic() - t0
+    for node, r in _prolog_runs(site, job):
+        color = RED if r["verdict"] == "drain" else GREEN
+        out.line(f"attempt {(r['restart_count'] or 0) + 1}: gpuguard prolog on {node}: "
+                 f"{out.c(color, r['verdict'].upper())} ({r['duration_ms']:.0f} ms)"
+                 + (" -> exit 1, node drained, Slurm requeues the job" if r["verdict"] == "drain" else ""))
+    ok = info["JobState"] == "COMPLETED"
+    out.line(f"job {job} {out.c(GREEN if ok else RED, info['JobState'])} on {info['NodeList']} after "
+             f"{info['Restarts']} requeue(s), {took:.1f}s end to end, no human involved")
+    _nodes_table(site, out)
+    return info
+
+
+def _findings_on_node2(site: DevSite, out: Out) -> dict[str, Any]:
+    """What the drained node's store says: the failing findings, the drain (returned), the evidence."""
+    runs = site.runs("node2", "prolog")
+    bad = runs[0]
+    for f in bad["findings"]:
+        if f["severity"] in ("fail", "warn", "incomplete"):
+            out.line(f"{out.c(RED, f['severity'].upper()):<6} {f['check_id']:<12} {f['message']}")
+            if f["remediation"]:
+                out.line(out.c(DIM, f"         -> {f['action']}: {f['remediation']}"))
+    d = site.store("node2").drains("node2")[0]
+    out.line(f"drain: {d['outcome']}  reason: {d['reason']}")
+    ev = json.loads([f for f in bad["findings"] if f["check_id"] == "gpu.xid"][0]["evidence"])
+    out.line(out.c(DIM, f"evidence: {ev.get('first', '')}"))
+    out.line("(more: .venv/bin/gpuguard xid explain 79 ; make demo DEMO_ARGS=--keep keeps the site for "
+             "`gpuguard history`)")
+    return d
 
 
 def main() -> int:

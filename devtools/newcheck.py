@@ -4,8 +4,9 @@
         --description "persistence mode is on on every GPU"
 
 1. a function skeleton appended to lib/gpuguard/checks/<module>.py (pure: observations in, findings out);
-2. its `CheckSpec` in `_registry()` (lib/gpuguard/checks/__init__.py), after the last one, with the next free
-   priority (lower = named first in a drain reason: move it up if it is a root cause);
+2. its `CheckSpec` in lib/gpuguard/checks/registered.py, after the last one (the last group: move it to the
+   group it belongs to), with the next free priority (lower = named first in a drain reason: move it up if it is a
+   root cause);
 3. its entry in the registry test's table of failing fixtures: a placeholder that fails until a real failing
    observation replaces it (every check must have one);
 4. its section in docs/runbooks.md (the anchor the registry test looks for).
@@ -44,8 +45,8 @@ def {func}(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 def spec_text(check_id: str, keyword: str, probe: str, module_alias: str, func: str, kinds: str, description: str,
               priority: int) -> str:
-    return (f'        S("{check_id}", ("{keyword}",), "{probe}", {module_alias}.{func}, {KINDS[kinds]}, {{}},\n'
-            f'          "{description}", priority={priority}),\n')
+    return (f'        CheckSpec("{check_id}", ("{keyword}",), "{probe}", {module_alias}.{func}, {KINDS[kinds]}, {{}},\n'
+            f'                  "{description}", priority={priority}),\n')
 
 
 def runbook_text(check_id: str, keyword: str, description: str) -> str:
@@ -79,16 +80,16 @@ def scaffold(root: Path, check_id: str, keyword: str, probe: str, module: str, k
         raise SystemExit(f"--probe: one of {', '.join(PROBES)}")
     func = "check_" + check_id.split(".", 1)[1]
     mod_path = root / "lib" / "gpuguard" / "checks" / f"{module}.py"
-    reg_path = root / "lib" / "gpuguard" / "checks" / "__init__.py"
+    reg_path = root / "lib" / "gpuguard" / "checks" / "registered.py"
     test_path = _registry_test(root)
     runbooks = root / "docs" / "runbooks.md"
     reg = reg_path.read_text()
-    if f'S("{check_id}"' in reg:
+    if f'CheckSpec("{check_id}"' in reg:
         raise SystemExit(f"{check_id} is registered already")
     alias = _module_alias(reg, module)
     done = []
-    new_reg = _insert_at_list_end(reg, "def _registry(", spec_text(check_id, keyword, probe, alias, func, kinds,
-                                                                   description, _next_priority(reg)))
+    new_reg = _insert_at_last_list_end(reg, spec_text(check_id, keyword, probe, alias, func, kinds, description,
+                                                      _next_priority(reg)))
     test_src = test_path.read_text()
     table = test_src.index("FAILING: dict[str, list[Case]]")
     new_test = test_src[:table] + _with_failing_entry(test_src[table:], check_id)
@@ -103,16 +104,18 @@ def scaffold(root: Path, check_id: str, keyword: str, probe: str, module: str, k
 
 
 def _module_alias(registry_src: str, module: str) -> str:
-    """The name `_registry()` imports the check module under (gpu/identity -> identity)."""
+    """The name the registry imports the check module under (gpu/identity -> identity)."""
     name = module.replace("/", ".").split(".")[-1]
     if re.search(rf"\bimport [^\n]*\b{re.escape(name)}\b", registry_src):
         return name
-    raise SystemExit(f"_registry() does not import checks.{module.replace('/', '.')}: add the import there first")
+    raise SystemExit(f"checks/registered.py does not import checks.{module.replace('/', '.')}: add the import there "
+                     "first")
 
 
-def _insert_at_list_end(text: str, after: str, insert: str) -> str:
-    """`insert` as the last item of the first list that closes (`    ]` on its own line) after `after`."""
-    i = text.index("\n    ]\n", text.index(after))
+def _insert_at_last_list_end(text: str, insert: str) -> str:
+    """`insert` as the last item of the last registry group (the last list that closes with `    ]` on its own line
+    before the registry's derived tables)."""
+    i = text.rindex("\n    ]\n", 0, text.index("\n# ----"))
     return text[:i + 1] + insert + text[i + 1:]
 
 

@@ -16,6 +16,7 @@ KINDS = ("prolog", "epilog", "healthcheck", "manual")
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _JOB_RE = re.compile(r"^\d{1,12}(?:_\d{1,9})?$")
 _USER_RE = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,31}\$?$")
+_UID_RE = re.compile(r"^\d{1,10}$")
 
 
 @dataclass(frozen=True)
@@ -83,68 +84,15 @@ def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = No
     """Build the context slurmd gives a Prolog/Epilog/HealthCheckProgram."""
     if kind not in KINDS:
         raise ValueError(f"unknown run kind {kind!r}")
-    ignored: list[str] = []
-
-    def pick(name: str, pattern: re.Pattern[str]) -> Optional[str]:
-        v = env.get(name)
-        if v is None or v == "":
-            return None
-        if pattern.match(v):
-            return v
-        ignored.append(name)
-        return None
-
-    node_name = node or pick("SLURMD_NODENAME", _NODE_RE) or _short_hostname()
-    job_id = pick("SLURM_JOB_ID", _JOB_RE) or pick("SLURM_JOBID", _JOB_RE)
-    user = pick("SLURM_JOB_USER", _USER_RE)
-    uid_s = pick("SLURM_JOB_UID", re.compile(r"^\d{1,10}$"))
-
+    read = _HostileEnv(env)
+    node_name = node or read.pick("SLURMD_NODENAME", _NODE_RE) or _short_hostname()
+    job_id = read.pick("SLURM_JOB_ID", _JOB_RE) or read.pick("SLURM_JOBID", _JOB_RE)
+    user = read.pick("SLURM_JOB_USER", _USER_RE)
+    uid_s = read.pick("SLURM_JOB_UID", _UID_RE)
     gpus: Optional[tuple[int, ...]] = None
     gpu_ids: Optional[tuple[str, ...]] = None
     if kind in ("prolog", "epilog"):
-        # Slurm sets SLURM_JOB_GPUS (GRES indices) and CUDA_VISIBLE_DEVICES in the prolog; UUIDs (a MIG slice's
-        # MIG-... in CUDA_VISIBLE_DEVICES) name a GPU more precisely than an index, so they win.
-        parsed: dict[str, tuple[str, ...]] = {}
-        for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
-            if var in env:
-                try:
-                    ids = parse_gpu_ids(env[var])
-                except ValueError:
-                    ignored.append(var)
-                    continue
-                if ids is not None:
-                    parsed[var] = ids
-        with_uuid = next((ids for ids in parsed.values() if any(not i.isdigit() for i in ids)), None)
-        gpu_ids = with_uuid if with_uuid is not None else next(iter(parsed.values()), None)
-        if gpu_ids is not None and all(i.isdigit() for i in gpu_ids):
-            gpus = tuple(int(i) for i in gpu_ids)  # provisional: Slurm's indices until the pipeline maps them
-        # A job without GPUs: node-level checks still run, per-GPU checks have nothing to look at.
-        if gpu_ids is None and job_id is not None:
-            gpus, gpu_ids = (), ()
-
-    restart = 0
-    for var in ("SLURM_JOB_RESTART_COUNT", "SLURM_RESTART_COUNT"):
-        v = env.get(var)
-        if v is not None:
-            if v.isdigit() and len(v) < 6:
-                restart = int(v)
-                break
-            ignored.append(var)
-
-    exclusive: Optional[bool] = None
-    v = env.get("SLURM_JOB_EXCLUSIVE")
-    if v is not None:
-        exclusive = v.strip() in ("1", "yes", "true", "exclusive", "user", "mcs")
-
-    exit_code: Optional[int] = None
-    v = env.get("SLURM_JOB_EXIT_CODE2") or env.get("SLURM_JOB_EXIT_CODE")
-    if v is not None:
-        m = re.fullmatch(r"(\d{1,3})(?::(\d{1,3}))?", v.strip())
-        if m:
-            exit_code = int(m.group(2)) + 128 if m.group(2) and int(m.group(2)) else int(m.group(1))
-        else:
-            ignored.append("SLURM_JOB_EXIT_CODE2")
-
+        gpus, gpu_ids = read.job_gpus(job_id)
     return RunContext(
         kind=kind,
         node=node_name,
@@ -153,8 +101,77 @@ def context_from_env(kind: str, env: Mapping[str, str], node: Optional[str] = No
         job_uid=int(uid_s) if uid_s is not None else None,
         gpu_indices=gpus,
         gpu_ids=gpu_ids,
-        restart_count=restart,
-        exclusive=exclusive,
-        job_exit_code=exit_code,
-        ignored_env=tuple(ignored),
+        restart_count=read.restart_count(),
+        exclusive=read.exclusive(),
+        job_exit_code=read.job_exit_code(),
+        ignored_env=tuple(read.ignored),
     )
+
+
+class _HostileEnv:
+    """Reads Slurm's variables from a job-controlled environment: a value that does not match what Slurm writes is
+    dropped and its name remembered (`ignored`, in the order read), never interpreted."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.ignored: list[str] = []
+
+    def pick(self, name: str, pattern: re.Pattern[str]) -> Optional[str]:
+        v = self.env.get(name)
+        if v is None or v == "":
+            return None
+        if pattern.match(v):
+            return v
+        self.ignored.append(name)
+        return None
+
+    def job_gpus(self, job_id: Optional[str]) -> tuple[Optional[tuple[int, ...]], Optional[tuple[str, ...]]]:
+        """(provisional NVML indices, Slurm's GPU ids) of the job's GPUs.
+
+        Slurm sets SLURM_JOB_GPUS (GRES indices) and CUDA_VISIBLE_DEVICES in the prolog; UUIDs (a MIG slice's
+        MIG-... in CUDA_VISIBLE_DEVICES) name a GPU more precisely than an index, so they win."""
+        parsed: dict[str, tuple[str, ...]] = {}
+        for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+            if var in self.env:
+                try:
+                    ids = parse_gpu_ids(self.env[var])
+                except ValueError:
+                    self.ignored.append(var)
+                    continue
+                if ids is not None:
+                    parsed[var] = ids
+        with_uuid = next((ids for ids in parsed.values() if any(not i.isdigit() for i in ids)), None)
+        gpu_ids = with_uuid if with_uuid is not None else next(iter(parsed.values()), None)
+        gpus: Optional[tuple[int, ...]] = None
+        if gpu_ids is not None and all(i.isdigit() for i in gpu_ids):
+            gpus = tuple(int(i) for i in gpu_ids)  # provisional: Slurm's indices until the pipeline maps them
+        # A job without GPUs: node-level checks still run, per-GPU checks have nothing to look at.
+        if gpu_ids is None and job_id is not None:
+            gpus, gpu_ids = (), ()
+        return gpus, gpu_ids
+
+    def restart_count(self) -> int:
+        for var in ("SLURM_JOB_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+            v = self.env.get(var)
+            if v is not None:
+                if v.isdigit() and len(v) < 6:
+                    return int(v)
+                self.ignored.append(var)
+        return 0
+
+    def exclusive(self) -> Optional[bool]:
+        v = self.env.get("SLURM_JOB_EXCLUSIVE")
+        if v is None:
+            return None
+        return v.strip() in ("1", "yes", "true", "exclusive", "user", "mcs")
+
+    def job_exit_code(self) -> Optional[int]:
+        """Epilog: SLURM_JOB_EXIT_CODE2's "exit:signal" as a shell would say it (128 + signal)."""
+        v = self.env.get("SLURM_JOB_EXIT_CODE2") or self.env.get("SLURM_JOB_EXIT_CODE")
+        if v is None:
+            return None
+        m = re.fullmatch(r"(\d{1,3})(?::(\d{1,3}))?", v.strip())
+        if not m:
+            self.ignored.append("SLURM_JOB_EXIT_CODE2")
+            return None
+        return int(m.group(2)) + 128 if m.group(2) and int(m.group(2)) else int(m.group(1))

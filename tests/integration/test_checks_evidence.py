@@ -11,27 +11,9 @@ from pathlib import Path
 
 import pytest
 from conftest import JOB
+from nodeview import drained, findings, hc, reason
 
 from gpuguard.slurm.reason import parse_reason
-
-
-def hc(site, node="node1"):
-    p = site.run_hook("healthcheck", node)
-    assert p.returncode in (0, 1), p.stderr
-    return site.runs(node, "healthcheck")[0]
-
-
-def reason(site, node="node1"):
-    r = site.cluster.node_info(node).get("Reason")
-    return parse_reason(r) if r else None
-
-
-def drained(site, node="node1"):
-    return "DRAIN" in site.cluster.node_flags(node)
-
-
-def findings(run, check_id):
-    return [f for f in run["findings"] if f["check_id"] == check_id]
 
 
 # --------------------------------------------------------------------------- item 5: unknown is never clear

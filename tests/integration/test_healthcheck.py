@@ -8,24 +8,9 @@ import concurrent.futures
 import time
 
 import pytest
+from nodeview import drained, hc, reason
 
 from devtools.devsite import DevSite
-from gpuguard.slurm.reason import parse_reason
-
-
-def hc(site, node="node1"):
-    p = site.run_hook("healthcheck", node)
-    assert p.returncode in (0, 1), p.stderr
-    return site.runs(node, "healthcheck")[0]
-
-
-def reason(site, node="node1"):
-    r = site.cluster.node_info(node).get("Reason")
-    return parse_reason(r) if r else None
-
-
-def drained(site, node="node1"):
-    return "DRAIN" in site.cluster.node_flags(node)
 
 
 def test_drains_on_row_remap_and_undrains_after_recovery(site_factory):

@@ -17,10 +17,10 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
+from nodeview import drained, reason
 
 from devtools.devsite import DevSite, scenario_path
 from gpuguard.util.fs import atomic_write
-from gpuguard.slurm.reason import parse_reason
 
 XID119 = ("NVRM: Xid (PCI:0000:86:00): 119, pid=2113, name=python3, Timeout after 6s of waiting for RPC response "
           "from GPU3 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20801348 0x204).")
@@ -39,15 +39,6 @@ def hook(site: DevSite, kind: str, node: str, job: str = "", timeout: float = 90
     env = {"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0"} \
         if kind != "healthcheck" else {}
     return site.run_hook(kind, node, timeout=timeout, **env)
-
-
-def reason(site: DevSite, node: str) -> Any:
-    r = site.cluster.node_info(node).get("Reason")
-    return parse_reason(r) if r else None
-
-
-def drained(site: DevSite, node: str) -> bool:
-    return "DRAIN" in site.cluster.node_flags(node)
 
 
 FAST = {"deadlines": {"scontrol_s": 2.0}}

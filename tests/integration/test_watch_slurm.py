@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from nodeview import drained
 
 from gpuguard.slurm.reason import parse_reason
 
@@ -91,10 +92,6 @@ def watch_factory(tmp_path: Path) -> Iterator[Callable[..., Watch]]:
     yield start
     for w in started:  # the daemons never outlive a test
         w.stop()
-
-
-def drained(site: Any, node: str) -> bool:
-    return "DRAIN" in site.cluster.node_flags(node)
 
 
 def test_watch_drains_within_2s_of_a_fatal_xid(site_factory, watch_factory):

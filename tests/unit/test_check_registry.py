@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 
 from gpuguard import checks
+from gpuguard.checks import registered
 from gpuguard.pipeline import policy
 from gpuguard.slurm import reason
 from gpuguard.checks import (ALL_KINDS, CheckInput, CheckSpec, cleared_only_by_reset, get_check, is_hardware_evidence,
@@ -251,7 +252,7 @@ def test_a_new_check_is_one_registry_entry(monkeypatch):
 
     spec = CheckSpec("gpu.persistence", ("PERSIST",), "nvml", check_persistence, ALL_KINDS, {},
                      "persistence mode is on", priority=5)
-    monkeypatch.setattr(checks, "_REGISTRY", registry() + [spec])
+    monkeypatch.setattr(registered, "_REGISTRY", registry() + [spec])
     monkeypatch.setattr(reason, "_keywords", None)
     found = run_check(spec, gpus(3, persistence_mode=False), CheckInput(profile=P5))
     v = policy.decide(found + _run(get_check("sys.disk"), FAILING["sys.disk"][0]), "prolog")  # both drain

@@ -25,60 +25,8 @@ sys.path.insert(0, str(LIB))  # run from a checkout without install
 import pynvml  # noqa: E402
 
 from gpuguard.probes.nvml import install_nvml_library  # noqa: E402
+from h100_nvml import BUSES, GIB, H100_MEMORY, h100_gpu  # noqa: E402
 from gpuguard.simulate.build import build_fake_nvml  # noqa: E402
-
-BUSES = ["53", "64", "75", "86", "97", "A8", "B9", "CA"]  # p5.48xlarge
-H100_MEMORY = 85520809984  # 81559 MiB, as an H100 80GB HBM3 reports it
-GIB = 1 << 30
-
-
-def h100_gpu(i: int) -> str:
-    return textwrap.dedent(f"""\
-        gpu.{i}.name=NVIDIA H100 80GB HBM3
-        gpu.{i}.uuid=GPU-{i:08x}-aaaa-bbbb-cccc-ddddeeeeffff
-        gpu.{i}.serial={1650123456789 + i}
-        gpu.{i}.pci_bus_id=00000000:{BUSES[i]}:00.0
-        gpu.{i}.pci_device_id=0x233010DE
-        gpu.{i}.pci_subsystem_id=0x16C110DE
-        gpu.{i}.minor={i}
-        gpu.{i}.memory_total={H100_MEMORY}
-        gpu.{i}.memory_used={i * GIB}
-        gpu.{i}.ecc_current=1
-        gpu.{i}.ecc_pending=1
-        gpu.{i}.ecc.volatile.uncorrected=0
-        gpu.{i}.ecc.volatile.corrected={i}
-        gpu.{i}.ecc.aggregate.uncorrected={i // 4}
-        gpu.{i}.ecc.aggregate.corrected={100 + i}
-        gpu.{i}.remap.correctable={i}
-        gpu.{i}.remap.uncorrectable=0
-        gpu.{i}.remap.pending=0
-        gpu.{i}.remap.failure=0
-        gpu.{i}.recovery_action=0
-        gpu.{i}.temperature={30 + i}
-        gpu.{i}.temp_slowdown=87
-        gpu.{i}.temp_shutdown=92
-        gpu.{i}.temp_gpu_max=85
-        gpu.{i}.temp_mem_max=95
-        gpu.{i}.clocks_event_reasons=0x1
-        gpu.{i}.pcie.gen_current=5
-        gpu.{i}.pcie.gen_max=5
-        gpu.{i}.pcie.gpu_gen_max=5
-        gpu.{i}.pcie.width_current=16
-        gpu.{i}.pcie.width_max=16
-        gpu.{i}.nvlink_count=18
-        gpu.{i}.power_usage={69000 + i}
-        gpu.{i}.power_limit=700000
-        gpu.{i}.utilization.gpu={i}
-        gpu.{i}.utilization.memory={2 * i}
-        gpu.{i}.clock.sm=1980
-        gpu.{i}.clock.mem=2619
-        gpu.{i}.clock.graphics=1980
-        gpu.{i}.max_clock.sm=1980
-        gpu.{i}.max_clock.mem=2619
-        gpu.{i}.max_clock.graphics=1980
-        gpu.{i}.persistence_mode=1
-        """)
-
 
 def h100_scenario(*extra: str) -> str:
     head = "driver_version=550.90.07\nnvml_version=12.550.90.07\ncuda_driver_version=12040\ndevice_count=8\n"

@@ -32,13 +32,6 @@ MEGATRON = (" [2026-03-02 10:00:{s:02d}] iteration {it:8d}/    1000 | consumed s
             "iterations:   0 |\n")
 
 
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
-
-
 class Site:
     """Simulated nodes sharing a job directory (what the torchrun template gives the sidecar on each node)."""
 

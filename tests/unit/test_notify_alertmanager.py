@@ -26,13 +26,6 @@ XID79 = "gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [prol
 
 
 @pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def am(tmp_path, hook):
     # group_wait 5 s: the whole burst of a test arrives before the first notification, even on a loaded machine
     a = Alertmanager(tmp_path / "am", routed_config(f"http://127.0.0.1:{hook.port}", group_wait="5s"))

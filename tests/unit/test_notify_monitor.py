@@ -24,13 +24,6 @@ LINE = (" [2026-03-02 10:00:00] iteration {it:8d}/    1000 | consumed samples: {
         "iteration (ms): 850.0 | learning rate: 1.000000E-04 | global batch size:   256 | lm loss: 3.0E+00 |\n")
 
 
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
-
-
 class Job:
     """N nodes' monitors on one job directory with one shared training log (no NVML here: GPU sampling is off,
     log-based hang detection is what is exercised)."""

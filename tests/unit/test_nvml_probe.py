@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,48 +25,20 @@ import pynvml  # noqa: E402
 from gpuguard.model import GpuInfo, GpuProcess, NvmlObservation  # noqa: E402
 from gpuguard.probes.nvml import normalize_pci_bus_id, nvml_error_name, read_nvml  # noqa: E402
 from gpuguard.simulate.build import build_fake_nvml  # noqa: E402
+import h100_nvml  # noqa: E402
+from h100_nvml import BUSES, MIB  # noqa: E402
 
 ENV_VAR = "GPUGUARD_FAKE_NVML_FILE"
-BUSES = ["53", "64", "75", "86", "97", "A8", "B9", "CA"]  # p5.48xlarge
-MIB = 1 << 20
-H100_MEMORY = 85520809984  # 81559 MiB
+# The fake's H100 without what this probe reads as NOT_SUPPORTED (GPU/HBM max thresholds, persistence), used
+# memory a little off the MiB, and one compute process each.
+PROBE_LEAVES_OUT = ("pci_subsystem_id", "temp_gpu_max", "temp_mem_max", "pcie.gpu_gen_max", "power_limit", "clock.sm",
+                    "clock.mem", "clock.graphics", "max_clock.sm", "max_clock.mem", "max_clock.graphics",
+                    "persistence_mode")
 
 
 def h100_gpu(i: int) -> str:
-    return textwrap.dedent(f"""\
-        gpu.{i}.name=NVIDIA H100 80GB HBM3
-        gpu.{i}.uuid=GPU-{i:08x}-aaaa-bbbb-cccc-ddddeeeeffff
-        gpu.{i}.serial={1650123456789 + i}
-        gpu.{i}.pci_bus_id=00000000:{BUSES[i]}:00.0
-        gpu.{i}.pci_device_id=0x233010DE
-        gpu.{i}.minor={i}
-        gpu.{i}.memory_total={H100_MEMORY}
-        gpu.{i}.memory_used={i * 1024 * MIB + 12345}
-        gpu.{i}.ecc_current=1
-        gpu.{i}.ecc_pending=1
-        gpu.{i}.ecc.volatile.uncorrected=0
-        gpu.{i}.ecc.volatile.corrected={i}
-        gpu.{i}.ecc.aggregate.uncorrected={i // 4}
-        gpu.{i}.ecc.aggregate.corrected={100 + i}
-        gpu.{i}.remap.correctable={i}
-        gpu.{i}.remap.uncorrectable=0
-        gpu.{i}.remap.pending=0
-        gpu.{i}.remap.failure=0
-        gpu.{i}.recovery_action=0
-        gpu.{i}.temperature={30 + i}
-        gpu.{i}.temp_slowdown=87
-        gpu.{i}.temp_shutdown=92
-        gpu.{i}.clocks_event_reasons=0x1
-        gpu.{i}.pcie.gen_current=5
-        gpu.{i}.pcie.gen_max=5
-        gpu.{i}.pcie.width_current=16
-        gpu.{i}.pcie.width_max=16
-        gpu.{i}.nvlink_count=18
-        gpu.{i}.power_usage={69000 + i}
-        gpu.{i}.utilization.gpu={i}
-        gpu.{i}.utilization.memory=0
-        gpu.{i}.process.0={1000 + i}:{(512 + i) * MIB + 999}
-        """)
+    return h100_nvml.h100_gpu(i, PROBE_LEAVES_OUT, {"memory_used": i * 1024 * MIB + 12345, "utilization.memory": 0,
+                                                    "process.0": f"{1000 + i}:{(512 + i) * MIB + 999}"})
 
 
 # What NVML answers NOT_SUPPORTED for on these H100s (in query order): no page retirement, no GPU-max / HBM-max

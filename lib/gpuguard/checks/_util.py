@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
-from gpuguard.model import Action, Finding, GpuInfo, NvmlObservation, Severity
+from gpuguard.model import Action, Finding, GpuInfo, NvmlObservation, Observations, Severity
 
 if TYPE_CHECKING:
-    from gpuguard.checks import CheckInput, CheckSpec
+    from gpuguard.checks.spec import CheckInput, CheckSpec
 
 
 def spec_of(inp: "CheckInput") -> "CheckSpec":
@@ -123,3 +124,47 @@ def unread_finding(spec: "CheckSpec", g: GpuInfo, unread: dict[str, str]) -> Fin
                       remediation=f"`nvidia-smi -q -i {g.index}`; an error that persists points at the GPU or "
                                   "the driver (reset or reboot); NOT_SUPPORTED on one GPU only: compare the GPUs' "
                                   "driver, MIG and ECC modes")
+
+
+# --------------------------------------------------------------------------- the GPUs an NVML check judges
+
+
+@dataclass(frozen=True)
+class NvmlGpus:
+    """What an NVML check judges: the job's GPUs NVML answered for (`gpus`), beside every GPU it reported (`peers`:
+    a value one GPU lacks while a peer reports it was not read, it is not absent). `stand_in`: the finding that
+    replaces the check's own when NVML gave no usable data (then there is nothing to judge)."""
+
+    spec: "CheckSpec"
+    gpus: list[GpuInfo] = field(default_factory=list)
+    peers: list[GpuInfo] = field(default_factory=list)
+    stand_in: Optional[Finding] = None
+
+    def unread(self, g: GpuInfo, fields: Iterable[tuple[str, str]], present: bool = False) -> Optional[Finding]:
+        """The incomplete finding for the `fields` NVML did not give on `g` although it has them (see
+        unread_fields); None when every one was read."""
+        missing = unread_fields(g, fields, self.peers, present)
+        return unread_finding(self.spec, g, missing) if missing else None
+
+    def judge_each(self, fields: Sequence[tuple[str, str]],
+                   judge: Callable[[GpuInfo], Optional[list[Finding]]]) -> tuple[list[Finding], bool]:
+        """Each GPU: the incomplete finding when NVML could not read its `fields`, else `judge(g)` (None: this GPU
+        lacks the feature and is not judged). Returns the findings and whether any GPU was judged (an unread one
+        counts: unknown is never "not supported")."""
+        findings: list[Finding] = []
+        judged = False
+        for g in self.gpus:
+            unread = self.unread(g, fields)
+            verdict = [unread] if unread else judge(g)
+            if verdict is not None:
+                judged = True
+                findings += verdict
+        return findings, judged
+
+
+def nvml_gpus(spec: "CheckSpec", obs: Observations, inp: "CheckInput") -> NvmlGpus:
+    """The GPUs an NVML check judges, or its stand-in finding when NVML gave no usable data (nvml_unavailable)."""
+    stand_in = nvml_unavailable(spec, obs.nvml, bool(inp.profile.gpu_count))
+    if stand_in is not None or obs.nvml is None:
+        return NvmlGpus(spec, stand_in=stand_in)
+    return NvmlGpus(spec, job_gpus(obs.nvml, inp.job_gpus), obs.nvml.gpus)

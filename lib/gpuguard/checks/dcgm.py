@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
+from gpuguard.checks.spec import CheckInput
 from gpuguard.model import Action, Finding, Observations
 
 SEV_MONITOR, SEV_ISOLATE, SEV_UNKNOWN, SEV_TRIAGE, SEV_CONFIG, SEV_RESET = 1, 2, 3, 4, 5, 6

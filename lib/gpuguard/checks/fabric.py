@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-from gpuguard.checks import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, skip, spec_of
 from gpuguard.checks.inventory import count_finding, efa_devices, had_count, ib_devices
+from gpuguard.checks.spec import CheckInput
 from gpuguard.model import Action, Finding, Observations, RdmaDevice
 
 _REMEDIATE_EFA = ("check `fi_info -p efa` and `ls /sys/class/infiniband`; the EFA driver or a device failed: "

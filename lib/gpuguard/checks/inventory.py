@@ -24,7 +24,7 @@ from gpuguard.checks._util import fail, warn
 from gpuguard.model import Action, FabricObservation, Finding, GpuInfo, Observations, RdmaDevice
 
 if TYPE_CHECKING:
-    from gpuguard.checks import CheckSpec
+    from gpuguard.checks.spec import CheckSpec
     from gpuguard.profiles import Profile
 
 PREVIOUS_KEY = "inventory"  # in Observations.previous

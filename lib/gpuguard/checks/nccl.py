@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gpuguard.checks import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, spec_of
+from gpuguard.checks.spec import CheckInput
 from gpuguard.model import Action, Finding, Observations, Severity
 
 _REMEDIATE_SLOW = ("run `all_reduce_perf -b 512M -e 4G -f 2 -g 8` by hand and `nvidia-smi nvlink -s` / "

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckInput, CheckSpec
 from gpuguard.checks._util import fail, incomplete, mismatch, ok, skip, spec_of, warn
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.model import Action, DiskUsage, Finding, Observations, SystemObservation
 
 

@@ -6,10 +6,10 @@ with the driver's own Fatal/Nonfatal token for NVLink5 Xids 144-150 and Xid 154'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from gpuguard.checks import CheckInput
 from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.model import Action, Finding, GpuInfo, KernelLogObservation, Observations, XidEvent
 
 if TYPE_CHECKING:
@@ -46,12 +46,11 @@ def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
                             spec=s)
 
 
-def judge_kernel_log(log: KernelLogObservation, catalog: "XidCatalog", *, gpus: Sequence[GpuInfo] = (),
-                     kind: str = "manual", spec: Any = None) -> list[Finding]:
-    """The gpu.xid findings for the Xid events of a kernel-log observation (`gpus`: NVML's, to name GPU indices)."""
-    from gpuguard.checks import get_check
-
-    s = spec or get_check("gpu.xid")
+def judge_kernel_log(log: KernelLogObservation, catalog: "XidCatalog", *, spec: CheckSpec,
+                     gpus: Sequence[GpuInfo] = (), kind: str = "manual") -> list[Finding]:
+    """The gpu.xid findings for the Xid events of a kernel-log observation (`spec`: gpu.xid's, from the registry;
+    `gpus`: NVML's, to name GPU indices)."""
+    s = spec
     findings: list[Finding] = []
     fatal: list[tuple[XidEvent, "XidInfo"]] = []
     recorded: list[dict[str, object]] = []

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from gpuguard.checks import get_check
 from gpuguard.checks.xid import judge_kernel_log, xid_info
 from gpuguard.kernellog import scanargs
 from gpuguard.kernellog.bulk import scan_file
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:  # exit 1 means "would drain": a file that cannot be read is a usage error
         print(f"gpuguard: error: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
         return 2
-    findings = judge_kernel_log(observation(res, f"file:{args.file}", None), catalog, kind=CONTEXT)
+    findings = judge_kernel_log(observation(res, f"file:{args.file}", None), catalog, spec=get_check("gpu.xid"),
+                                kind=CONTEXT)
     verdict = decide(findings, CONTEXT, on_failure=on_failure)
     rows = _event_rows(res, catalog)
     if args.json:

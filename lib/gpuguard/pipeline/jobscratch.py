@@ -121,92 +121,122 @@ def _empty_dir(top_fd: int, top_path: str, dev: int, uid: int, deadline: float, 
                out: ScratchResult) -> bool:
     """Remove everything below the directory open at `top_fd`. Iterative (no recursion limit), every step relative
     to an open directory descriptor. Returns whether the directory is now empty."""
-    # stack of (fd of a directory, its path, names still to look at, whether it is fully emptied so far)
-    stack: list[tuple[int, str, list[str], list[bool]]] = []
-    try:
-        stack.append((top_fd, top_path, [e.name for e in os.scandir(top_fd)], [True]))
-    except OSError as e:
-        out.errors.append(f"{top_path}: cannot list: {e.strerror or e}")
-        return False
-    owned_fds: list[int] = []  # fds this function opened (the top one belongs to the caller)
-    try:
-        while stack:
-            fd, path, names, ok = stack[-1]
-            if clock() > deadline:
-                out.incomplete = True
-                return False
-            if not names:
-                stack.pop()
-                if stack:  # a subdirectory is done: close it and remove it from its parent
-                    os.close(fd)
-                    owned_fds.remove(fd)
-                    parent_fd, _, _, parent_ok = stack[-1]
-                    if ok[0]:
-                        try:
-                            os.rmdir(os.path.basename(path), dir_fd=parent_fd)
-                        except OSError as e:
-                            out.errors.append(f"{path}: {e.strerror or e}")
-                            parent_ok[0] = False
-                    else:
-                        parent_ok[0] = False
+    return _TreeEmptier(dev, uid, deadline, clock, out).run(top_fd, top_path)
+
+
+@dataclass
+class _OpenDir:
+    """A directory being emptied: its descriptor, its path, the names still to look at, whether all went so far."""
+
+    fd: int
+    path: str
+    names: list[str]
+    emptied: bool = True
+
+
+class _TreeEmptier:
+    """One removal below a job's scratch directory: a stack of open directories instead of recursion; what it
+    leaves, and why, goes to `out`."""
+
+    def __init__(self, dev: int, uid: int, deadline: float, clock: Callable[[], float], out: ScratchResult) -> None:
+        self.dev, self.uid, self.deadline, self.clock, self.out = dev, uid, deadline, clock, out
+        self.stack: list[_OpenDir] = []
+        self.owned_fds: list[int] = []  # descriptors this opened (the top one belongs to the caller)
+
+    def run(self, top_fd: int, top_path: str) -> bool:
+        try:
+            self.stack.append(_OpenDir(top_fd, top_path, [e.name for e in os.scandir(top_fd)]))
+        except OSError as e:
+            self.out.errors.append(f"{top_path}: cannot list: {e.strerror or e}")
+            return False
+        try:
+            while self.stack:
+                current = self.stack[-1]
+                if self.clock() > self.deadline:
+                    self.out.incomplete = True
+                    return False
+                if current.names:
+                    self._visit(current, current.names.pop())
                     continue
-                return ok[0]
-            name = names.pop()
-            child = os.path.join(path, name)
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                out.errors.append(f"{child}: {e.strerror or e}")
-                ok[0] = False
-                continue
-            if not stat.S_ISDIR(st.st_mode):
+                self.stack.pop()
+                if not self.stack:
+                    return current.emptied
+                self._leave(current)
+            return True
+        finally:
+            for extra in self.owned_fds:
                 try:
-                    os.unlink(name, dir_fd=fd)  # files, and links: the link goes, its target is never touched
-                except FileNotFoundError:
+                    os.close(extra)
+                except OSError:
                     pass
-                except OSError as e:
-                    out.errors.append(f"{child}: {e.strerror or e}")
-                    ok[0] = False
-                continue
-            if st.st_dev != dev:
-                out.skipped.append(f"{child}: another file system mounted inside: not crossed")
-                ok[0] = False
-                continue
-            if st.st_uid != uid:
-                out.skipped.append(f"{child}: owned by uid {st.st_uid}, not the job's uid {uid}")
-                ok[0] = False
-                continue
-            if len(stack) >= MAX_DEPTH:
-                out.incomplete = True
-                ok[0] = False
-                continue
+
+    def _leave(self, done: _OpenDir) -> None:
+        """A subdirectory is done: close it and remove it from its parent (if everything below it went)."""
+        self._close(done.fd)
+        parent = self.stack[-1]
+        if not done.emptied:
+            parent.emptied = False
+            return
+        try:
+            os.rmdir(os.path.basename(done.path), dir_fd=parent.fd)
+        except OSError as e:
+            self._error(parent, f"{done.path}: {e.strerror or e}")
+
+    def _visit(self, parent: _OpenDir, name: str) -> None:
+        child = os.path.join(parent.path, name)
+        try:
+            st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            self._error(parent, f"{child}: {e.strerror or e}")
+            return
+        if not stat.S_ISDIR(st.st_mode):
             try:
-                cfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except OSError as e:
-                out.errors.append(f"{child}: {e.strerror or e}")
-                ok[0] = False
-                continue
-            owned_fds.append(cfd)
-            cst = os.fstat(cfd)
-            if (cst.st_dev, cst.st_ino) != (st.st_dev, st.st_ino):
-                out.skipped.append(f"{child}: changed while being checked")
-                ok[0] = False
-                os.close(cfd)
-                owned_fds.remove(cfd)
-                continue
-            try:
-                stack.append((cfd, child, [e.name for e in os.scandir(cfd)], [True]))
-            except OSError as e:
-                out.errors.append(f"{child}: cannot list: {e.strerror or e}")
-                ok[0] = False
-                os.close(cfd)
-                owned_fds.remove(cfd)
-        return True
-    finally:
-        for extra in owned_fds:
-            try:
-                os.close(extra)
-            except OSError:
+                os.unlink(name, dir_fd=parent.fd)  # files, and links: the link goes, its target is never touched
+            except FileNotFoundError:
                 pass
+            except OSError as e:
+                self._error(parent, f"{child}: {e.strerror or e}")
+        elif self._may_enter(parent, st, child):
+            self._enter(parent, name, child, st)
+
+    def _may_enter(self, parent: _OpenDir, st: os.stat_result, child: str) -> bool:
+        """Only the job user's own subdirectories on the same file system, within the depth limit."""
+        if st.st_dev != self.dev:
+            self.out.skipped.append(f"{child}: another file system mounted inside: not crossed")
+        elif st.st_uid != self.uid:
+            self.out.skipped.append(f"{child}: owned by uid {st.st_uid}, not the job's uid {self.uid}")
+        elif len(self.stack) >= MAX_DEPTH:
+            self.out.incomplete = True
+        else:
+            return True
+        parent.emptied = False
+        return False
+
+    def _enter(self, parent: _OpenDir, name: str, child: str, st: os.stat_result) -> None:
+        try:
+            cfd = os.open(name, _DIR_FLAGS, dir_fd=parent.fd)
+        except OSError as e:
+            self._error(parent, f"{child}: {e.strerror or e}")
+            return
+        self.owned_fds.append(cfd)
+        cst = os.fstat(cfd)
+        if (cst.st_dev, cst.st_ino) != (st.st_dev, st.st_ino):
+            self.out.skipped.append(f"{child}: changed while being checked")
+            parent.emptied = False
+            self._close(cfd)
+            return
+        try:
+            self.stack.append(_OpenDir(cfd, child, [e.name for e in os.scandir(cfd)]))
+        except OSError as e:
+            self._error(parent, f"{child}: cannot list: {e.strerror or e}")
+            self._close(cfd)
+
+    def _error(self, parent: _OpenDir, message: str) -> None:
+        self.out.errors.append(message)
+        parent.emptied = False
+
+    def _close(self, fd: int) -> None:
+        os.close(fd)
+        self.owned_fds.remove(fd)

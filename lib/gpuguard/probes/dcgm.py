@@ -18,81 +18,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.model import ProbeStatus
+from gpuguard.probes.dcgm_result import (SEVERITY_NAMES, DcgmEntityResult, DcgmObservation, DcgmParseError, DcgmTest,
+                                         normalise_status, worst_status)
+from gpuguard.probes.dcgm_text import is_text_table, parse_dcgm_text
 from gpuguard.util.toolrun import run_tool
 
-# dcgmErrorSeverity_t
-SEVERITY_NAMES = {0: "NONE", 1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
-
-
-class DcgmParseError(ValueError):
-    """dcgmi printed something that is not its diagnostic JSON."""
-
-
-@dataclass
-class DcgmEntityResult:
-    status: str  # pass | fail | warn | skip
-    gpus: list[int] = field(default_factory=list)  # empty = not GPU-specific
-    warnings: list[str] = field(default_factory=list)
-    info: list[str] = field(default_factory=list)
-    severities: list[int] = field(default_factory=list)  # error_severity of each structured warning
-    error_ids: list[int] = field(default_factory=list)
-
-
-@dataclass
-class DcgmTest:
-    category: str
-    name: str
-    status: str  # pass | fail | warn | skip (the summary's, else derived from the entity results)
-    results: list[DcgmEntityResult] = field(default_factory=list)
-    summary_warnings: list[str] = field(default_factory=list)
-    summary_info: list[str] = field(default_factory=list)
-
-    @property
-    def failed_gpus(self) -> list[int]:
-        return sorted({g for r in self.results if r.status == "fail" for g in r.gpus})
-
-    @property
-    def messages(self) -> list[str]:
-        seen: list[str] = []
-        for msg in [w for r in self.results for w in r.warnings] + self.summary_warnings:
-            if msg not in seen:
-                seen.append(msg)
-        return seen
-
-    @property
-    def max_severity(self) -> Optional[int]:
-        sev = [s for r in self.results for s in r.severities]
-        return max(sev) if sev else None
-
-    @property
-    def severities(self) -> set[int]:
-        return {s for r in self.results for s in r.severities}
-
-
-@dataclass
-class DcgmObservation:
-    status: ProbeStatus = field(default_factory=ProbeStatus)
-    ran: bool = False
-    tool_missing: bool = False  # dcgmi not installed: incomplete, never a hardware failure
-    level: Optional[int] = None
-    version: Optional[str] = None
-    driver_version: Optional[str] = None
-    tests: list[DcgmTest] = field(default_factory=list)
-    error: Optional[str] = None  # dcgmi's own error (host engine down, runtime_error) when it judged nothing
-    exit_code: Optional[int] = None
-
-
-_STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn", "skip": "skip", "skipped": "skip",
-           "not run": "skip", "not_run": "skip", "notrun": "skip"}
-
-
-def normalise_status(value: Any) -> str:
-    """'PASS' / 'Pass' -> 'pass'; 'SKIPPED' / 'Not Run' -> 'skip'; anything unknown -> 'warn' (never silently ok)."""
-    return _STATUS.get(str(value or "").strip().lower(), "warn")
+# What the dcgm.diag check and the CLI read from here; the types live in dcgm_result, shared with the table parser.
+__all__ = ["SEVERITY_NAMES", "DcgmEntityResult", "DcgmObservation", "DcgmParseError", "DcgmTest",
+           "normalise_status", "parse_dcgm_diag", "run_dcgm_diag"]
 
 
 def _gpu_ids(result: dict[str, Any]) -> list[int]:
@@ -134,13 +70,6 @@ def _strings(items: Any) -> list[str]:
     return [s.strip() for s in items if isinstance(s, str) and s.strip()] if isinstance(items, list) else []
 
 
-def _derive(statuses: list[str]) -> str:
-    for s in ("fail", "warn", "pass"):
-        if s in statuses:
-            return s
-    return "skip"
-
-
 def _document(text: str) -> dict[str, Any]:
     """The JSON object in dcgmi's stdout: it may be preceded (and followed) by other lines."""
     start = text.find("{")
@@ -158,8 +87,6 @@ def _document(text: str) -> dict[str, Any]:
 def parse_dcgm_diag(text: str) -> DcgmObservation:
     """Parse `dcgmi diag -j` output (any version above), or the table `dcgmi diag` prints without -j
     (gpuguard.probes.dcgm_text). Raises DcgmParseError when there is neither."""
-    from gpuguard.probes.dcgm_text import is_text_table, parse_dcgm_text
-
     if is_text_table(text):
         return parse_dcgm_text(text)
     doc = _document(text)
@@ -179,32 +106,36 @@ def parse_dcgm_diag(text: str) -> DcgmObservation:
             continue
         category = str(cat.get("category", ""))
         for t in cat.get("tests") or []:
-            if not isinstance(t, dict) or not t.get("name"):
-                continue  # DCGM 3.x prints `null` between tests
-            test = DcgmTest(category=category, name=str(t["name"]), status="skip")
-            for r in t.get("results") or []:
-                if not isinstance(r, dict):
-                    continue
-                texts, sev, ids = _messages(r.get("warnings"))
-                test.results.append(DcgmEntityResult(status=normalise_status(r.get("status")), gpus=_gpu_ids(r),
-                                                     warnings=texts, info=_strings(r.get("info")),
-                                                     severities=sev, error_ids=ids))
-            summary = t.get("test_summary") if isinstance(t.get("test_summary"), dict) else None
-            if summary is not None:
-                texts, sev, ids = _messages(summary.get("warnings"))
-                test.summary_warnings = texts
-                test.summary_info = _strings(summary.get("info"))
-                if sev and not any(r.severities for r in test.results):
-                    test.results.append(DcgmEntityResult(status=normalise_status(summary.get("status")),
-                                                         warnings=[], severities=sev, error_ids=ids))
-            if summary is not None and summary.get("status"):
-                test.status = normalise_status(summary.get("status"))
-            else:
-                test.status = _derive([r.status for r in test.results])
-            obs.tests.append(test)
+            if isinstance(t, dict) and t.get("name"):  # DCGM 3.x prints `null` between tests
+                obs.tests.append(_test(category, t))
     if not obs.tests and obs.error is None:
         obs.error = "the diagnostic reported no tests"
     return obs
+
+
+def _test(category: str, t: dict[str, Any]) -> DcgmTest:
+    """One test of the JSON: its per-entity results, and its summary (4.x) when there is one."""
+    test = DcgmTest(category=category, name=str(t["name"]), status="skip")
+    for r in t.get("results") or []:
+        if not isinstance(r, dict):
+            continue
+        texts, sev, ids = _messages(r.get("warnings"))
+        test.results.append(DcgmEntityResult(status=normalise_status(r.get("status")), gpus=_gpu_ids(r),
+                                             warnings=texts, info=_strings(r.get("info")),
+                                             severities=sev, error_ids=ids))
+    summary = t.get("test_summary") if isinstance(t.get("test_summary"), dict) else None
+    if summary is not None:
+        texts, sev, ids = _messages(summary.get("warnings"))
+        test.summary_warnings = texts
+        test.summary_info = _strings(summary.get("info"))
+        if sev and not any(r.severities for r in test.results):
+            test.results.append(DcgmEntityResult(status=normalise_status(summary.get("status")),
+                                                 warnings=[], severities=sev, error_ids=ids))
+    if summary is not None and summary.get("status"):
+        test.status = normalise_status(summary.get("status"))
+    else:
+        test.status = worst_status([r.status for r in test.results])
+    return test
 
 
 # --------------------------------------------------------------------------- runner

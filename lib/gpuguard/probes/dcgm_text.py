@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuguard.model import ProbeStatus
-from gpuguard.probes.dcgm import (DcgmEntityResult, DcgmObservation, DcgmParseError, DcgmTest, _derive,
-                                  normalise_status)
+from gpuguard.probes.dcgm_result import (DcgmEntityResult, DcgmObservation, DcgmParseError, DcgmTest,
+                                         normalise_status, worst_status)
 
 _HEADER = re.compile(r"^\|\s*Diagnostic\s*\|\s*Result\s*\|\s*$", re.M)
 _ROW = re.compile(r"^\|[^|]{10,60}\|[^|]{10,80}\|\s*$", re.M)  # a row of the table, for a pasted fragment
@@ -196,7 +196,7 @@ def _dcgm_test(t: _Test) -> DcgmTest:
             statuses.setdefault(g, t.status)
     # 3.x lists each group of GPUs with its own status ("Pass - GPUs: 1, 2", "Fail - GPU: 0"): the test's is the
     # worst of them, as the JSON's results give; 4.x's first line is the test's own (its test_summary)
-    status = _derive(list(statuses.values())) if t.scope == "gpus" and statuses else t.status
+    status = worst_status(list(statuses.values())) if t.scope == "gpus" and statuses else t.status
     test = DcgmTest(category=t.category, name=t.name, status=status)
     for g in sorted(statuses):
         test.results.append(DcgmEntityResult(status=statuses[g], gpus=[g], warnings=named.get(g, [])))

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from gpuguard.checks import get_check
 from gpuguard.checks.xid import judge_kernel_log, xid_info
 from gpuguard.kernellog.find import candidate_lines
 from gpuguard.kernellog.formats import MAX_LINE_BYTES, LineResult, Verdict, parse_kernel_log_line
@@ -101,6 +102,7 @@ class JudgeCounts:
 class WatchJudge:
     def __init__(self, catalog: XidCatalog, window_s: float) -> None:
         self.catalog = catalog
+        self.spec = get_check(CHECK_ID)
         self.dedupe = XidDeduper(window_s)
         self.counts = JudgeCounts()
 
@@ -149,7 +151,8 @@ class WatchJudge:
         return we
 
     def _check(self, ev: XidEvent, repeats: int) -> list[Finding]:
-        findings = judge_kernel_log(KernelLogObservation(source=SOURCE, events=[ev]), self.catalog, kind=CONTEXT)
+        findings = judge_kernel_log(KernelLogObservation(source=SOURCE, events=[ev]), self.catalog, spec=self.spec,
+                                    kind=CONTEXT)
         for f in findings:
             f.keyword = f.keyword or f"XID{ev.code}"  # the watch records one event per run: searchable by its code
             f.evidence.update(pid=ev.pid, process=ev.process_name, seq=ev.seq, timestamp=ev.timestamp,
@@ -159,7 +162,7 @@ class WatchJudge:
     def forged_findings(self, count: int) -> list[Finding]:
         """What the check says about `count` Xid-looking lines that did not come from the kernel."""
         return judge_kernel_log(KernelLogObservation(source=SOURCE, rejected_non_kernel=count), self.catalog,
-                                kind=CONTEXT)
+                                spec=self.spec, kind=CONTEXT)
 
 
 def node_verdict(findings: list[Finding], on_failure: str = "drain") -> NodeVerdict:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckInput
-from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, job_gpus, mismatch, nvml_unavailable, ok, skip,
-                                   spec_of, unread_fields, unread_finding, warn)
-from gpuguard.model import Action, Finding, Observations
+from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, mismatch, nvml_gpus, nvml_unavailable, ok, skip,
+                                   spec_of, warn)
+from gpuguard.checks.spec import CheckInput
+from gpuguard.model import Action, Finding, GpuInfo, Observations
 
 # NVML errors that mean the GPU is unusable until reset/reboot (DESIGN §6: never fail open on these).
 _FATAL_ACTIONS = {
@@ -106,19 +106,19 @@ def check_model(obs: Observations, inp: CheckInput) -> list[Finding]:
     model = inp.profile.gpu_model
     if not model:
         return [skip(s, "profile sets no gpu_model")]
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
-    findings: list[Finding] = []
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, [("name", "name")], obs.nvml.gpus)
-        if unread:
-            findings.append(unread_finding(s, g, unread))
-        elif g.name is not None and model.lower() not in g.name.lower():
-            findings.append(mismatch(s, f"{gpu_label(g)} is {g.name!r}, expected {model!r}",
-                                     "the node is not the instance type its profile says: fix node.profile",
-                                     inp.params.get("severity", "warn"), gpu=g.index, name=g.name))
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
+    severity = inp.params.get("severity", "warn")
+
+    def other_model(g: GpuInfo) -> list[Finding]:
+        if g.name is None or model.lower() in g.name.lower():
+            return []
+        return [mismatch(s, f"{gpu_label(g)} is {g.name!r}, expected {model!r}",
+                         "the node is not the instance type its profile says: fix node.profile", severity,
+                         gpu=g.index, name=g.name)]
+
+    findings, _ = nv.judge_each([("name", "name")], other_model)
     return findings or [ok(s, f"GPU model {model}")]
 
 
@@ -127,22 +127,21 @@ def check_memory(obs: Observations, inp: CheckInput) -> list[Finding]:
     expected = inp.profile.gpu_memory_mib
     if not expected:
         return [skip(s, "profile sets no gpu_memory_mib")]
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     tol = inp.params.get("tolerance_pct")
     tol = inp.profile.gpu_memory_tolerance_pct if tol is None else tol
     floor = expected * (1 - tol / 100.0)
-    findings: list[Finding] = []
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, [("memory_total_mib", "memory")], obs.nvml.gpus)
-        if unread:
-            findings.append(unread_finding(s, g, unread))
-        elif g.memory_total_mib is not None and g.memory_total_mib < floor:
-            findings.append(mismatch(
-                s, f"{gpu_label(g)} has {g.memory_total_mib} MiB, expected {expected} MiB",
-                "framebuffer smaller than the profile says: check the profile, the ECC and MIG modes and the "
-                "driver version; then hardware inspection", inp.params.get("severity", "warn"), gpu=g.index,
-                total_mib=g.memory_total_mib, expected_mib=expected))
+    severity = inp.params.get("severity", "warn")
+
+    def smaller(g: GpuInfo) -> list[Finding]:
+        if g.memory_total_mib is None or g.memory_total_mib >= floor:
+            return []
+        return [mismatch(s, f"{gpu_label(g)} has {g.memory_total_mib} MiB, expected {expected} MiB",
+                         "framebuffer smaller than the profile says: check the profile, the ECC and MIG modes and "
+                         "the driver version; then hardware inspection", severity, gpu=g.index,
+                         total_mib=g.memory_total_mib, expected_mib=expected)]
+
+    findings, _ = nv.judge_each([("memory_total_mib", "memory")], smaller)
     return findings or [ok(s, f"GPU memory >= {int(floor)} MiB")]

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from gpuguard.checks import CheckInput, CheckSpec
-from gpuguard.checks._util import (fail, gpu_label, incomplete, job_gpus, mismatch, nvml_unavailable, ok, skip,
-                                   spec_of, unread_fields, unread_finding, warn)
+from gpuguard.checks._util import fail, gpu_label, incomplete, mismatch, nvml_gpus, ok, skip, spec_of, warn
 from gpuguard.checks.inventory import GPU_IDLE, count_finding, gpu_busy, had_nvlinks, had_pcie
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.model import Action, Finding, GpuInfo, Observations
 
 __all__ = ["GPU_IDLE", "gpu_busy", "check_pcie", "check_nvlink", "check_fabric", "decode_fabric_health",
@@ -28,19 +27,17 @@ def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
     device *and the system* allow, a capability: below the profile it is a BIOS/slot setting, which warns."""
     s = spec_of(inp)
     gen, width = inp.profile.pcie_gen, inp.profile.pcie_width
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     p = inp.params
     findings: list[Finding] = []
     idle_low: list[str] = []
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        if gen or width:
-            unread = unread_fields(g, [("pcie_gen_current", "pcie_gen_current"),
-                                       ("pcie_width_current", "pcie_width_current")], obs.nvml.gpus)
-            if unread:
-                findings.append(unread_finding(s, g, unread))
+    for g in nv.gpus:
+        unread = nv.unread(g, [("pcie_gen_current", "pcie_gen_current"),
+                               ("pcie_width_current", "pcie_width_current")]) if gen or width else None
+        if unread:
+            findings.append(unread)
         low = _below_profile(g, gen, width)
         if low and gpu_busy(g, p.get("busy_util_pct", 5.0)):
             findings.append(_low_under_load(s, g, low, gen, width, had_pcie(obs, g)))
@@ -57,9 +54,9 @@ def check_pcie(obs: Observations, inp: CheckInput) -> list[Finding]:
         if replay:
             findings.append(replay)
     if not findings:
-        if not (gen or width) and not any(g.pcie_replay_counter for g in obs.nvml.gpus):
+        if not (gen or width) and not any(g.pcie_replay_counter for g in nv.peers):
             return [skip(s, "profile sets no pcie_gen/pcie_width")]
-        busy = [g.index for g in job_gpus(obs.nvml, inp.job_gpus) if gpu_busy(g, p.get("busy_util_pct", 5.0))]
+        busy = [g.index for g in nv.gpus if gpu_busy(g, p.get("busy_util_pct", 5.0))]
         idle = f"; idle readings not judged: {', '.join(idle_low[:8])}" if idle_low else ""
         return [ok(s, f"PCIe links at the expected width and generation ({len(busy)} GPU(s) under load), "
                       f"replay rate normal{idle}", idle_low=idle_low, busy=busy)]
@@ -123,12 +120,11 @@ def check_nvlink(obs: Observations, inp: CheckInput) -> list[Finding]:
     expected = inp.profile.nvlinks_per_gpu
     if not expected:
         return [skip(s, "profile sets no nvlinks_per_gpu")]
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     findings: list[Finding] = []
-    for g in job_gpus(obs.nvml, inp.job_gpus):
+    for g in nv.gpus:
         links = g.nvlink_active
         if links is None:
             why = g.errors.get("nvlink") or "NOT_SUPPORTED"
@@ -188,29 +184,19 @@ def check_fabric(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
     if not inp.profile.nvswitch:
         return [skip(s, "profile is not an NVSwitch system")]
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
-    findings: list[Finding] = []
-    judged = False
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, [("fabric_state", "fabric")], obs.nvml.gpus)
-        if unread:
-            judged = True
-            findings.append(unread_finding(s, g, unread))
-            continue
-        if g.fabric_state is None or g.fabric_state == 0:
-            continue  # a GPU/driver that does not report fabric state (A100, older drivers)
-        judged = True
-        findings += _fabric_faults(s, g)
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
+    findings, judged = nv.judge_each([("fabric_state", "fabric")], lambda g: _fabric_faults(s, g))
     if not judged:
         return [skip(s, "no GPU reports an NVLink fabric state (driver or GPU without fabric info)")]
     return findings or [ok(s, "every GPU registered in the NVLink fabric (state COMPLETED, status success)")]
 
 
-def _fabric_faults(s: CheckSpec, g: GpuInfo) -> list[Finding]:
-    state = g.fabric_state or 0
+def _fabric_faults(s: CheckSpec, g: GpuInfo) -> Optional[list[Finding]]:
+    if g.fabric_state is None or g.fabric_state == 0:
+        return None  # a GPU/driver that does not report fabric state (A100, older drivers)
+    state = g.fabric_state
     name = FABRIC_STATES.get(state, str(state))
     if state == 1:
         return [fail(s, f"{gpu_label(g)}: NVLink fabric NOT_STARTED (Fabric Manager not running?)", _FABRIC_REMEDY,

@@ -9,23 +9,23 @@ ok: the health check lifts a reset-class drain only on a value read as clear (gp
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckInput, CheckSpec
-from gpuguard.checks._util import (fail, gpu_label, job_gpus, mismatch, nvml_unavailable, ok, skip, spec_of,
-                                   unread_fields, unread_finding)
+from typing import Optional
+
+from gpuguard.checks._util import fail, gpu_label, mismatch, nvml_gpus, ok, skip, spec_of
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.model import Action, Finding, GpuInfo, Observations
 
 
 def check_ecc(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     p = inp.params
     limit, agg = p.get("max_volatile_uncorrected", 0), p.get("max_aggregate_uncorrected")
     findings: list[Finding] = []
     judged = False
-    for g in job_gpus(obs.nvml, inp.job_gpus):
+    for g in nv.gpus:
         if g.ecc_volatile_uncorrected is not None and g.ecc_volatile_uncorrected > limit:
             findings.append(fail(s, f"{gpu_label(g)}: {g.ecc_volatile_uncorrected} uncorrectable ECC errors since "
                                  "driver load",
@@ -52,9 +52,9 @@ def check_ecc(obs: Observations, inp: CheckInput) -> list[Finding]:
         if g.ecc_enabled is None:
             needed.insert(0, ("ecc_enabled", "ecc_mode"))
         # ECC on: its counters exist, whatever NVML answers for them
-        unread = unread_fields(g, needed, obs.nvml.gpus, present=g.ecc_enabled is True)
+        unread = nv.unread(g, needed, present=g.ecc_enabled is True)
         if unread:
-            findings.append(unread_finding(s, g, unread))
+            findings.append(unread)
         judged = judged or g.ecc_enabled is not None or g.ecc_volatile_uncorrected is not None or bool(unread)
     if not judged:
         return [skip(s, "ECC not supported by these GPUs")]
@@ -67,15 +67,14 @@ _RETIRED_FIELDS = (("retired_pages_pending", "retired_pages_pending"), ("retired
 
 def check_retired_pages(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     limit = inp.params.get("max_retired", 63)
     findings: list[Finding] = []
     judged = False
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, _RETIRED_FIELDS, obs.nvml.gpus)
+    for g in nv.gpus:
+        unread = nv.unread(g, _RETIRED_FIELDS)
         if not unread and g.retired_pages_pending is None and g.retired_pages_dbe is None \
                 and g.retired_pages_sbe is None:
             continue  # Ampere and newer use row remapping instead
@@ -89,7 +88,7 @@ def check_retired_pages(obs: Observations, inp: CheckInput) -> list[Finding]:
                                  "retired-page count at NVIDIA's RMA level: replace the GPU", Action.REPLACE,
                                  gpu=g.index, sbe=g.retired_pages_sbe, dbe=g.retired_pages_dbe))
         if unread:
-            findings.append(unread_finding(s, g, unread))
+            findings.append(unread)
     if not judged:
         return [skip(s, "page retirement not supported (row remapping GPUs)")]
     return findings or [ok(s, "no page retirement pending")]
@@ -97,23 +96,17 @@ def check_retired_pages(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 def check_row_remap(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     limit = inp.params.get("max_uncorrectable")
-    findings: list[Finding] = []
-    judged = False
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, [("remapped_rows_pending", "remapped_rows")], obs.nvml.gpus)
-        if unread:
-            judged = True
-            findings.append(unread_finding(s, g, unread))
-            continue
+
+    def faults(g: GpuInfo) -> Optional[list[Finding]]:
         if g.remapped_rows_pending is None and g.remapped_rows_failure is None:
-            continue  # pre-Ampere GPUs retire pages instead
-        judged = True
-        findings += _row_remap_faults(s, g, limit)
+            return None  # pre-Ampere GPUs retire pages instead
+        return _row_remap_faults(s, g, limit)
+
+    findings, judged = nv.judge_each([("remapped_rows_pending", "remapped_rows")], faults)
     if not judged:
         return [skip(s, "row remapping not supported (pre-Ampere GPUs)")]
     return findings or [ok(s, "no row remapping pending or failed")]
@@ -148,25 +141,22 @@ RECOVERY_ACTIONS = {
 
 def check_recovery_action(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
-    findings: list[Finding] = []
-    judged = False
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, [("recovery_action", "recovery_action")], obs.nvml.gpus)
-        if unread:
-            judged = True
-            findings.append(unread_finding(s, g, unread))
-        elif g.recovery_action is not None:
-            judged = True
-            if g.recovery_action != 0:
-                name, action = RECOVERY_ACTIONS.get(g.recovery_action,
-                                                    (f"UNKNOWN_{g.recovery_action}", Action.REBOOT))
-                findings.append(fail(s, f"{gpu_label(g)}: NVML recovery action {name}",
-                                     f"the driver asks for {name.replace('_', ' ').lower()} before this GPU is used "
-                                     "again", action, gpu=g.index, recovery_action=g.recovery_action))
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
+    findings, judged = nv.judge_each([("recovery_action", "recovery_action")],
+                                     lambda g: _recovery_faults(s, g))
     if not judged:
         return [skip(s, "recovery action not reported (driver older than R565)")]
     return findings or [ok(s, "recovery action NONE on every GPU")]
+
+
+def _recovery_faults(s: CheckSpec, g: GpuInfo) -> Optional[list[Finding]]:
+    if g.recovery_action is None:
+        return None
+    if g.recovery_action == 0:
+        return []
+    name, action = RECOVERY_ACTIONS.get(g.recovery_action, (f"UNKNOWN_{g.recovery_action}", Action.REBOOT))
+    return [fail(s, f"{gpu_label(g)}: NVML recovery action {name}",
+                 f"the driver asks for {name.replace('_', ' ').lower()} before this GPU is used again", action,
+                 gpu=g.index, recovery_action=g.recovery_action)]

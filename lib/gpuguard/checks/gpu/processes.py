@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckInput
-from gpuguard.checks._util import (fail, gpu_label, job_gpus, nvml_unavailable, ok, skip, spec_of, unread_fields,
-                                   unread_finding, warn)
-from gpuguard.model import Action, Finding, GpuProcess, Observations
+from gpuguard.checks._util import fail, gpu_label, nvml_gpus, ok, skip, spec_of, unread_finding, warn
+from gpuguard.checks.spec import CheckInput, CheckSpec
+from gpuguard.model import Action, Finding, GpuInfo, GpuProcess, Observations
 
 
 def check_processes(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     if inp.job_gpus == ():
         return [skip(s, "the job has no GPUs")]
     severity = inp.params.get("severity", "fail")
     findings: list[Finding] = []
-    for g in job_gpus(obs.nvml, inp.job_gpus):
+    for g in nv.gpus:
         if "processes" in g.errors:  # an empty list NVML could not fill is not "no processes"
             findings.append(unread_finding(s, g, {"processes": g.errors["processes"]}))
             continue
@@ -75,20 +73,19 @@ def check_leftovers(obs: Observations, inp: CheckInput) -> list[Finding]:
 
 def check_memory_released(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     if inp.job_gpus == ():
         return [skip(s, "the job had no GPUs")]
     limit = inp.params.get("max_used_mib", 2048)
-    findings: list[Finding] = []
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, [("memory_used_mib", "memory")], obs.nvml.gpus)
-        if unread:
-            findings.append(unread_finding(s, g, unread))
-        elif g.memory_used_mib is not None and g.memory_used_mib > limit and not g.processes:
-            findings.append(fail(s, f"{gpu_label(g)} still has {g.memory_used_mib} MiB in use after the job",
-                                 "GPU memory not released (a zombie context): reset the GPU (nvidia-smi -r) or reboot",
-                                 Action.RESET, gpu=g.index, used_mib=g.memory_used_mib))
+    findings, _ = nv.judge_each([("memory_used_mib", "memory")], lambda g: _memory_held(s, g, limit))
     return findings or [ok(s, "GPU memory released")]
+
+
+def _memory_held(s: CheckSpec, g: GpuInfo, limit: int) -> list[Finding]:
+    if g.memory_used_mib is None or g.memory_used_mib <= limit or g.processes:
+        return []
+    return [fail(s, f"{gpu_label(g)} still has {g.memory_used_mib} MiB in use after the job",
+                 "GPU memory not released (a zombie context): reset the GPU (nvidia-smi -r) or reboot", Action.RESET,
+                 gpu=g.index, used_mib=g.memory_used_mib)]

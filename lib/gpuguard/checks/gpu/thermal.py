@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckInput, CheckSpec
-from gpuguard.checks._util import (fail, gpu_label, job_gpus, nvml_unavailable, ok, skip, spec_of, unread_fields,
-                                   unread_finding, warn)
+from typing import Optional
+
+from gpuguard.checks._util import fail, gpu_label, nvml_gpus, ok, skip, spec_of, warn
+from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.model import Action, Finding, GpuInfo, Observations
 
 _COOLING = "check cooling: fans, airflow, blocked inlets, data-centre temperature"
@@ -15,26 +16,17 @@ def check_temperature(obs: Observations, inp: CheckInput) -> list[Finding]:
     operating temperature, HBM max), which differ per model and board; the profile's numbers are only a
     fallback for a GPU that reports none, and a site's `fail_c`/`warn_c` can only make them stricter."""
     s = spec_of(inp)
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
-    findings: list[Finding] = []
-    judged = False
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, [("temperature_c", "temperature")], obs.nvml.gpus)
-        if unread:
-            findings.append(unread_finding(s, g, unread))
-            continue
-        gpu_findings, gpu_judged = _judge_gpu_temperature(s, g, inp)
-        findings += gpu_findings
-        judged = judged or gpu_judged
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
+    findings, judged = nv.judge_each([("temperature_c", "temperature")], lambda g: _judge_gpu_temperature(s, g, inp))
     if not findings and not judged:
         return [skip(s, "no temperature limit from NVML, the profile or the config")]
     return findings or [ok(s, "GPU and HBM temperatures within the GPUs' own limits")]
 
 
-def _judge_gpu_temperature(s: CheckSpec, g: GpuInfo, inp: CheckInput) -> tuple[list[Finding], bool]:
+def _judge_gpu_temperature(s: CheckSpec, g: GpuInfo, inp: CheckInput) -> Optional[list[Finding]]:
+    """None when no limit applies to this GPU (not judged)."""
     site_warn, site_fail = inp.params.get("warn_c"), inp.params.get("fail_c")
     findings: list[Finding] = []
     judged = False
@@ -64,7 +56,7 @@ def _judge_gpu_temperature(s: CheckSpec, g: GpuInfo, inp: CheckInput) -> tuple[l
         elif m >= mem_max - inp.params.get("hbm_margin_c", 5):
             findings.append(warn(s, f"{gpu_label(g)} HBM at {m}C (max {mem_max}C)", "watch cooling for this node",
                                  gpu=g.index, memory_temperature_c=m))
-    return findings, judged
+    return findings if judged else None
 
 
 # nvmlClocksEventReason* bits (nvml.h)
@@ -90,31 +82,31 @@ def check_throttle(obs: Observations, inp: CheckInput) -> list[Finding]:
     failure carries a persistence requirement (`persist_s`): the runner drains only when the same GPU showed the
     same reasons in every run for that long (gpud likewise waits minutes), and warns until then."""
     s = spec_of(inp)
-    bad = nvml_unavailable(s, obs.nvml, bool(inp.profile.gpu_count))
-    if bad:
-        return [bad]
-    assert obs.nvml is not None
+    nv = nvml_gpus(s, obs, inp)
+    if nv.stand_in:
+        return [nv.stand_in]
     fail_bits = {n for n in inp.params.get("fail_reasons", []) if n in THROTTLE_BITS}
     warn_bits = {n for n in inp.params.get("warn_reasons", []) if n in THROTTLE_BITS}
-    findings: list[Finding] = []
-    for g in job_gpus(obs.nvml, inp.job_gpus):
-        unread = unread_fields(g, [("clock_event_reasons", "clock_event_reasons")], obs.nvml.gpus)
-        if unread:
-            findings.append(unread_finding(s, g, unread))
-            continue
-        if g.clock_event_reasons is None:
-            continue
-        active = decode_throttle(g.clock_event_reasons)
-        hard = [r for r in active if r in fail_bits]
-        soft = [r for r in active if r in warn_bits]
-        if hard:
-            findings.append(fail(s, f"{gpu_label(g)} clocks throttled: {','.join(hard)}",
-                                 "hardware slowdown: check cooling, power supplies and the power brake signal; "
-                                 "reboot, replace if it persists", Action.DRAIN, gpu=g.index, reasons=active,
-                                 mask=hex(g.clock_event_reasons),
-                                 persist={"key": f"{g.uuid or g.index}:{','.join(sorted(hard))}",
-                                          "seconds": inp.params.get("persist_s", 240)}))
-        elif soft:
-            findings.append(warn(s, f"{gpu_label(g)} clocks throttled: {','.join(soft)}", "check cooling",
-                                 gpu=g.index, reasons=active))
+    persist_s = inp.params.get("persist_s", 240)
+    findings, _ = nv.judge_each([("clock_event_reasons", "clock_event_reasons")],
+                                lambda g: _throttle_faults(s, g, fail_bits, warn_bits, persist_s))
     return findings or [ok(s, "no hardware clock throttling")]
+
+
+def _throttle_faults(s: CheckSpec, g: GpuInfo, fail_bits: set[str], warn_bits: set[str],
+                     persist_s: float) -> Optional[list[Finding]]:
+    if g.clock_event_reasons is None:
+        return None
+    active = decode_throttle(g.clock_event_reasons)
+    hard = [r for r in active if r in fail_bits]
+    soft = [r for r in active if r in warn_bits]
+    if hard:
+        return [fail(s, f"{gpu_label(g)} clocks throttled: {','.join(hard)}",
+                     "hardware slowdown: check cooling, power supplies and the power brake signal; "
+                     "reboot, replace if it persists", Action.DRAIN, gpu=g.index, reasons=active,
+                     mask=hex(g.clock_event_reasons),
+                     persist={"key": f"{g.uuid or g.index}:{','.join(sorted(hard))}", "seconds": persist_s})]
+    if soft:
+        return [warn(s, f"{gpu_label(g)} clocks throttled: {','.join(soft)}", "check cooling", gpu=g.index,
+                     reasons=active)]
+    return []

@@ -1,0 +1,129 @@
+"""The dev cluster's configuration files: slurm.conf (its own munge socket, ports, fast scheduling so a requeued
+job comes back in seconds), gres.conf (the fake GPUs), the munge key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from devtools.devenv import free_tcp_ports
+
+
+class SlurmConfFiles:
+    """The configuration half of `devtools.devcluster.DevCluster` (a mixin: the cluster's __init__ sets these)."""
+
+    base: Path
+    conf_path: Path
+    munge_socket: Path
+    hostname: str
+    node_names: list[str]
+    gpus_per_node: int
+    cred_expire: int
+    ctld_port: int
+    node_ports: dict[str, int]
+    prolog: Any
+    epilog: Any
+    prolog_flags: Any
+    health_check: Any
+    health_check_interval: int
+    extra_conf: dict[str, str]
+    node_addr: Any
+    node_dir: Any
+
+    def _write_configs(self) -> None:
+        ports = free_tcp_ports(1 + len(self.node_names))
+        self.ctld_port, node_ports = ports[0], ports[1:]
+        self.node_ports = dict(zip(self.node_names, node_ports))
+        (self.base / "etc" / "plugstack.conf").write_text("")  # isolate from the host's SPANK plugins
+        self.conf_path.write_text(self.render_slurm_conf())
+        (self.base / "etc" / "gres.conf").write_text(self.render_gres_conf())
+        key = self.base / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+
+    def render_slurm_conf(self) -> str:
+        settings = self._base_settings()
+        settings.update(self._hook_settings())
+        settings.update(self.extra_conf)
+        lines = [f"{key}={value}" for key, value in settings.items()]
+        lines += self._node_lines()
+        lines.append("PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def _base_settings(self) -> dict[str, str]:
+        """Everything but the hooks: our own munged, state and logs under the workdir, no accounting, fast
+        scheduling so a requeued job comes back in seconds."""
+        base = self.base
+        return {
+            "ClusterName": "gpuguard-dev",
+            "SlurmctldHost": f"{self.hostname}(127.0.0.1)",
+            "SlurmctldPort": str(self.ctld_port),
+            "SlurmUser": "root",
+            "SlurmdUser": "root",
+            "AuthType": "auth/munge",
+            "CredType": "cred/munge",
+            # Our own munged. cred_expire also delays the restart of a requeued job (Slurm waits it out before
+            # the job is eligible again); 5 is the smallest value 22.05 accepts.
+            "AuthInfo": f"socket={self.munge_socket},cred_expire={self.cred_expire}",
+            "StateSaveLocation": f"{base}/ctld/state",
+            "SlurmctldPidFile": f"{base}/ctld/slurmctld.pid",
+            "SlurmctldLogFile": f"{base}/ctld/slurmctld.log",
+            "SlurmdSpoolDir": f"{base}/%n/spool",
+            "SlurmdPidFile": f"{base}/%n/slurmd.pid",
+            "SlurmdLogFile": f"{base}/%n/slurmd.log",
+            "SlurmctldDebug": "info",
+            "SlurmdDebug": "info",
+            "PlugStackConfig": f"{base}/etc/plugstack.conf",
+            "ProctrackType": "proctrack/linuxproc",
+            "TaskPlugin": "task/none",
+            "SelectType": "select/cons_tres",
+            "SelectTypeParameters": "CR_Core",
+            "GresTypes": "gpu",
+            "SlurmdParameters": "config_overrides",
+            "MpiDefault": "none",
+            "SwitchType": "switch/none",
+            "JobAcctGatherType": "jobacct_gather/none",
+            "AccountingStorageType": "accounting_storage/none",
+            "JobCompType": "jobcomp/none",
+            "MailProg": "/bin/true",
+            "ReturnToService": "2",
+            "JobRequeue": "1",
+            # Requeued jobs must come back without an admin; a short main loop makes them come back quickly.
+            "SchedulerParameters": "nohold_on_prolog_fail,sched_interval=1,bf_interval=1",
+            "SlurmdTimeout": "10",
+            "MessageTimeout": "5",
+            "KillWait": "2",
+            "InactiveLimit": "0",
+            "MinJobAge": "600",
+            "BatchStartTimeout": "10",
+        }
+
+    def _hook_settings(self) -> dict[str, str]:
+        settings: dict[str, str] = {}
+        if self.prolog:
+            settings["Prolog"] = self.prolog
+        if self.epilog:
+            settings["Epilog"] = self.epilog
+        if self.prolog_flags:
+            settings["PrologFlags"] = self.prolog_flags
+        if self.health_check:
+            settings["HealthCheckProgram"] = self.health_check
+            settings["HealthCheckInterval"] = str(self.health_check_interval)
+        return settings
+
+    def _node_lines(self) -> list[str]:
+        cpus = os.cpu_count() or 1
+        gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
+        return [f"NodeName={node} NodeHostname={self.hostname} NodeAddr={self.node_addr(node)} "
+                f"Port={self.node_ports[node]} "
+                f"CPUs={cpus} RealMemory=1024{gres} State=UNKNOWN" for node in self.node_names]
+
+    def render_gres_conf(self) -> str:
+        if self.gpus_per_node == 0:
+            return ""
+        last = self.gpus_per_node - 1
+        return "".join(
+            f"NodeName={node} Name=gpu File={self.node_dir(node)}/dev/nvidia[0-{last}]\n"
+            for node in self.node_names
+        )

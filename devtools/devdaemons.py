@@ -1,0 +1,128 @@
+"""Starting and stopping the dev cluster's daemons (munged, slurmctld, every slurmd) in sessions of their own,
+faults of the controller on demand (stopped, hung, back), and waiting for what they should do."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from devtools.devenv import DevClusterError, which
+from devtools.devprocs import killpg_quietly, terminate_group
+
+
+class SlurmDaemons:
+    """The daemon half of `devtools.devcluster.DevCluster` (a mixin: the cluster's __init__ sets these)."""
+
+    base: Path
+    conf_path: Path
+    munge_socket: Path
+    boot_timeout: float
+    _procs: dict[str, subprocess.Popen[bytes]]
+    command: Any
+    node_dir: Any
+    log_tails: Any
+    run: Any
+    _daemon_env: Any
+
+    # ---------------------------------------------------------------- daemons
+
+    def _spawn(self, name: str, argv: list[str], log_stem: Path) -> subprocess.Popen[bytes]:
+        """Start a daemon in the foreground of its own session (so its whole process group can be killed)."""
+        with open(log_stem.with_suffix(".stderr"), "ab") as stderr:
+            proc = subprocess.Popen(
+                self.command(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+                env=self._daemon_env(),
+                cwd=str(self.base),
+                start_new_session=True,
+            )
+        self._procs[name] = proc
+        return proc
+
+    def _start_munged(self) -> None:
+        munge = self.base / "munge"
+        self._spawn(
+            "munged",
+            [
+                which("munged") or "munged",
+                "--foreground",
+                "--force",  # a reused workdir may hold the stale socket of a killed run; munged would refuse it
+                f"--socket={self.munge_socket}",
+                f"--key-file={munge}/munge.key",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
+            munge / "munged.log",
+        )
+        self._wait_for(lambda: self.munge_socket.exists(), "munged socket", timeout=10)
+
+    def _start_slurmctld(self) -> None:
+        self._spawn(
+            "slurmctld",
+            [which("slurmctld") or "slurmctld", "-D", "-i", "-f", str(self.conf_path)],
+            self.base / "ctld" / "slurmctld.log",
+        )
+        self._wait_for(
+            lambda: self.run(["scontrol", "ping"], timeout=5).returncode == 0,
+            "slurmctld to answer `scontrol ping`",
+            timeout=self.boot_timeout,
+        )
+
+    # ---------------------------------------------------------------- controller faults (gpuguard's own surroundings)
+
+    def stop_controller(self) -> None:
+        """slurmctld goes away (a restart or a failover in progress): clients get 'Unable to contact'."""
+        proc = self._procs.pop("slurmctld", None)
+        if proc is not None:
+            terminate_group(proc)
+
+    def start_controller(self) -> None:
+        """slurmctld back, recovering its saved state (drains included), answering `scontrol ping`."""
+        if "slurmctld" not in self._procs:
+            self._start_slurmctld()
+
+    def pause_controller(self) -> None:
+        """slurmctld hangs (SIGSTOP): it accepts connections but never answers, so clients wait to their timeout."""
+        killpg_quietly(self._procs["slurmctld"].pid, signal.SIGSTOP)
+
+    def resume_controller(self) -> None:
+        killpg_quietly(self._procs["slurmctld"].pid, signal.SIGCONT)
+        self._wait_for(lambda: self.run(["scontrol", "ping"], timeout=5).returncode == 0,
+                       "slurmctld to answer again after SIGCONT", timeout=self.boot_timeout)
+
+    def _start_slurmd(self, node: str) -> None:
+        self._spawn(
+            node,
+            [which("slurmd") or "slurmd", "-D", "-N", node, "-f", str(self.conf_path)],
+            self.node_dir(node) / "slurmd.log",
+        )
+
+    def _check_alive(self) -> None:
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                raise DevClusterError(f"{name} exited with {proc.returncode}\n{self.log_tails()}")
+
+    def _wait_for(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
+        """Poll `ready()` with a short, growing interval until true; fail fast if a daemon died."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while not ready_within(ready):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"timed out after {timeout}s waiting for {what}\n{self.log_tails()}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+
+def ready_within(ready: Callable[[], bool]) -> bool:
+    # A client command that hangs (slurmctld busy or still starting) counts as "not yet", not as an error.
+    try:
+        return ready()
+    except subprocess.TimeoutExpired:
+        return False
