@@ -4,7 +4,6 @@ runs never share them through /var/lib/gpuguard or /run/gpuguard, in-process or 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import pytest
