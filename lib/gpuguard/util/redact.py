@@ -20,10 +20,12 @@ Pure functions; no gpuguard imports (the hooks import this on their hot path onl
 
 from __future__ import annotations
 
-import copy
 import re
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from gpuguard.config.schema import Config
 
 MASK = "***"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,30})://(.*)$", re.S)
@@ -148,16 +150,13 @@ def scrub(text: str, urls: Iterable[str], min_len: int = 4) -> str:
     return text
 
 
-def redact_config(sections: dict[str, Any]) -> dict[str, Any]:
-    """The effective settings without their secrets (for `gpuguard config`): notification URLs by scheme only,
-    Alertmanager URLs and the PostgreSQL URL with their passwords masked. The input is not changed."""
-    out = copy.deepcopy(sections)
-    notify = out.get("notify") or {}
-    if notify.get("urls"):
-        notify["urls"] = [redact_notify_url(u) for u in notify["urls"]]
-    if notify.get("alertmanager_urls"):
-        notify["alertmanager_urls"] = [redact_url(u) for u in notify["alertmanager_urls"]]
-    store = out.get("store") or {}
-    if store.get("url"):
-        store["url"] = redact_url(store["url"])
+def redact_config(cfg: Config) -> dict[str, Any]:
+    """The effective settings (gpuguard.config.schema.Config.as_mapping, section -> key -> value) without their
+    secrets, for `gpuguard config`: notification URLs by scheme only, Alertmanager URLs and the PostgreSQL URL
+    with their passwords masked. The config is not changed."""
+    out = cfg.as_mapping()
+    out["notify"]["urls"] = [redact_notify_url(u) for u in cfg.notify.urls]
+    out["notify"]["alertmanager_urls"] = [redact_url(u) for u in cfg.notify.alertmanager_urls]
+    if cfg.store.url:
+        out["store"]["url"] = redact_url(cfg.store.url)
     return out
