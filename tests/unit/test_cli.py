@@ -129,11 +129,13 @@ def test_deeply_nested_json_and_yaml_are_a_clear_error(tmp_path):
         assert "nest" in _one_line_error(p), (cmd, p.stderr)
 
 
-def test_check_report_times_are_utc_iso():
+def test_check_report_times_are_utc_iso(tmp_path):
     import re
 
     scenario = str(Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "healthy-p5.yaml")
-    p = gg("check", "--simulate", scenario, "--dry-run")
+    cfg = tmp_path / "c.yaml"  # the test's own store: never the node's /var/lib/gpuguard/state.db
+    cfg.write_text(f"store: {{path: {tmp_path}/s.db}}\nsimulation: {{workdir: {tmp_path}/sim}}\nlogging: {{syslog: false}}\n")
+    p = gg("check", "--config", str(cfg), "--simulate", scenario, "--dry-run")
     assert re.search(r" at 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ - profile ", p.stdout.splitlines()[0]), p.stdout
-    doc = json.loads(gg("check", "--simulate", scenario, "--dry-run", "--json").stdout)
+    doc = json.loads(gg("check", "--config", str(cfg), "--simulate", scenario, "--dry-run", "--json").stdout)
     assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ", doc["started"])

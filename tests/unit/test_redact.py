@@ -93,7 +93,7 @@ def test_a_store_url_is_either_accepted_and_printed_without_its_password_or_refu
     except ConfigError as e:
         assert no_secret(str(e)), (url, str(e))
         return
-    assert no_secret(json.dumps(redact_config(cfg.sections)["store"])), url
+    assert no_secret(json.dumps(redact_config(cfg)["store"])), url
 
 
 def test_examples_from_the_issue():
