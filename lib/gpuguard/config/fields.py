@@ -15,11 +15,12 @@ import copy
 import math
 import threading
 from dataclasses import MISSING, Field, FrozenInstanceError, dataclass, field
-from typing import Any, Callable, Optional, TypeVar, dataclass_transform
+from typing import Any, Callable, Mapping, Optional, TypeVar, dataclass_transform
 
 Validator = Callable[[Any], Any]  # returns the normalised value or raises ValueError(msg)
 
 T = TypeVar("T")
+R = TypeVar("R", bound="Record")
 
 
 def key(validator: Validator, default: Any) -> Any:
@@ -71,24 +72,42 @@ class Record(metaclass=_RecordType):
     _defaults: tuple[tuple[str, Any, Optional[Callable[[], Any]]], ...] = ()
 
     def __init__(self, *args: Any, **values: Any) -> None:
-        if len(args) > len(self._defaults):
-            raise TypeError(f"{type(self).__name__}: {len(args)} positional arguments for {len(self._defaults)} fields")
-        for (name, _, _), value in zip(self._defaults, args):
-            if name in values:
-                raise TypeError(f"{type(self).__name__}: {name} given twice")
-            values[name] = value
+        if args:
+            if len(args) > len(self._defaults):
+                raise TypeError(f"{type(self).__name__}: {len(args)} positional arguments for "
+                                f"{len(self._defaults)} fields")
+            for (name, _, _), value in zip(self._defaults, args):
+                if name in values:
+                    raise TypeError(f"{type(self).__name__}: {name} given twice")
+                values[name] = value
+        d = self.__dict__  # not setattr: a frozen record refuses it, and this is every hook's path
+        given = 0
         for name, default, factory in self._defaults:
             if name in values:
-                value = values.pop(name)
+                d[name] = values[name]
+                given += 1
             elif factory is not None:
-                value = factory()
+                d[name] = factory()
             elif default is MISSING:
                 raise TypeError(f"{type(self).__name__}: missing {name}")
             else:
-                value = default
-            object.__setattr__(self, name, value)
-        if values:
-            raise TypeError(f"{type(self).__name__}: unknown key(s) {', '.join(sorted(values))}")
+                d[name] = default
+        if given != len(values):
+            unknown = sorted(set(values) - set(key_names(type(self))))
+            raise TypeError(f"{type(self).__name__}: unknown key(s) {', '.join(unknown)}")
+
+    @classmethod
+    def from_trusted(cls: type[R], values: Mapping[str, Any]) -> R:
+        """An instance from values validated earlier (the compiled configuration): unknown keys are dropped,
+        missing ones take their defaults."""
+        self = cls.__new__(cls)
+        d = self.__dict__
+        for name, default, factory in cls._defaults:
+            if name in values:
+                d[name] = values[name]
+            else:
+                d[name] = factory() if factory is not None else default
+        return self
 
     def __getattr__(self, name: str) -> Any:  # only for attributes the instance does not have
         if name in _DATACLASS_ATTRS:

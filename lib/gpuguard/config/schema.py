@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional
 from gpuguard.config.checks import ChecksConfig
 from gpuguard.config.core import (DeadlinesConfig, EpilogConfig, LockingConfig, LoggingConfig, NodeConfig,
                                   PolicyConfig, RebootConfig, SourcesConfig, UndrainConfig)
-from gpuguard.config.fields import Frozen, Record, Section, key_names, record
+from gpuguard.config.fields import Frozen, Record, Section, record
 from gpuguard.metrics.config import MetricsConfig
 from gpuguard.monitor.config import MonitorConfig
 from gpuguard.nccl.config import NcclConfig
@@ -121,10 +121,9 @@ def config_from_mapping(sections: Mapping[str, Any], checks: Mapping[str, Any], 
     for name, cls in SECTIONS.items():
         values = sections.get(name)
         if isinstance(values, dict):
-            known = key_names(cls)
-            built[name] = cls(**{k: v for k, v in values.items() if k in known})
+            built[name] = cls.from_trusted(values)
     given = {k: dict(v) for k, v in checks.items() if isinstance(v, dict)}
-    return Config(source=source, checks=ChecksConfig(given=given), **built)
+    return Config.from_trusted({"source": source, "checks": ChecksConfig.from_trusted({"given": given}), **built})
 
 
 def parse_config(text: str, source: str = "<string>", check_params: Optional[dict[str, dict[str, str]]] = None,
