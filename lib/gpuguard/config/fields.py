@@ -145,8 +145,8 @@ class Frozen(Record):
 
 @dataclass_transform(field_specifiers=(field, key))
 def record(cls: type[T]) -> type[T]:
-    """Make `cls` (a subclass of Record) a dataclass of its annotated fields (`key(...)`, `field(...)` or a plain
-    default), in declaration order; ClassVar annotations are not fields."""
+    """Make `cls` (a subclass of Record) a dataclass of its own annotated fields (`key(...)`, `field(...)` or a
+    plain default), in declaration order; ClassVar annotations are not fields, and fields are not inherited."""
     found = []
     for name, annotation in cls.__dict__.get("__annotations__", {}).items():
         if str(annotation).startswith(("ClassVar", "typing.ClassVar")):
