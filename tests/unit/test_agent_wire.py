@@ -305,6 +305,9 @@ def test_the_hook_client_imports_nothing_of_the_pipeline():
 
 def test_the_in_process_hook_imports_no_yaml_argparse_or_notifications():
     mods = _modules_after("import gpuguard.cli.hooks")
-    assert not mods & {"yaml", "argparse", "psycopg", "apprise", "prometheus_client", "uuid", "traceback"}
-    assert not {m for m in mods if m.startswith(("gpuguard.notify", "gpuguard.fleet.ship", "gpuguard.metrics",
+    assert not mods & {"yaml", "argparse", "psycopg", "apprise", "prometheus_client", "uuid", "traceback", "jinja2",
+                        "difflib"}
+    features = {m for m in mods if m.startswith(("gpuguard.notify", "gpuguard.fleet.ship", "gpuguard.metrics",
                                                  "gpuguard.watch", "gpuguard.templates", "gpuguard.nccl.sweep"))}
+    # only each feature's config section (gpuguard.<feature>.config: one dataclass), loaded with the config
+    assert features <= {f"gpuguard.{p}{m}" for p in ("notify", "metrics", "watch", "templates") for m in ("", ".config")}

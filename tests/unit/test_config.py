@@ -7,8 +7,8 @@ from gpuguard.config.schema import ConfigError, load_config, parse_config
 
 def test_empty_config_gives_defaults():
     cfg = parse_config("")
-    assert cfg.get("policy", "on_internal_error") == "open"
-    assert cfg.get("deadlines", "prolog_s") == 30.0
+    assert cfg.policy.on_internal_error == "open"
+    assert cfg.deadlines.prolog_s == 30.0
     assert cfg.check_enabled("gpu.xid")
 
 
@@ -51,7 +51,7 @@ def test_duplicate_key_is_an_error():
 
 def test_xid_overrides_validated():
     cfg = parse_config("xid:\n  overrides:\n    94: {severity: fatal, action: reset}\n")
-    assert cfg.get("xid", "overrides") == {94: {"severity": "fatal", "action": "reset"}}
+    assert cfg.xid.overrides == {94: {"severity": "fatal", "action": "reset"}}
     with pytest.raises(ConfigError) as e:
         parse_config("xid:\n  overrides:\n    94: {severity: deadly}\n", source="c.yaml")
     assert "line 2" in str(e.value) and "xid.overrides" in str(e.value)
@@ -63,4 +63,4 @@ def test_explicit_missing_file_is_an_error_default_is_not(tmp_path, monkeypatch)
         load_config(str(tmp_path / "nope.yaml"))
     monkeypatch.setenv("GPUGUARD_CONFIG", str(tmp_path / "c.yaml"))
     (tmp_path / "c.yaml").write_text("policy:\n  on_failure: report\n")
-    assert load_config().get("policy", "on_failure") == "report"
+    assert load_config().policy.on_failure == "report"

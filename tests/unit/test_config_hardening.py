@@ -48,7 +48,7 @@ def test_modest_anchors_still_work():
     text = "checks:\n  gpu.temperature: &t {warn_c: 80}\n  gpu.throttle: {warn_reasons: [sw_thermal]}\n" \
            "node:\n  overrides: &o {gpu_count: 8}\nmonitor: {disk_paths: [/, /tmp]}\n"
     cfg = parse_config(text, source="c.yaml")
-    assert cfg.sections["node"]["overrides"] == {"gpu_count": 8}
+    assert cfg.node.overrides == {"gpu_count": 8}
     assert cfg.check_params("gpu.temperature", {})["warn_c"] == 80
 
 

@@ -18,11 +18,11 @@ def cfg(url):
 
 
 def test_valid_urls():
-    assert cfg(f"postgresql://gg:{SECRET}@db.example:5433/fleet").sections["store"]["url"].endswith("/fleet")
-    assert cfg("postgres://gg@db/fleet").sections["store"]["url"]
-    assert cfg("postgresql://gg@/fleet?host=/run/postgresql").sections["store"]["url"]  # unix socket
-    defaults = parse_config("", source="x").sections["store"]
-    assert defaults["url"] is None and defaults["retention_days"] == 90 and defaults["ship_budget_s"] == 2.0
+    assert cfg(f"postgresql://gg:{SECRET}@db.example:5433/fleet").store.url.endswith("/fleet")
+    assert cfg("postgres://gg@db/fleet").store.url
+    assert cfg("postgresql://gg@/fleet?host=/run/postgresql").store.url  # unix socket
+    defaults = parse_config("", source="x").store
+    assert defaults.url is None and defaults.retention_days == 90 and defaults.ship_budget_s == 2.0
 
 
 @pytest.mark.parametrize("url, message", [

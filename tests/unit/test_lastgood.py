@@ -50,7 +50,7 @@ def test_a_valid_file_becomes_the_last_good_one_private_and_is_read_back_without
     assert os.stat(path).st_mode & 0o777 == 0o600  # it holds notification tokens
     code = ("import sys; from gpuguard.config.lastgood import load_guarded; "
             "c = load_guarded(sys.argv[1], directory=sys.argv[2]); "
-            "print(c.mode, c.sections['deadlines']['prolog_s'], c.sections['xid']['overrides'], "
+            "print(c.mode, c.deadlines.prolog_s, c.xid.overrides, "
             "'yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(conf), state], capture_output=True, text=True, check=True)
     assert out.stdout.split(" ", 2)[:2] == ["ok", "12"]
@@ -68,8 +68,8 @@ def test_one_bad_key_keeps_the_rest_of_the_file_and_takes_its_last_good_value(si
     cfg = _good_then(conf, state, bad.replace("prolog_s: 12", "prolog_s: 12") + "logging:\n  level: debug\n")
     assert cfg.mode == "partial"
     assert [(i.path, i.line) for i in cfg.issues] == [(key, line)]
-    assert cfg.sections["logging"]["level"] == "debug", "the good keys of the new file apply"
-    assert cfg.sections["deadlines"]["prolog_s"] == 12 and cfg.sections["policy"]["on_failure"] == "report"
+    assert cfg.logging.level == "debug", "the good keys of the new file apply"
+    assert cfg.deadlines.prolog_s == 12 and cfg.policy.on_failure == "report"
     assert cfg.check_params("gpu.temperature", {})["warn_c"] == 70
     assert key in describe(cfg) and f"line {line}" in describe(cfg)
 
@@ -86,7 +86,7 @@ def test_an_unusable_file_is_replaced_by_the_last_good_configuration(site, break
     breaker(conf)
     cfg = load_guarded(str(conf), directory=state)
     assert cfg.mode == "last-good" and len(cfg.issues) == 1 and cfg.issues[0].path == "(file)"
-    assert cfg.sections["policy"]["on_failure"] == "report" and cfg.sections["notify"]["urls"]
+    assert cfg.policy.on_failure == "report" and cfg.notify.urls
     assert not cfg.restricted
 
 
@@ -100,14 +100,14 @@ def test_with_no_last_good_only_unambiguous_evidence_may_drain(site):
 def test_a_misspelt_key_beside_the_key_itself_does_not_override_it(site):
     conf, state = site
     cfg = _good_then(conf, state, GOOD.replace("on_failure: report", "on_failure: drain\n  on_faliure: report"))
-    assert cfg.mode == "partial" and cfg.sections["policy"]["on_failure"] == "drain"
+    assert cfg.mode == "partial" and cfg.policy.on_failure == "drain"
 
 
 def test_a_partial_file_without_last_good_keeps_its_defaults(site):
     conf, state = site
     conf.write_text("deadlines:\n  prolog_s: -1\n")
     cfg = load_guarded(str(conf), directory=state)
-    assert cfg.mode == "partial" and cfg.sections["deadlines"]["prolog_s"] == 30.0 and not cfg.restricted
+    assert cfg.mode == "partial" and cfg.deadlines.prolog_s == 30.0 and not cfg.restricted
 
 
 def test_a_last_good_file_others_can_write_is_not_trusted(site):

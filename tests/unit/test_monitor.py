@@ -135,14 +135,15 @@ def test_throttled_gpu_is_a_straggler_alert(site, hook):
 
 def test_a_hot_throttling_gpu_pages_once():
     """Issue 16: one hot GPU sent two pages (temperature and throttle). One GPU, one cause, one alert."""
+    from gpuguard.monitor.config import MonitorConfig
     from gpuguard.monitor.detect import gpu_alerts, one_per_gpu_cause
     from gpuguard.monitor.sampler import GpuSample
 
     hot = GpuSample(index=6, temp_c=91, temp_slowdown_c=89, sm_clock_mhz=1100, sm_clock_max_mhz=1980,
                     throttle_mask=0x40 | 0x8)
     capped = GpuSample(index=2, temp_c=60, temp_slowdown_c=89, throttle_mask=0x80)  # power brake: another cause
-    p = {"gpu_temp_max_c": None, "gpu_power_max_w": None, "gpu_memory_percent_max": None, "ecc_uncorrected_max": 0,
-         "throttle": True}
+    p = MonitorConfig(gpu_temp_max_c=None, gpu_power_max_w=None, gpu_memory_percent_max=None, ecc_uncorrected_max=0,
+                      throttle=True)
     raw = gpu_alerts([hot, capped], {}, p)
     assert {(a.check_id, a.gpu) for a in raw} == {("monitor.gpu_temp", 6), ("monitor.gpu_throttle", 6),
                                                  ("monitor.gpu_throttle", 2)}

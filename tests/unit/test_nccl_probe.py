@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gpuguard.checks import CheckInput, get_check
 from gpuguard.model import Action, Observations, Severity
+from gpuguard.nccl.config import NcclConfig
 from gpuguard.nccl.probe import nccl_tests_argv, run_single_node_nccl, run_torch_probe
 from gpuguard.nccl.tier import job_is_exclusive, tier_cursor, tier_due
 from gpuguard.profiles import apply_overrides, load_profile
@@ -130,7 +132,7 @@ def test_torch_missing_is_reported_as_missing_tool(tmp_path):
 # --------------------------------------------------------------------------- tier decision
 
 
-CFG = {"tier_enabled": True, "only_exclusive": True, "first_job_after_reboot": True, "tier_interval_h": 0}
+CFG = NcclConfig(tier_enabled=True, only_exclusive=True, first_job_after_reboot=True, tier_interval_h=0)
 
 
 def test_exclusive_means_every_gpu_of_the_node():
@@ -139,15 +141,15 @@ def test_exclusive_means_every_gpu_of_the_node():
 
 
 def test_tier_runs_once_per_boot_for_exclusive_jobs():
-    assert tier_due({**CFG, "tier_enabled": False}, kind="prolog", exclusive=True, boot_id="b", last=None, now=0)[0] is False
+    assert tier_due(replace(CFG, tier_enabled=False), kind="prolog", exclusive=True, boot_id="b", last=None, now=0)[0] is False
     assert tier_due(CFG, kind="prolog", exclusive=False, boot_id="b", last=None, now=0) == \
         (False, "job does not have the whole node (nccl.only_exclusive)")
     assert tier_due(CFG, kind="prolog", exclusive=True, boot_id="b", last=None, now=0)[0] is True
     done = tier_cursor("b", 100.0)
     assert tier_due(CFG, kind="prolog", exclusive=True, boot_id="b", last=done, now=200)[0] is False
     assert tier_due(CFG, kind="prolog", exclusive=True, boot_id="b2", last=done, now=200) == (True, "first job after a reboot")
-    assert tier_due({**CFG, "tier_interval_h": 1}, kind="prolog", exclusive=True, boot_id="b", last=done, now=3800)[0]
-    assert tier_due({**CFG, "first_job_after_reboot": False}, kind="prolog", exclusive=True, boot_id="b", last=done,
+    assert tier_due(replace(CFG, tier_interval_h=1), kind="prolog", exclusive=True, boot_id="b", last=done, now=3800)[0]
+    assert tier_due(replace(CFG, first_job_after_reboot=False), kind="prolog", exclusive=True, boot_id="b", last=done,
                     now=200)[0]
     assert tier_due(CFG, kind="healthcheck", exclusive=True, boot_id="b", last=None, now=0)[0] is False
 
@@ -168,8 +170,8 @@ def test_tier_probes_wire_the_three_probes_with_simulated_tools(tmp_path, monkey
     bindir = str(tmp_path / "sim" / "bin")
     tools = {"all_reduce_perf": str(install_stub(bindir, str(scen))),
              "dcgmi": str(install_stub(bindir, str(scen), name="dcgmi", tool="dcgmi"))}
-    cfg = {"binary": "unused", "min_bytes": 1 << 30, "max_bytes": 1 << 30, "iterations": 5, "timeout_s": 30,
-           "dcgmi": "dcgmi", "dcgm_level": 1, "dcgm_timeout_s": 30}
+    cfg = NcclConfig(binary="unused", min_bytes=1 << 30, max_bytes=1 << 30, iterations=5, timeout_s=30, dcgmi="dcgmi",
+                     dcgm_level=1, dcgm_timeout_s=30)
     monkeypatch.setenv("SLURMD_NODENAME", "node1")
     probes = tier_probes(cfg, needs={"nccl", "dcgm", "efa_counters"}, gpus=8, sysfs_root=str(tmp_path / "sys"),
                          binary=tools["all_reduce_perf"], dcgmi=tools["dcgmi"])

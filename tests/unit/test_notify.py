@@ -6,6 +6,7 @@ Alertmanager's: test_notify_alertmanager.py.)"""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import sqlite3
 import subprocess
 import sys
@@ -141,7 +142,7 @@ def test_undeliverable_is_spooled_and_flushed_later(tmp_path, hook):
     assert emit(cfg, xid_drain(), budget_s=5) == "spooled"
     assert spool_rows(tmp_path, "node7")[0][:2] == ("pending", 1)
     hook.status = 200
-    cfg.sections["node"]["name"] = "node7"  # flush runs on the node whose store holds the spool
+    cfg.node = replace(cfg.node, name="node7")  # flush runs on the node whose store holds the spool
     conn = sqlite3.connect(tmp_path / "state" / "node7.db")
     conn.execute("UPDATE notify_spool SET next_try=0")  # skip the back-off
     conn.commit()
@@ -153,7 +154,7 @@ def test_undeliverable_is_spooled_and_flushed_later(tmp_path, hook):
 
 def test_backoff_keeps_failed_messages_for_later(tmp_path, hook):
     cfg = make_cfg(tmp_path, urls=[hook.url()])
-    cfg.sections["node"]["name"] = "node7"
+    cfg.node = replace(cfg.node, name="node7")
     hook.status = 503
     emit(cfg, xid_drain())
     assert flush(cfg) == 0  # not due yet: the back-off is 30 s after the first failure
@@ -203,7 +204,7 @@ def test_config_rejects_bad_values(tmp_path):
         make_cfg(tmp_path, alertmanager_urls=["http://gg:pa/ss?S3CRET@am:port"])
     assert "S3CRET" not in str(e.value) and "***" in str(e.value)
     ok = make_cfg(tmp_path, alertmanager_urls=["http://am1:9093", "https://u:p@am2.example/alertmanager/"])
-    assert len(ok.sections["notify"]["alertmanager_urls"]) == 2
+    assert len(ok.notify.alertmanager_urls) == 2
 
 
 # --------------------------------------------------------------------------- pure helpers

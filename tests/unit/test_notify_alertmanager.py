@@ -8,6 +8,7 @@ plain HTTP server standing in for the API. Time is passed explicitly wherever gp
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -161,7 +162,7 @@ def test_an_alertmanager_down_delays_no_hook_and_gets_the_alert_when_it_is_back(
         assert [a["labels"]["node"] for a in up.alerts()] == ["node7"]
         back = Alertmanager(tmp_path / "am-back", routed_config(f"http://127.0.0.1:{hook.port}"), port=port)
         assert back.alerts() == []
-        cfg.sections["node"]["name"] = "node7"  # the node whose state holds the spool flushes it
+        cfg.node = replace(cfg.node, name="node7")  # the node whose state holds the spool flushes it
         assert flush(cfg, now=t0 + 60) == 1  # after the 30 s back-off
         got = back.alerts()
         assert [a["labels"]["node"] for a in got] == ["node7"] and got[0]["labels"]["keyword"] == "XID79"
@@ -196,7 +197,7 @@ def test_a_hung_alertmanager_delays_no_hook_and_loses_no_alert(tmp_path, hook):
     hung.close()
     am = Alertmanager(tmp_path / "am", routed_config(f"http://127.0.0.1:{hook.port}"), port=hung.port)
     try:
-        cfg.sections["node"]["name"] = "n1"
+        cfg.node = replace(cfg.node, name="n1")
         assert flush(cfg, budget_s=10, now=time.time() + 3600) == 1
         alert = am.alerts()[0]
         assert alert["labels"]["alertname"] == "GpuguardDrain" and alert["labels"]["node"] == "n1"
@@ -215,7 +216,7 @@ def test_a_firing_alert_lives_while_gpuguard_reposts_it_and_ends_when_it_stops(t
     """Alertmanager resolves an alert whose endsAt has passed. Posted as if the last post were two TTLs ago, the
     alert is already over in Alertmanager; the next flush re-posts it and it fires again, with its start kept."""
     cfg = make_cfg(tmp_path, [am.url], alertmanager_ttl_s=600)
-    cfg.sections["node"]["name"] = "node7"
+    cfg.node = replace(cfg.node, name="node7")
     now = time.time()
     assert emit(cfg, drain("node7", ts=now - 1200), now=now - 1200) == "sent"
     assert am.alerts(active="true") == []  # its endsAt (now - 600) has passed: resolved
@@ -237,7 +238,7 @@ def test_the_payload_labels_annotations_and_times(tmp_path):
     api = WebhookServer()
     try:
         cfg = make_cfg(tmp_path, [f"http://127.0.0.1:{api.port}"], alertmanager_resend_s=60, alertmanager_ttl_s=900)
-        cfg.sections["node"]["name"] = "node7"
+        cfg.node = replace(cfg.node, name="node7")
         t0 = 1_800_000_000.0
         gpus = [{"index": 5, "uuid": "GPU-5ca1ab1e", "serial": "1652000000005", "pci_bus_id": "0000:a8:00.0"}]
         assert emit(cfg, drain("node7", gpus=gpus, ts=t0, evidence={"xid": 79})) == "sent"
@@ -328,7 +329,7 @@ def test_basic_auth_from_the_url_and_no_password_in_errors(tmp_path):
     try:
         url = f"http://gpuguard:pa%2Fss@127.0.0.1:{httpd.server_address[1]}/am/"
         cfg = make_cfg(tmp_path, [url])
-        cfg.sections["node"]["name"] = "node7"
+        cfg.node = replace(cfg.node, name="node7")
         assert emit(cfg, drain("node7")) == "sent"  # a 401 is permanent: reported, not retried forever
         assert seen == ["Basic Z3B1Z3VhcmQ6cGEvc3M="]  # gpuguard:pa/ss
         import sqlite3
@@ -369,7 +370,7 @@ def test_an_alert_nothing_resolves_ends_by_itself_after_the_episode_window(tmp_p
     api = WebhookServer()
     try:
         cfg = make_cfg(tmp_path, [f"http://127.0.0.1:{api.port}"], dedup_window_s=3600)
-        cfg.sections["node"]["name"] = "node7"
+        cfg.node = replace(cfg.node, name="node7")
         t0 = 1_800_000_000.0
         crash = dict(kind="internal_error", node="node7", severity="critical", message="gpuguard prolog crashed")
         assert emit(cfg, Event(**crash), now=t0) == "sent"

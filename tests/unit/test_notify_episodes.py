@@ -6,6 +6,7 @@ parses the PagerDuty/Opsgenie URLs for real."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -172,7 +173,7 @@ def test_state_from_before_episodes_is_migrated(tmp_path, hook):
 
 def test_spooled_resolution_is_retried_with_its_key_and_status(tmp_path, hook):
     cfg = make_cfg(tmp_path, urls=[hook.url()])
-    cfg.sections["node"]["name"] = "node7"
+    cfg.node = replace(cfg.node, name="node7")
     assert emit(cfg, straggler()) == "sent"
     hook.status = 503
     assert emit(cfg, straggler(state="resolved"), budget_s=3) == "spooled"

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuguard.config.schema import ConfigError, parse_config
-from gpuguard.util.redact import redact_config, redact_notify_url, redact_url, scrub
+from gpuguard.util.redact import redact_notify_url, redact_url, scrub
 
 UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DELIMS = "/?#@:&=%+;!$'()*,[] ~"
@@ -93,7 +93,7 @@ def test_a_store_url_is_either_accepted_and_printed_without_its_password_or_refu
     except ConfigError as e:
         assert no_secret(str(e)), (url, str(e))
         return
-    assert no_secret(json.dumps(redact_config(cfg.sections)["store"])), url
+    assert no_secret(json.dumps(cfg.redacted_mapping()["store"])), url
 
 
 def test_examples_from_the_issue():

@@ -399,9 +399,13 @@ def test_unwritable_store_still_writes_the_ledger(fake, capsys):
 
 def test_the_user_side_never_writes_the_hooks_store(tmp_path, capsys):
     """Issue 9: job-attempt runs as the user; the root hooks' database must never need to be user-writable."""
+    from gpuguard.config.schema import Config
+    from gpuguard.store.config import StoreConfig
+    from gpuguard.templates.config import TemplatesConfig
+
     def cfg(store_path):
-        return SimpleNamespace(sections={"store": {"path": str(tmp_path / "state" / "{node}.db")},
-                                         "templates": {"store_path": store_path}})
+        return Config(store=StoreConfig(path=str(tmp_path / "state" / "{node}.db")),
+                      templates=TemplatesConfig(store_path=store_path))
     assert user_store_path(cfg(None), "node1", "alice") is None  # no default to the hooks' store any more
     assert user_store_path(cfg(str(tmp_path / "state" / "{node}.db")), "node1", "alice") is None
     assert "hooks' own store" in capsys.readouterr().err

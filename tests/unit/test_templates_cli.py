@@ -73,6 +73,6 @@ def test_templates_list_show_presets():
 
 def test_config_section_is_validated():
     cfg = parse_config("templates:\n  store_path: /var/lib/gpuguard/attempts-{node}.db\n  defaults: {nodes: 2}\n")
-    assert cfg.sections["templates"]["store_path"].endswith("{node}.db")
+    assert cfg.templates.store_path.endswith("{node}.db")
     with pytest.raises(ConfigError, match=r"line 2: templates.defaults: expected a mapping"):
         parse_config("templates:\n  defaults: [nodes]\n")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
+from simnode import gpuguard_dirs
 
 from gpuguard.config.schema import parse_config
 from gpuguard.util.log import HookLog
@@ -857,7 +858,6 @@ def test_shipped_systemd_unit_starts_the_daemon_from_the_installed_env(tmp_path,
     install_hooks(libexec, sys.executable, str(cfg))
     assert unit["EnvironmentFile"] == ["/usr/local/libexec/gpuguard/gpuguard.env"]
     env = {"PATH": "/usr/bin:/bin"}  # systemd's environment: nothing but the EnvironmentFile
-    env["GPUGUARD_RUNTIME_DIR"] = os.environ["GPUGUARD_RUNTIME_DIR"]  # ... and this test's own /run/gpuguard
     for line in (libexec / "gpuguard.env").read_text().splitlines():
         if "=" in line and not line.startswith("#"):
             key, _, value = line.partition("=")
@@ -867,6 +867,7 @@ def test_shipped_systemd_unit_starts_the_daemon_from_the_installed_env(tmp_path,
     sock.bind(sock_path)
     sock.settimeout(15)
     env["NOTIFY_SOCKET"] = sock_path
+    env.update(gpuguard_dirs())  # the test's own state and runtime directories, never the node's /run/gpuguard
     proc = subprocess.Popen(shlex.split(unit["ExecStart"][0]), env=env, stderr=subprocess.DEVNULL)
     try:
         assert sock.recv(4096).startswith(b"READY=1")
@@ -901,7 +902,7 @@ def test_config_section_validates_with_line_numbers():
     from gpuguard.config.schema import ConfigError
 
     cfg = parse_config("watch:\n  dedupe_window_s: 60\n  start_at: end\n", "c.yaml")
-    assert cfg.sections["watch"]["dedupe_window_s"] == 60 and cfg.sections["watch"]["poll_interval_s"] == 0.25
+    assert cfg.watch.dedupe_window_s == 60 and cfg.watch.poll_interval_s == 0.25
     with pytest.raises(ConfigError, match=r"c.yaml: line 2: watch.start_at: expected one of auto, boot, end"):
         parse_config("watch:\n  start_at: middle\n", "c.yaml")
     with pytest.raises(ConfigError, match=r"line 2: watch.dedup_window_s: unknown key \(did you mean"):

@@ -81,7 +81,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     base = context_from_env(args.context if args.context != "manual" else "manual", os.environ, node=args.node
-                            or cfg.sections["node"]["name"])
+                            or cfg.node.name)
     gpus = parse_gpu_list(args.gpus) if args.gpus else (base.gpu_indices if args.context in ("prolog", "epilog")
                                                         else None)
     ctx = RunContext(kind=args.context, node=base.node, job_id=base.job_id, job_user=base.job_user,
@@ -96,7 +96,7 @@ def cmd_xid(args: argparse.Namespace) -> int:
         from gpuguard.config.schema import load_config
         from gpuguard.xid.catalog import load_catalog
 
-        overrides = load_config(args.config).sections["xid"]["overrides"] if args.config else None
+        overrides = load_config(args.config).xid.overrides if args.config else None
         print(load_catalog(overrides=overrides or None).explain(args.code))
         return 0
     if args.xid_cmd == "scan":
@@ -113,7 +113,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from gpuguard.config.schema import load_config
     from gpuguard.profiles import list_profiles, load_profile
 
-    extra = load_config(args.config).sections["node"]["profile_dir"] if args.config else None
+    extra = load_config(args.config).node.profile_dir if args.config else None
     if args.name:
         prof = load_profile(args.name, extra)
         for k, v in dataclasses.asdict(prof).items():
@@ -142,15 +142,9 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     print(f"# {cfg.source}: valid (secrets redacted)")
-    print(json.dumps({"sections": redact_config(cfg.sections), "checks": cfg.checks}, indent=2, default=str))
+    print(json.dumps({"sections": cfg.redacted_mapping(), "checks": cfg.checks.as_mapping()}, indent=2,
+                     default=str))
     return 0
-
-
-def redact_config(sections: dict[str, Any]) -> dict[str, Any]:
-    """The effective settings without their secrets (gpuguard.util.redact)."""
-    from gpuguard.util.redact import redact_config as redact
-
-    return redact(sections)
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:
@@ -160,8 +154,8 @@ def cmd_undrain(args: argparse.Namespace) -> int:
     from gpuguard.pipeline.admin import admin_undrain
 
     cfg = load_config(args.config)
-    lg = cfg.sections["logging"]
-    out = admin_undrain(cfg, args.node, args.force, HookLog(lg["syslog"], lg["file"], lg["level"], stderr=False))
+    lg = cfg.logging
+    out = admin_undrain(cfg, args.node, args.force, HookLog(lg.syslog, lg.file, lg.level, stderr=False))
     print(out.message if out.code == 0 else f"gpuguard: {out.message}", file=sys.stdout if out.code == 0 else sys.stderr)
     return out.code
 

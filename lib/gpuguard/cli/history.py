@@ -202,14 +202,14 @@ def output_format(args: Any) -> str:
 
 def requeue_source(cfg: Any) -> Optional[Requeues]:
     """templates.store_path names the job-side store the torchrun template writes attempts to; none, none."""
-    pattern = cfg.sections.get("templates", {}).get("store_path")
+    pattern = cfg.templates.store_path
     return Requeues(pattern) if pattern else None
 
 
 def cmd_history(args: Any) -> int:
     cfg = load_config(args.config)
     f = filters_from_args(args)
-    source = SqliteHistory(store_paths(cfg.sections["store"]["path"], f.nodes))
+    source = SqliteHistory(store_paths(cfg.store.path, f.nodes))
     try:
         write_history(sys.stdout, output_format(args), source, requeue_source(cfg), f, args.limit or None,
                       f"history ({len(source.conns)} store file(s))")

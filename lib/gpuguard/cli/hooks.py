@@ -108,14 +108,14 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     t0 = time.monotonic() if started is None else started
     ctx = context_from_env(kind, os.environ)
     cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
-    lg = cfg.sections["logging"]
-    log = HookLog(lg["syslog"], lg["file"], lg["level"], stderr=kind != "healthcheck")
+    lg = cfg.logging
+    log = HookLog(lg.syslog, lg.file, lg.level, stderr=kind != "healthcheck")
     if cfg.issues:
         log.error(f"{kind} on {ctx.node}: {describe(cfg)}")
     if ctx.ignored_env:
         log.warning(f"{kind} on {ctx.node}: ignored malformed environment variables: {', '.join(ctx.ignored_env)}")
-    open_policy = cfg.sections["policy"]["on_internal_error"] == "open"
-    deadline = cfg.sections["deadlines"][f"{kind}_s"]
+    open_policy = cfg.policy.on_internal_error == "open"
+    deadline = cfg.deadlines.for_kind(kind)
     state: dict[str, Any] = {"kind": kind, "exit_code": 0 if open_policy else 1}
 
     def set_exit_code(code: int) -> None:
@@ -216,7 +216,7 @@ def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> Non
 def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> None:
     """Best effort: `gpuguard history` should show that a run crashed, not just that it is missing."""
     try:
-        with Store(cfg.sections["store"]["path"].replace("{node}", ctx.node), timeout_s=1.0) as st:
+        with Store(cfg.store.path_for(ctx.node), timeout_s=1.0) as st:
             st.record_run(started=time.time(), duration_ms=None, node=ctx.node, kind=ctx.kind, job_id=ctx.job_id,
                           profile=None, verdict="error", action=None, reason=None, exit_code=exit_code,
                           error=error[:500], boot_id=None, findings=[])
@@ -226,7 +226,7 @@ def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> No
 
 def _drain_internal(cfg: Any, ctx: Any, kind: str, detail: str, log: Any) -> None:
     try:
-        client = client_from_config(cfg.sections["slurm"], cfg.sections["deadlines"]["scontrol_s"])
+        client = client_from_config(cfg.slurm, cfg.deadlines.scontrol_s)
         out = drain_node(client, ctx.node, format_reason("gpuguard", "INTERNAL", detail, kind))
         log.error(f"{kind} on {ctx.node}: drained for internal error (policy closed): {out.outcome} {out.detail}")
     except Exception as e:  # noqa: BLE001

@@ -185,15 +185,15 @@ def cmd_status(args: Any) -> int:
         for line in render_own_health(cfg, health, time.time()):
             print(line)
     wanted = _wanted(args)
-    s = cfg.sections["slurm"]
-    client = CliSlurmClient(s["scontrol"], cfg.sections["deadlines"]["scontrol_s"], s["conf"])
+    s = cfg.slurm
+    client = CliSlurmClient(s.scontrol, cfg.deadlines.scontrol_s, s.conf)
     try:
         text = client.run(["show", "node", "-o"])
     except SlurmError as e:
         print(f"gpuguard status: cannot ask Slurm: {e}", file=sys.stderr)
         return 2
     now = time.time()
-    store_pattern = cfg.sections["store"]["path"]
+    store_pattern = cfg.store.path
     nodes = [n for n in drained_nodes(text) if (args.all or n["ours"]) and (wanted is None or n["node"] in wanted)]
     ours = sum(1 for n in nodes if n["ours"])
     details = True if (getattr(args, "details", False) or wanted is not None) else None
@@ -206,7 +206,7 @@ def cmd_status(args: Any) -> int:
         # Slurm's ReasonTime is when the reason was set (a later prolog finding the node already drained does not
         # move it); gpuguard's own record when Slurm shows none
         n["drained_since"] = slurm_time(n.get("reason_time")) or recorded
-    spool = undelivered_notifications(cfg.sections["notify"].get("state_path") or store_pattern)
+    spool = undelivered_notifications(cfg.notify.state_path or store_pattern)
     if args.json:
         doc = to_json(nodes, spool, now)
         doc["gpuguard"] = {"config_issues": [str(i) for i in cfg.issues], "config_mode": cfg.mode, **health}

@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuguard.config.schema import (SCHEMA, Config, ConfigError, ConfigIssue, config_path, default_config, parse_config)
+from gpuguard.config.fields import key_names
+from gpuguard.config.schema import (SECTIONS, Config, ConfigError, ConfigIssue, config_from_mapping, config_path,
+                                    default_config, parse_config)
 from gpuguard.util.fs import atomic_write
 
 ENV_STATE_DIR = "GPUGUARD_STATE_DIR"
@@ -49,22 +51,20 @@ def cache_path(config_file: str, directory: Optional[str] = None) -> str:
 
 
 def _encode(cfg: Config, digest: str) -> str:
-    sections = dict(cfg.sections)
-    xid = dict(sections.get("xid") or {})
-    xid["overrides"] = [[k, v] for k, v in (xid.get("overrides") or {}).items()]  # int keys survive JSON
-    sections["xid"] = xid
+    """The compiled copy: `Config.as_mapping()` as JSON (the format of cache version 1)."""
+    compiled = cfg.as_mapping()
+    compiled["xid"]["overrides"] = [[k, v] for k, v in cfg.xid.overrides.items()]  # int keys survive JSON
     return json.dumps({"version": CACHE_VERSION, "digest": digest, "source": cfg.source, "validated_at": time.time(),
-                       "sections": sections, "checks": cfg.checks}, sort_keys=True)
+                       "sections": compiled, "checks": cfg.checks.as_mapping()}, sort_keys=True)
 
 
 def _decode(doc: dict[str, Any]) -> Config:
-    cfg = default_config(str(doc.get("source") or "<last good>"))
-    for section, values in (doc.get("sections") or {}).items():
-        if section in cfg.sections and isinstance(values, dict):
-            cfg.sections[section].update({k: v for k, v in values.items() if k in SCHEMA[section]})
-    overrides = cfg.sections["xid"].get("overrides")
-    cfg.sections["xid"]["overrides"] = {k: v for k, v in overrides} if isinstance(overrides, list) else {}
-    cfg.checks = {k: v for k, v in (doc.get("checks") or {}).items() if isinstance(v, dict)}
+    compiled = dict(doc.get("sections") or {})
+    xid = compiled.get("xid")
+    if isinstance(xid, dict):
+        overrides = xid.get("overrides")
+        compiled["xid"] = {**xid, "overrides": {k: v for k, v in overrides} if isinstance(overrides, list) else {}}
+    cfg = config_from_mapping(compiled, doc.get("checks") or {}, str(doc.get("source") or "<last good>"))
     cfg.last_good_at = float(doc.get("validated_at") or 0) or None
     return cfg
 
@@ -179,13 +179,18 @@ def _merge_last_good(cfg: Config, last: Optional[Config]) -> Config:
             parts = target.split(".")  # a misspelt key: the one it most likely meant, unless the file set that too
             if parts[0] == "checks" and len(parts) >= 3:
                 check_id, param = ".".join(parts[1:-1]), parts[-1]
-                if param in last.checks.get(check_id, {}):
-                    cfg.checks.setdefault(check_id, {})[param] = last.checks[check_id][param]
+                if param in last.checks.given.get(check_id, {}):
+                    cfg.checks = cfg.checks.with_param(check_id, param, last.checks.given[check_id][param])
             elif parts[0] == "xid":
-                cfg.sections["xid"]["overrides"] = dict(last.sections["xid"]["overrides"])
-            elif len(parts) == 2 and parts[0] in SCHEMA and parts[1] in SCHEMA[parts[0]]:
-                cfg.sections[parts[0]][parts[1]] = last.sections[parts[0]][parts[1]]
+                cfg.xid = last.xid
+            elif len(parts) == 2 and parts[1] in _keys_of(parts[0]):
+                cfg.with_key(parts[0], parts[1], getattr(getattr(last, parts[0]), parts[1]))
     return cfg
+
+
+def _keys_of(section: str) -> tuple[str, ...]:
+    cls = SECTIONS.get(section)
+    return key_names(cls) if cls is not None else ()
 
 
 def check_file(path: str) -> list[ConfigIssue]:

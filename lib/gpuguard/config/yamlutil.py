@@ -174,3 +174,41 @@ def load_yaml_text(text: Union[str, bytes], source: str = "<string>") -> Any:
         raise YamlError(f"{source}: {e}") from None
     except YamlError as e:
         raise type(e)(f"{source}: {e}") from None
+
+
+MAX_YAML_NODES = 100_000  # a real config has a few hundred; "billion laughs" aliases expand to billions
+
+
+def check_yaml_expansion(text: str, source: str, limit: int = MAX_YAML_NODES) -> None:
+    """Refuse YAML whose aliases expand to more than `limit` nodes (a "billion laughs" document is a few hundred
+    bytes, expands exponentially and would hang the prolog). Counted on the composed node graph, where an alias
+    is the same node object again: linear in the document, iterative (no recursion limit)."""
+    if "*" not in text:  # no alias, nothing can expand: skip the second compose on the prolog's path
+        return
+    try:
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError:
+        return  # the real parse reports the error with its line
+    if root is None:
+        return
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in size:
+            continue
+        kids = _children(node)
+        if children_done or not kids:
+            total = 1 + sum(size.get(id(k), 0) for k in kids)
+            if total > limit:
+                line = node.start_mark.line + 1
+                raise YamlError(f"{source}: line {line}: document expands to more than {limit} nodes through "
+                                f"aliases (&anchor/*alias): refused")
+            size[id(node)] = total
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in size)

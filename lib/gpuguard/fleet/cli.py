@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _url(cfg: Any) -> Any:
-    return cfg.sections["store"].get("url")
+    return cfg.store.url
 
 
 def _need_url(cfg: Any, what: str) -> str:
@@ -98,7 +98,7 @@ def cmd_init_db(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     url = _need_url(cfg, "gpuguard fleet prune")
-    days = cfg.sections["store"].get("fleet_retention_days")
+    days = cfg.store.fleet_retention_days
     try:
         conn = _open_pg(cfg, statement_timeout_s=300.0)
     except FleetDBError as e:
@@ -135,9 +135,9 @@ def cmd_ship(args: argparse.Namespace) -> int:
             raise ValueError(f"--node: not a Slurm hostlist ({e}): {args.node!r}") from None
     if args.budget_s <= 0:
         raise ValueError(f"--budget-s: expected a number > 0, got {args.budget_s}")
-    paths = store_paths(cfg.sections["store"]["path"], nodes)
+    paths = store_paths(cfg.store.path, nodes)
     if not paths:
-        print(f"gpuguard fleet ship: no store file at {cfg.sections['store']['path']}", file=sys.stderr)
+        print(f"gpuguard fleet ship: no store file at {cfg.store.path}", file=sys.stderr)
         return 0
     until = time.monotonic() + args.budget_s
     results = []
@@ -169,11 +169,11 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.local or not _url(cfg):
         if not args.local:
             print("gpuguard fleet history: store.url not set: reading the local SQLite store(s)", file=sys.stderr)
-        source: Any = SqliteHistory(store_paths(cfg.sections["store"]["path"], f.nodes))
+        source: Any = SqliteHistory(store_paths(cfg.store.path, f.nodes))
         title = f"history ({len(source.conns)} local store file(s))"
     else:
         try:
-            source = PgHistory(_open_pg(cfg), redact_url(cfg.sections["store"]["url"]))
+            source = PgHistory(_open_pg(cfg), redact_url(cfg.store.url or ""))
         except FleetDBError as e:
             print(f"gpuguard fleet history: {e}", file=sys.stderr)
             return 1
@@ -183,7 +183,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - psycopg errors: undefined table (no init-db yet), timeouts
         if type(e).__module__.startswith("psycopg"):
             hint = " (run `gpuguard fleet init-db`)" if "does not exist" in str(e) else ""
-            print(f"\ngpuguard fleet history: {clean_error(e, cfg.sections['store']['url'] or '')}{hint}",
+            print(f"\ngpuguard fleet history: {clean_error(e, cfg.store.url or '')}{hint}",
                   file=sys.stderr)
             return 1
         raise
@@ -198,7 +198,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ValueError(f"--flap-min: expected a number >= 1, got {args.flap_min}")
     f = build_filters(since=args.since, until=args.until, node=args.node, check=args.check, keyword=args.keyword)
     if args.local or not _url(cfg):
-        rep = report_sqlite(store_paths(cfg.sections["store"]["path"], f.nodes), f, args.flap_min)
+        rep = report_sqlite(store_paths(cfg.store.path, f.nodes), f, args.flap_min)
     else:
         try:
             conn = _open_pg(cfg)
@@ -206,10 +206,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"gpuguard fleet report: {e}", file=sys.stderr)
             return 1
         try:
-            rep = report_pg(conn, f, f"PostgreSQL {redact_url(cfg.sections['store']['url'])}", args.flap_min)
+            rep = report_pg(conn, f, f"PostgreSQL {redact_url(cfg.store.url or '')}", args.flap_min)
         except Exception as e:  # noqa: BLE001
             hint = " (run `gpuguard fleet init-db`)" if "does not exist" in str(e) else ""
-            print(f"gpuguard fleet report: {clean_error(e, cfg.sections['store']['url'])}{hint}", file=sys.stderr)
+            print(f"gpuguard fleet report: {clean_error(e, cfg.store.url or '')}{hint}", file=sys.stderr)
             return 1
         finally:
             conn.close()

@@ -206,8 +206,8 @@ def ship_path(cfg: Any, path: str, budget_s: float, *, prune: bool = False,
               keeper: Optional[ConnectionKeeper] = None) -> ShipResult:
     """Open the store at `path`, prune it (if asked and configured), ship it (if store.url is set and something
     waits: no connection is opened for nothing). With a `keeper`, the connection is reused."""
-    scfg = cfg.sections["store"]
-    url = scfg.get("url")
+    scfg = cfg.store
+    url = scfg.url
     until = time.monotonic() + budget_s
     res = ShipResult(store=path)
     try:
@@ -216,7 +216,7 @@ def ship_path(cfg: Any, path: str, budget_s: float, *, prune: bool = False,
         res.error = f"store: {e}"
         return res
     try:
-        if prune and scfg.get("retention_days"):
+        if prune and scfg.retention_days:
             res.pruned = prune_store(cfg, store)
         if not url:
             return res
@@ -256,12 +256,12 @@ def _ship_with_connection(url: str, store: Any, db: str, until: float, budget_s:
 
 def prune_store(cfg: Any, store: Any, now: Optional[float] = None, batch: int = PRUNE_BATCH) -> dict[str, int]:
     """One bounded retention batch. Never below reboot.window_days; with store.url, only shipped rows."""
-    scfg = cfg.sections["store"]
-    days = max(float(scfg["retention_days"]), float(cfg.sections["reboot"]["window_days"]))
+    scfg = cfg.store
+    days = max(float(scfg.retention_days), float(cfg.reboot.window_days))
     now = time.time() if now is None else now
     shipped = None
-    if scfg.get("url"):
-        db = db_fingerprint(scfg["url"])
+    if scfg.url:
+        db = db_fingerprint(scfg.url)
         shipped = {t: shipped_up_to(store, t, db) for t in TABLES}
     return store.prune_history(now - days * 86400, batch, shipped)
 
@@ -273,13 +273,13 @@ def ship_after_run(cfg: Any, result: Any, deadline: Any) -> Optional[ShipResult]
     """The health check, after its verdict is recorded: prune a batch and ship, for at most store.ship_budget_s
     (and never into the last second of the run's deadline). The work runs in a daemon thread: a database that
     hangs costs the health check the budget, not its deadline. Problems become notes in the run's log line."""
-    scfg = cfg.sections["store"]
-    if not scfg.get("url") and not scfg.get("retention_days"):
+    scfg = cfg.store
+    if not scfg.url and not scfg.retention_days:
         return None
-    budget = min(float(scfg["ship_budget_s"]), deadline.remaining() - 1.0)
+    budget = min(float(scfg.ship_budget_s), deadline.remaining() - 1.0)
     if budget < 0.2:
         return None
-    path = scfg["path"].replace("{node}", result.context.node)
+    path = scfg.path_for(result.context.node)
     box: dict[str, ShipResult] = {}
 
     def work() -> None:
@@ -303,7 +303,7 @@ _background: dict[str, threading.Thread] = {}
 
 def wait_for_background_ship(cfg: Any, node: str, timeout_s: float) -> bool:
     """Wait for the node's background ship (if one is running); True when none is left running."""
-    t = _background.get(cfg.sections["store"]["path"].replace("{node}", node))
+    t = _background.get(cfg.store.path_for(node))
     if t is not None:
         t.join(timeout_s)
     return t is None or not t.is_alive()
@@ -313,7 +313,7 @@ BACKGROUND_KEEPER = ConnectionKeeper()  # the watch daemon's connection, reused 
 def ship_in_background(cfg: Any, node: str, budget_s: float = 30.0) -> bool:
     """The watch daemon's periodic ship: one thread per store at a time; returns False when one is still going.
     It reuses its connection, and opens none while the health check has already shipped everything."""
-    path = cfg.sections["store"]["path"].replace("{node}", node)
+    path = cfg.store.path_for(node)
     running = _background.get(path)
     if running is not None and running.is_alive():
         return False

@@ -37,8 +37,8 @@ def _site(config: Optional[str]) -> tuple[XidCatalog, str]:
         cfg = load_config(config)
     except ConfigError as e:
         raise ValueError(str(e)) from None
-    overrides = cfg.sections["xid"]["overrides"] or None
-    return load_catalog(overrides=overrides), cfg.sections["policy"]["on_failure"]
+    overrides = cfg.xid.overrides or None
+    return load_catalog(overrides=overrides), cfg.policy.on_failure
 
 
 def _event_rows(res: ScanResult, catalog: XidCatalog) -> list[dict[str, Any]]:

@@ -40,9 +40,8 @@ class WatchHeartbeat:
         self.error: Optional[str] = None
 
     def _settings(self, cfg: "Config") -> tuple[Optional[str], float]:
-        section = cfg.sections.get("metrics") or {}
         directory = textfile_dir(cfg, self.node) if self.enabled else None
-        return directory, float(section.get("watch_heartbeat_s", 30.0))
+        return directory, float(cfg.metrics.watch_heartbeat_s)
 
     def due_in(self, cfg: "Config", now: float) -> Optional[float]:
         """Seconds until the next beat (monotonic `now`); None when metrics are off."""

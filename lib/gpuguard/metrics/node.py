@@ -38,7 +38,7 @@ def _xid_severity(cfg: "Config") -> Callable[[Any], str]:
         if not catalog:  # only when there is an event to count
             from gpuguard.xid.catalog import load_catalog  # only with an event to count: off a quiet prolog's path
 
-            catalog.append(load_catalog(overrides=cfg.sections["xid"]["overrides"] or None))
+            catalog.append(load_catalog(overrides=cfg.xid.overrides or None))
         return str(catalog[0].resolve(ev.code, ev.detail).severity)
 
     return severity
@@ -67,10 +67,10 @@ def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> No
     from gpuguard.store.sqlite import Store
 
     node = result.context.node
-    interval = float((cfg.sections.get("metrics") or {}).get("healthcheck_interval_s", 300.0))
+    interval = float(cfg.metrics.healthcheck_interval_s)
     fams: list[Family]
     try:
-        with Store(cfg.sections["store"]["path"].replace("{node}", node), timeout_s=1.0) as st:
+        with Store(cfg.store.path_for(node), timeout_s=1.0) as st:
             with st.write_transaction():  # the watch daemon and admin commands write the same store
                 state = st.get_cursor(state_cursor(node)) or {}
                 mark = int(state.get("drain_mark", 0)) if state.get("v") == STATE_VERSION else 0

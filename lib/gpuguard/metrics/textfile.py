@@ -58,8 +58,7 @@ class Family:
 
 
 def textfile_dir(cfg: "Config", node: str) -> Optional[str]:
-    section = cfg.sections.get("metrics") or {}
-    d = section.get("textfile_dir")
+    d = cfg.metrics.textfile_dir
     return d.replace("{node}", node) if d else None
 
 

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from gpuguard.monitor.config import MonitorConfig
 from gpuguard.monitor.sampler import GpuSample, HostSample, throttle_names
 
 
@@ -32,35 +33,35 @@ class Alert:
 # --------------------------------------------------------------------------- thresholds
 
 
-def host_alerts(h: HostSample, p: dict[str, Any]) -> list[Alert]:
+def host_alerts(h: HostSample, p: MonitorConfig) -> list[Alert]:
     """Instantaneous breaches; the loop only alerts once one has lasted `sustain_s`."""
     out = []
-    if p["cpu_percent_max"] is not None and h.cpu_pct is not None and h.cpu_pct > p["cpu_percent_max"]:
+    if p.cpu_percent_max is not None and h.cpu_pct is not None and h.cpu_pct > p.cpu_percent_max:
         out.append(Alert("resource", "monitor.cpu", "warning",
-                         f"CPU {h.cpu_pct:.0f}% busy (threshold {p['cpu_percent_max']:g}%)",
+                         f"CPU {h.cpu_pct:.0f}% busy (threshold {p.cpu_percent_max:g}%)",
                          evidence={"cpu_pct": h.cpu_pct},
                          action="data loader workers or a runaway process may starve the training ranks: check "
                                 "`top` on the node and the num_workers setting"))
-    if p["memory_percent_max"] is not None and h.mem_pct is not None and h.mem_pct > p["memory_percent_max"]:
+    if p.memory_percent_max is not None and h.mem_pct is not None and h.mem_pct > p.memory_percent_max:
         out.append(Alert("resource", "monitor.memory", "warning",
                          f"host memory {h.mem_pct:.0f}% used, {h.mem_available_mib} MiB available "
-                         f"(threshold {p['memory_percent_max']:g}%)",
+                         f"(threshold {p.memory_percent_max:g}%)",
                          evidence={"mem_pct": h.mem_pct, "available_mib": h.mem_available_mib},
                          action="the OOM killer may end the job: reduce data loader workers / pinned memory"))
-    if p["disk_percent_max"] is not None:
+    if p.disk_percent_max is not None:
         for path, pct in sorted(h.disk_used_pct.items()):
-            if pct > p["disk_percent_max"]:
+            if pct > p.disk_percent_max:
                 out.append(Alert("resource", f"monitor.disk:{path}", "warning",
-                                 f"{path} {pct:.0f}% full (threshold {p['disk_percent_max']:g}%)",
+                                 f"{path} {pct:.0f}% full (threshold {p.disk_percent_max:g}%)",
                                  evidence={"path": path, "used_pct": pct},
                                  action=f"free space on {path} (checkpoints, core dumps, caches) before writes fail"))
     return out
 
 
-def gpu_alerts(gpus: list[GpuSample], ecc_baseline: dict[int, int], p: dict[str, Any]) -> list[Alert]:
+def gpu_alerts(gpus: list[GpuSample], ecc_baseline: dict[int, int], p: MonitorConfig) -> list[Alert]:
     out = []
     for g in gpus:
-        limit = p["gpu_temp_max_c"]
+        limit = p.gpu_temp_max_c
         if limit is None and g.temp_slowdown_c:
             limit = g.temp_slowdown_c - 5
         if limit is not None and g.temp_c is not None and g.temp_c >= limit:
@@ -68,26 +69,26 @@ def gpu_alerts(gpus: list[GpuSample], ecc_baseline: dict[int, int], p: dict[str,
                              f"GPU {g.index} at {g.temp_c} C (limit {limit:g} C)", g.index,
                              {"temp_c": g.temp_c, "slowdown_c": g.temp_slowdown_c},
                              "check the node's fans and airflow; the GPU will throttle"))
-        if p["gpu_power_max_w"] is not None and g.power_w is not None and g.power_w > p["gpu_power_max_w"]:
+        if p.gpu_power_max_w is not None and g.power_w is not None and g.power_w > p.gpu_power_max_w:
             out.append(Alert("resource", "monitor.gpu_power", "warning",
-                             f"GPU {g.index} drawing {g.power_w:.0f} W (limit {p['gpu_power_max_w']:g} W)", g.index,
+                             f"GPU {g.index} drawing {g.power_w:.0f} W (limit {p.gpu_power_max_w:g} W)", g.index,
                              {"power_w": g.power_w}))
-        if p["gpu_memory_percent_max"] is not None and g.mem_used_mib is not None and g.mem_total_mib:
+        if p.gpu_memory_percent_max is not None and g.mem_used_mib is not None and g.mem_total_mib:
             pct = 100.0 * g.mem_used_mib / g.mem_total_mib
-            if pct > p["gpu_memory_percent_max"]:
+            if pct > p.gpu_memory_percent_max:
                 out.append(Alert("resource", "monitor.gpu_memory", "warning",
                                  f"GPU {g.index} memory {pct:.0f}% used", g.index,
                                  {"used_mib": g.mem_used_mib, "total_mib": g.mem_total_mib}))
         if g.ecc_uncorrected is not None:
             gained = g.ecc_uncorrected - ecc_baseline.get(g.index, g.ecc_uncorrected)
-            if gained > p["ecc_uncorrected_max"]:
+            if gained > p.ecc_uncorrected_max:
                 out.append(Alert("resource", "monitor.ecc", "critical",
                                  f"GPU {g.index}: {gained} new uncorrectable ECC error(s) during the job", g.index,
                                  {"volatile_uncorrected": g.ecc_uncorrected, "gained": gained},
                                  "the job's results on this GPU are suspect: drain the node after the job "
                                  "(`gpuguard check`); a GPU reset clears volatile counters"))
         bad = throttle_names(g.throttle_mask, only_bad=True)
-        if p["throttle"] and bad:
+        if p.throttle and bad:
             out.append(Alert("straggler", "monitor.gpu_throttle", "warning",
                              f"GPU {g.index} throttled ({', '.join(bad)}): SM clock {g.sm_clock_mhz} of "
                              f"{g.sm_clock_max_mhz} MHz", g.index,
@@ -105,16 +106,16 @@ def _busy(g: dict[str, Any], busy_pct: float) -> bool:
     return g.get("util_pct") is not None and g["util_pct"] >= busy_pct and bool(g.get("sm_clock_mhz"))
 
 
-def straggler_alerts(me: dict[str, Any], peers: list[dict[str, Any]], p: dict[str, Any]) -> list[Alert]:
+def straggler_alerts(me: dict[str, Any], peers: list[dict[str, Any]], p: MonitorConfig) -> list[Alert]:
     """Compare this node's report with the job's other nodes' (reports as written to the job directory)."""
     out: list[Alert] = []
     everyone = [me] + peers
     all_gpus = [g for r in everyone for g in r.get("gpus", [])]
-    busy = [g for g in all_gpus if _busy(g, p["busy_util_pct"])]
+    busy = [g for g in all_gpus if _busy(g, p.busy_util_pct)]
     if len(busy) >= 2:
         median_clock = statistics.median(g["sm_clock_mhz"] for g in busy)
         for g in me.get("gpus", []):
-            if _busy(g, p["busy_util_pct"]) and g["sm_clock_mhz"] < p["straggler_clock_ratio"] * median_clock:
+            if _busy(g, p.busy_util_pct) and g["sm_clock_mhz"] < p.straggler_clock_ratio * median_clock:
                 out.append(Alert("straggler", "monitor.gpu_clock", "warning",
                                  f"GPU {g['index']} SM clock {g['sm_clock_mhz']} MHz is "
                                  f"{100 * g['sm_clock_mhz'] / median_clock:.0f}% of the job's median "
@@ -126,10 +127,10 @@ def straggler_alerts(me: dict[str, Any], peers: list[dict[str, Any]], p: dict[st
     utils = [g["util_pct"] for g in all_gpus if g.get("util_pct") is not None]
     if len(utils) >= 2:
         median_util = statistics.median(utils)
-        if median_util >= p["busy_util_pct"]:
+        if median_util >= p.busy_util_pct:
             for g in me.get("gpus", []):
                 u = g.get("util_pct")
-                if u is not None and u < median_util - p["straggler_util_gap_pct"]:
+                if u is not None and u < median_util - p.straggler_util_gap_pct:
                     out.append(Alert("straggler", "monitor.gpu_util", "warning",
                                      f"GPU {g['index']} {u}% busy vs the job's median {median_util:g}%",
                                      g["index"], {"util_pct": u, "job_median_pct": median_util},
@@ -138,7 +139,7 @@ def straggler_alerts(me: dict[str, Any], peers: list[dict[str, Any]], p: dict[st
     others = [r["step_time_s"] for r in peers if r.get("step_time_s")]
     if mine and others:
         median_step = statistics.median(others)
-        if mine > p["straggler_step_ratio"] * median_step:
+        if mine > p.straggler_step_ratio * median_step:
             out.append(Alert("straggler", "monitor.step_time", "warning",
                              f"step time {mine:.3g} s vs the other nodes' median {median_step:.3g} s",
                              None, {"step_time_s": mine, "peers_median_s": median_step, "peers": len(others)},
@@ -151,15 +152,15 @@ def straggler_alerts(me: dict[str, Any], peers: list[dict[str, Any]], p: dict[st
 
 
 def progress_hang(now: float, started: float, last_progress: Optional[float], last_iteration: Optional[int],
-                  log_path: Optional[str], p: dict[str, Any]) -> Optional[Alert]:
+                  log_path: Optional[str], p: MonitorConfig) -> Optional[Alert]:
     """No new iteration in the training log for `hang_minutes` (`startup_minutes` before the first one)."""
     if not log_path:
         return None
     if last_progress is None:
-        waited, limit = now - started, p["startup_minutes"] * 60
+        waited, limit = now - started, p.startup_minutes * 60
         what = "no training iteration logged yet"
     else:
-        waited, limit = now - last_progress, p["hang_minutes"] * 60
+        waited, limit = now - last_progress, p.hang_minutes * 60
         what = f"no new iteration since {last_iteration}"
     if waited < limit:
         return None
@@ -171,9 +172,9 @@ def progress_hang(now: float, started: float, last_progress: Optional[float], la
 
 
 def idle_hang(now: float, idle_since: Optional[float], peers: list[dict[str, Any]],
-              p: dict[str, Any]) -> Optional[Alert]:
+              p: MonitorConfig) -> Optional[Alert]:
     """Every GPU of this node idle for `idle_minutes`; job-wide when every other node is idle too."""
-    limit = p["idle_minutes"] * 60
+    limit = p.idle_minutes * 60
     if idle_since is None or now - idle_since < limit:
         return None
     all_idle = bool(peers) and all(r.get("idle_since") is not None and now - r["idle_since"] >= limit for r in peers)

@@ -12,6 +12,7 @@ from gpuguard.monitor.actions import (claim_hang, dump_stacks, find_py_spy, hang
                                       release_hang, requeue)
 from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.jobdir import JobDir
+from gpuguard.monitor.config import MonitorConfig
 from gpuguard.monitor.log import log as _log
 from gpuguard.notify import Event, emit, flush
 from gpuguard.probes.nvml import normalize_pci_bus_id
@@ -21,7 +22,7 @@ class AlertEpisodes:
     """The alert half of `gpuguard.monitor.loop.Monitor` (a mixin: the monitor's __init__ sets these)."""
 
     cfg: Config
-    p: dict[str, Any]
+    p: MonitorConfig
     node: str
     job_id: Optional[str]
     interval: float
@@ -127,7 +128,7 @@ class AlertEpisodes:
             if not pages:
                 continue  # another node reports this job's hang (and requeues), or this node already did
             fired.append(f"{a.check_id}:{self._notify(self._event(a, now, evidence=evidence))}")
-            if a.kind == "hang" and self.p["requeue_on_hang"] and self.job_id:
+            if a.kind == "hang" and self.p.requeue_on_hang and self.job_id:
                 self._requeue(now, a)
         return fired
 
@@ -139,7 +140,7 @@ class AlertEpisodes:
             if key in current:
                 continue
             self.clear_streak[key] = self.clear_streak.get(key, 0) + 1
-            if a.kind != "hang" and self.clear_streak[key] < max(1, self.p["straggler_samples"]):
+            if a.kind != "hang" and self.clear_streak[key] < max(1, self.p.straggler_samples):
                 continue
             del self.active[key]
             self.clear_streak.pop(key, None)
@@ -181,8 +182,8 @@ class AlertEpisodes:
     def _dump_stacks(self, now: float) -> str:
         try:
             pids = job_python_pids(self.job_id, self.gpus.gpu_pids() if not self.gpus.init_error else [])
-            summary = dump_stacks(find_py_spy(self.p["py_spy"]), pids, self.jobdir.stacks_path(self.node, now),
-                                  self.p["command_timeout_s"])
+            summary = dump_stacks(find_py_spy(self.p.py_spy), pids, self.jobdir.stacks_path(self.node, now),
+                                  self.p.command_timeout_s)
         except Exception as e:  # noqa: BLE001
             summary = f"stack dump failed: {type(e).__name__}: {e}"
         _log(summary)
@@ -191,7 +192,7 @@ class AlertEpisodes:
     def _requeue(self, now: float, alert: Alert) -> None:
         if not self.jobdir.claim(f"requeue-{self.job_id}-{int(self.started)}", self.node):
             return
-        ok, detail = requeue(self.p["requeue_command"], str(self.job_id), self.p["command_timeout_s"])
+        ok, detail = requeue(self.p.requeue_command, str(self.job_id), self.p.command_timeout_s)
         _log(f"requeue after {alert.check_id}: {detail}")
         try:
             self.jobdir.record_event({"ts": now, "node": self.node, "kind": "requeue", "check": alert.check_id,

@@ -40,8 +40,8 @@ def resolve_train_log(setting: Optional[str], job_dir: str, job_id: Optional[str
     if os.path.exists(candidate) or not job_id:
         return candidate
     try:
-        s = cfg.sections["slurm"]
-        client = CliSlurmClient(s["scontrol"], cfg.sections["deadlines"]["scontrol_s"], s["conf"])
+        s = cfg.slurm
+        client = CliSlurmClient(s.scontrol, cfg.deadlines.scontrol_s, s.conf)
         out = client.run(["show", "job", str(job_id), "-o"])
         stdout = parse_job_line(out.splitlines()[0]).get("StdOut") if out.strip() else None
         return stdout or candidate
@@ -56,7 +56,7 @@ class Monitor(AlertEpisodes):
     def __init__(self, cfg: Config, job_dir: str, node: str, job_id: Optional[str], interval_s: float,
                  gpus: Optional[list[int]] = None, train_log: Optional[str] = None) -> None:
         self.cfg = cfg
-        self.p = cfg.sections["monitor"]
+        self.p = cfg.monitor
         self.node, self.job_id, self.interval = node, job_id, interval_s
         self.jobdir = JobDir(job_dir)
         self.started = time.time()
@@ -67,8 +67,8 @@ class Monitor(AlertEpisodes):
             self.gpus = GpuSampler.unavailable(f"{type(e).__name__}: {e}")
         if self.gpus.init_error:
             _log(f"NVML: {self.gpus.init_error} (GPU sampling off; node sampling and hang detection go on)")
-        self.host = HostSampler(list(dict.fromkeys(self.p["disk_paths"] + [job_dir])))
-        log_path = resolve_train_log(train_log or self.p["train_log"], job_dir, job_id, node, cfg)
+        self.host = HostSampler(list(dict.fromkeys(self.p.disk_paths + [job_dir])))
+        log_path = resolve_train_log(train_log or self.p.train_log, job_dir, job_id, node, cfg)
         self.follower = LogFollower(log_path) if log_path else None
         self.last_progress: Optional[float] = None
         self.idle_since: Optional[float] = None
@@ -90,11 +90,11 @@ class Monitor(AlertEpisodes):
         self.cost_start = (time.monotonic(), *self_cost())
 
     def _nvml_source(self) -> tuple[Optional[str], Optional[dict[str, str]]]:
-        sim = self.cfg.sections["simulation"]
-        if sim["scenario"] or sim["scenario_dir"]:  # simulated node: the fake NVML and its scenario
+        sim = self.cfg.simulation
+        if sim.scenario or sim.scenario_dir:  # simulated node: the fake NVML and its scenario
             sources = resolve_sources(self.cfg, self.node)
             return sources.nvml_library, sources.nvml_env
-        return self.cfg.sections["sources"]["nvml_library"], None
+        return self.cfg.sources.nvml_library, None
 
     # ------------------------------------------------------------------ one sample
     def step(self, now: Optional[float] = None) -> dict[str, Any]:
@@ -106,7 +106,7 @@ class Monitor(AlertEpisodes):
                 self.ecc_baseline.setdefault(g.index, g.ecc_uncorrected)
         if self.follower is not None and self.follower.poll():
             self.last_progress = now
-        idle = bool(gpus) and all(g.util_pct is not None and g.util_pct <= self.p["idle_util_pct"] for g in gpus)
+        idle = bool(gpus) and all(g.util_pct is not None and g.util_pct <= self.p.idle_util_pct for g in gpus)
         self.idle_since = (self.idle_since or now) if idle else None
         cpu_s, rss = self_cost()
         report = {
@@ -146,8 +146,8 @@ class Monitor(AlertEpisodes):
         # node thresholds must hold for sustain_s (CloudWatch-style alarms); stragglers for N samples in a row
         self.first_seen = {a.key: self.first_seen.get(a.key, now) for a in raw_host}
         self.streak = {a.key: self.streak.get(a.key, 0) + 1 for a in raw_gpu}
-        alerts = [a for a in raw_host if now - self.first_seen[a.key] >= p["sustain_s"]]
-        alerts += [a for a in raw_gpu if a.kind != "straggler" or self.streak[a.key] >= p["straggler_samples"]]
+        alerts = [a for a in raw_host if now - self.first_seen[a.key] >= p.sustain_s]
+        alerts += [a for a in raw_gpu if a.kind != "straggler" or self.streak[a.key] >= p.straggler_samples]
         alerts += [a for a in (progress_hang(now, self.started, self.last_progress, report["last_iteration"],
                                              report["train_log"], p),
                                idle_hang(now, self.idle_since, list(self.peers.values()), p)) if a is not None]
@@ -179,11 +179,11 @@ class Monitor(AlertEpisodes):
 
 def main_from_args(args: Any) -> int:
     cfg = load_config(args.config)
-    p = cfg.sections["monitor"]
-    node = args.node or cfg.sections["node"]["name"] or os.environ.get("SLURMD_NODENAME") or \
+    p = cfg.monitor
+    node = args.node or cfg.node.name or os.environ.get("SLURMD_NODENAME") or \
         socket.gethostname().split(".")[0]
     job_id = args.job_id or os.environ.get("SLURM_JOB_ID")
-    interval = args.interval or p["interval_s"]
+    interval = args.interval or p.interval_s
     if interval <= 0:
         print("gpuguard monitor: --interval must be > 0", file=sys.stderr)
         return 2

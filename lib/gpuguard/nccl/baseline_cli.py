@@ -39,10 +39,10 @@ def add_parser(sub: Any) -> None:
 
 
 def _proposals(cfg: Any, profile: Optional[str]) -> list[Any]:
-    n = cfg.sections["nccl"]
+    n = cfg.nccl
     with history.open_history(history_path(cfg)) as store:
         rows = history.samples(store, profile=profile)
-    return baseline.propose(rows, n["baseline_k"], n["baseline_margin_pct"], n["baseline_min_samples"])
+    return baseline.propose(rows, n.baseline_k, n.baseline_margin_pct, n.baseline_min_samples)
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:

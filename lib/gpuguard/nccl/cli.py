@@ -106,7 +106,7 @@ def cmd_nccl_parse(args: argparse.Namespace) -> int:
 
 def cmd_nccl_sweep(args: argparse.Namespace) -> int:
     cfg = load_cfg(args)
-    n = cfg.sections["nccl"]
+    n = cfg.nccl
     nodes = nodes_from(args)
     if not nodes:
         print("gpuguard: no usable nodes to sweep", file=sys.stderr)
@@ -115,17 +115,17 @@ def cmd_nccl_sweep(args: argparse.Namespace) -> int:
     path = history_path(cfg)
     store = history.open_history(path)
     try:
-        largest = largest_size(args.min_bytes or n["sweep_min_bytes"], args.max_bytes or n["sweep_max_bytes"])
-        proposals = baseline.propose(history.samples(store, profile=profile), n["baseline_k"],
-                                     n["baseline_margin_pct"], n["baseline_min_samples"])
+        largest = largest_size(args.min_bytes or n.sweep_min_bytes, args.max_bytes or n.sweep_max_bytes)
+        proposals = baseline.propose(history.samples(store, profile=profile), n.baseline_k,
+                                     n.baseline_margin_pct, n.baseline_min_samples)
 
         def from_baseline(count: int) -> Optional[float]:
             p = baseline.best_for(proposals, profile, count, largest) or baseline.best_for(proposals, profile, count)
             return p.threshold_gbps if p else None
 
         try:
-            threshold_for = threshold_resolver(args.threshold if args.threshold is not None else n["sweep_busbw_gbps"],
-                                               {} if args.threshold is not None else n["sweep_busbw_by_nodes"],
+            threshold_for = threshold_resolver(args.threshold if args.threshold is not None else n.sweep_busbw_gbps,
+                                               {} if args.threshold is not None else n.sweep_busbw_by_nodes,
                                                from_baseline)
         except SweepError as e:
             raise ValueError(str(e)) from None
@@ -138,14 +138,14 @@ def cmd_nccl_sweep(args: argparse.Namespace) -> int:
             runner = runner_from(args, cfg, threshold_for, path)
         except SweepError as e:
             raise ValueError(str(e)) from None
-        method = args.method or n["sweep_method"]
-        drain = n["sweep_drain"] and not args.no_drain
-        client = client_from_config(cfg.sections["slurm"], cfg.sections["deadlines"]["scontrol_s"]) if drain else None
+        method = args.method or n.sweep_method
+        drain = n.sweep_drain and not args.no_drain
+        client = client_from_config(cfg.slurm, cfg.deadlines.scontrol_s) if drain else None
         say(f"sweeping {len(nodes)} nodes ({method}), threshold {threshold_for(len(nodes)):g} GB/s for the "
              f"all-node run, {threshold_for(2):g} GB/s for pairs; outputs in {runner.workdir}")
         rec = run_fleet_sweep(nodes, runner, method=method, partition=args.partition, profile=profile, store=store,
                               slurm_client=client, drain=drain,
-                              max_drain_fraction=n["sweep_max_drain_fraction"], progress=say)
+                              max_drain_fraction=n.sweep_max_drain_fraction, progress=say)
     finally:
         store.close()
     if args.json:

@@ -58,30 +58,30 @@ def load_cfg(args: argparse.Namespace) -> Any:
 
 
 def history_path(cfg: Any) -> str:
-    n = cfg.sections["nccl"]
-    return n["history_path"] or cfg.sections["store"]["path"].replace("{node}", "fleet")
+    n = cfg.nccl
+    return n.history_path or cfg.store.path_for("fleet")
 
 
 def profile_of(cfg: Any, explicit: Optional[str]) -> str:
     if explicit:
         return explicit
-    name = cfg.sections["node"]["profile"]
+    name = cfg.node.profile
     return "generic" if name == "auto" else str(name)
 
 
 def runner_from(args: argparse.Namespace, cfg: Any, threshold_for: Any, store_path: str) -> Any:
-    n = cfg.sections["nccl"]
-    spec = JobSpec(partition=args.partition, gpus_per_node=args.gpus_per_node or n["sweep_gpus_per_node"],
-                   binary=args.binary or n["sweep_binary"] or n["binary"],
-                   min_bytes=args.min_bytes or n["sweep_min_bytes"], max_bytes=args.max_bytes or n["sweep_max_bytes"],
-                   iterations=args.iters or n["sweep_iterations"], time_limit=args.time_limit or n["sweep_time_limit"],
-                   preset=n["sweep_preset"], mpi=n["sweep_mpi"])
+    n = cfg.nccl
+    spec = JobSpec(partition=args.partition, gpus_per_node=args.gpus_per_node or n.sweep_gpus_per_node,
+                   binary=args.binary or n.sweep_binary or n.binary,
+                   min_bytes=args.min_bytes or n.sweep_min_bytes, max_bytes=args.max_bytes or n.sweep_max_bytes,
+                   iterations=args.iters or n.sweep_iterations, time_limit=args.time_limit or n.sweep_time_limit,
+                   preset=n.sweep_preset, mpi=n.sweep_mpi)
     if spec.max_bytes < spec.min_bytes:
         raise ValueError(f"--max-bytes {spec.max_bytes} is below --min-bytes {spec.min_bytes}")
-    workdir = args.workdir or n["sweep_workdir"] or default_workdir(store_path)
-    if n["sweep_workdir"] and not args.workdir:
+    workdir = args.workdir or n.sweep_workdir or default_workdir(store_path)
+    if n.sweep_workdir and not args.workdir:
         workdir = os.path.join(workdir, time.strftime("%Y%m%d-%H%M%S"))
-    return SlurmRunner(spec, workdir, threshold_for, job_timeout_s=args.job_timeout or n["sweep_job_timeout_s"],
+    return SlurmRunner(spec, workdir, threshold_for, job_timeout_s=args.job_timeout or n.sweep_job_timeout_s,
                        progress=say)
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from gpuguard.nccl.config import NcclConfig
+
 CURSOR_PREFIX = "nccl_tier:"
 
 
@@ -37,22 +39,22 @@ def job_is_exclusive(exclusive_env: Optional[bool], job_gpus: Optional[Sequence[
     return len(set(job_gpus)) >= node_gpu_count
 
 
-def tier_due(cfg: Mapping[str, Any], *, kind: str, exclusive: bool, boot_id: Optional[str],
+def tier_due(cfg: NcclConfig, *, kind: str, exclusive: bool, boot_id: Optional[str],
              last: Optional[Mapping[str, Any]], now: float) -> tuple[bool, str]:
     """(run the optional tier?, why). `cfg` is the `nccl` config section; `last` the tier cursor."""
-    if not cfg.get("tier_enabled"):
+    if not cfg.tier_enabled:
         return False, "optional tier disabled (nccl.tier_enabled)"
     if kind not in ("prolog", "manual"):
         return False, f"optional tier does not run in the {kind}"
-    if cfg.get("only_exclusive", True) and not exclusive:
+    if cfg.only_exclusive and not exclusive:
         return False, "job does not have the whole node (nccl.only_exclusive)"
-    if not cfg.get("first_job_after_reboot", True):
+    if not cfg.first_job_after_reboot:
         return True, "every exclusive job (nccl.first_job_after_reboot: false)"
     if not last or not last.get("boot_id"):
         return True, "first job seen on this node"
     if boot_id and last.get("boot_id") != boot_id:
         return True, "first job after a reboot"
-    interval_h = float(cfg.get("tier_interval_h") or 0)
+    interval_h = float(cfg.tier_interval_h or 0)
     ts = last.get("ts")
     if interval_h > 0 and isinstance(ts, (int, float)) and now - ts >= interval_h * 3600:
         return True, f"last optional tier more than {interval_h:g}h ago"
@@ -68,7 +70,7 @@ def tier_cursor(boot_id: Optional[str], now: float) -> dict[str, Any]:
 ProbeEntry = tuple[str, Callable[[], Any], float, type]
 
 
-def tier_probes(nccl_cfg: Mapping[str, Any], *, needs: set[str], gpus: int, sysfs_root: str = "/sys",
+def tier_probes(nccl_cfg: NcclConfig, *, needs: set[str], gpus: int, sysfs_root: str = "/sys",
                 boot_id: Optional[str] = None, efa_previous: Optional[Mapping[str, Any]] = None,
                 env: Optional[Mapping[str, str]] = None, binary: Optional[str] = None,
                 dcgmi: Optional[str] = None) -> list[ProbeEntry]:
@@ -82,17 +84,16 @@ def tier_probes(nccl_cfg: Mapping[str, Any], *, needs: set[str], gpus: int, sysf
 
     out: list[ProbeEntry] = []
     if "nccl" in needs:
-        exe = binary or str(nccl_cfg.get("binary") or "all_reduce_perf")
-        fallback = "torch" if nccl_cfg.get("fallback") == "torch" else None
-        t = float(nccl_cfg.get("timeout_s", 120.0))
+        exe = binary or str(nccl_cfg.binary or "all_reduce_perf")
+        fallback = "torch" if nccl_cfg.fallback == "torch" else None
+        t = float(nccl_cfg.timeout_s)
         out.append(("nccl", lambda: run_single_node_nccl(
-            exe, gpus=gpus, timeout_s=t, min_bytes=int(nccl_cfg.get("min_bytes", 536870912)),
-            max_bytes=int(nccl_cfg.get("max_bytes", 4294967296)), iterations=int(nccl_cfg.get("iterations", 20)),
-            fallback=fallback, env=env), t + 2.0, NcclObservation))
-    tool = dcgmi or nccl_cfg.get("dcgmi")
+            exe, gpus=gpus, timeout_s=t, min_bytes=int(nccl_cfg.min_bytes), max_bytes=int(nccl_cfg.max_bytes),
+            iterations=int(nccl_cfg.iterations), fallback=fallback, env=env), t + 2.0, NcclObservation))
+    tool = dcgmi or nccl_cfg.dcgmi
     if "dcgm" in needs and tool:
-        t = float(nccl_cfg.get("dcgm_timeout_s", 300.0))
-        level = int(nccl_cfg.get("dcgm_level", 1))
+        t = float(nccl_cfg.dcgm_timeout_s)
+        level = int(nccl_cfg.dcgm_level)
         out.append(("dcgm", lambda: run_dcgm_diag(str(tool), level=level, timeout_s=t), t + 2.0, DcgmObservation))
     if "efa_counters" in needs:
         prev = dict(efa_previous) if efa_previous else None

@@ -29,13 +29,50 @@ time from its caller (`now`); nothing here sleeps.
 
 from __future__ import annotations
 
-from gpuguard.notify.api import emit, enabled, flush, spool_status
-from gpuguard.notify.apprise_target import target_url
-from gpuguard.notify.event import KINDS, Event, dedupe_key
-from gpuguard.notify.render import gpu_identities, iso_utc, render, render_digest
-from gpuguard.notify.state import Untrusted, local_node, open_trusted_dir, user_state_path
-from gpuguard.slurm.hostlist import compress_hostlist
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["KINDS", "Event", "Untrusted", "compress_hostlist", "dedupe_key", "emit", "enabled", "flush",
-           "gpu_identities", "iso_utc", "local_node", "open_trusted_dir", "render", "render_digest",
-           "spool_status", "target_url", "user_state_path"]
+if TYPE_CHECKING:
+    from gpuguard.notify.api import emit, enabled, flush, spool_status
+    from gpuguard.notify.apprise_target import target_url
+    from gpuguard.notify.event import KINDS, Event, dedupe_key
+    from gpuguard.notify.render import gpu_identities, iso_utc, render, render_digest
+    from gpuguard.notify.state import Untrusted, local_node, open_trusted_dir, user_state_path
+    from gpuguard.slurm.hostlist import compress_hostlist
+
+# The public names, imported on first use: the hooks load the `notify:` section (gpuguard.notify.config) on every
+# run, and only a run that notifies pays for the rest.
+_EXPORTS = {
+    "emit": "gpuguard.notify.api", "enabled": "gpuguard.notify.api", "flush": "gpuguard.notify.api",
+    "spool_status": "gpuguard.notify.api", "target_url": "gpuguard.notify.apprise_target",
+    "KINDS": "gpuguard.notify.event", "Event": "gpuguard.notify.event", "dedupe_key": "gpuguard.notify.event",
+    "gpu_identities": "gpuguard.notify.render", "iso_utc": "gpuguard.notify.render", "render": "gpuguard.notify.render",
+    "render_digest": "gpuguard.notify.render", "Untrusted": "gpuguard.notify.state",
+    "local_node": "gpuguard.notify.state", "open_trusted_dir": "gpuguard.notify.state",
+    "user_state_path": "gpuguard.notify.state", "compress_hostlist": "gpuguard.slurm.hostlist",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:  # a submodule (`from gpuguard.notify import gate`) is then imported by the import system
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(__import__(module, fromlist=[name]), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(ModuleType):
+    """`render` is both a public function and a submodule (gpuguard.notify.render). The import system binds a
+    submodule to its package's attribute when it first loads it, which would replace the function; a public name
+    keeps its function (as when this package imported everything eagerly)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

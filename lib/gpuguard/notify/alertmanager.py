@@ -27,14 +27,18 @@ from __future__ import annotations
 import base64
 import json
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from gpuguard.notify.config import NotifyConfig
 from gpuguard.notify.event import Event, dedupe_key
 from gpuguard.notify.render import action_text, evidence_text, gpu_line, title_of
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.util.log import escape_text
 from gpuguard.util.redact import redact_url
+
+if TYPE_CHECKING:
+    from gpuguard.config.schema import Config
 
 ALERTNAMES = {"drain": "GpuguardDrain", "prolog_failure": "GpuguardPrologFailure",
               "straggler": "GpuguardStragglerDetected", "hang": "GpuguardHangDetected",
@@ -73,7 +77,7 @@ def _gpu_labels(event: Event) -> dict[str, str]:
     return out
 
 
-def alert_labels(event: Event, ncfg: dict[str, Any]) -> dict[str, str]:
+def alert_labels(event: Event, ncfg: NotifyConfig) -> dict[str, str]:
     """The labels that identify this event's alert. A job-wide hang has no node label: whichever node of the
     job reports or resolves it, it is one alert. Pure."""
     job_scope = event.scope == "job" and bool(event.job_id)
@@ -81,7 +85,7 @@ def alert_labels(event: Event, ncfg: dict[str, Any]) -> dict[str, str]:
               "severity": event.severity}
     if not job_scope:
         labels["node"] = event.node
-    optional = {"cluster": ncfg.get("cluster"), "partition": event.partition, "check": event.check_id,
+    optional = {"cluster": ncfg.cluster, "partition": event.partition, "check": event.check_id,
                 "keyword": keyword_of(event), "job_id": event.job_id}
     labels.update({k: str(v) for k, v in optional.items() if v})
     if not job_scope:
@@ -89,10 +93,10 @@ def alert_labels(event: Event, ncfg: dict[str, Any]) -> dict[str, str]:
     return {k: _value(v, 200) for k, v in labels.items()}
 
 
-def alert_annotations(event: Event, ncfg: dict[str, Any]) -> dict[str, str]:
+def alert_annotations(event: Event, ncfg: NotifyConfig) -> dict[str, str]:
     """What a human reads in the notification (replaced by every post). Pure."""
-    out = {"summary": title_of(event, ncfg["title_prefix"]), "description": event.message,
-           "action": action_text(event), "dedup_key": dedupe_key(event, ncfg["title_prefix"]),
+    out = {"summary": title_of(event, ncfg.title_prefix), "description": event.message,
+           "action": action_text(event), "dedup_key": dedupe_key(event, ncfg.title_prefix),
            "reported_by": event.node}
     if event.reason:
         out["reason"] = event.reason
@@ -101,7 +105,7 @@ def alert_annotations(event: Event, ncfg: dict[str, Any]) -> dict[str, str]:
     gpus = [gpu_line(g) for g in event.gpus or [] if isinstance(g, dict)]
     if gpus:
         out["gpus"] = "; ".join(gpus)
-    base = ncfg.get("runbook_url")
+    base = ncfg.runbook_url
     if base:
         out["runbook_url"] = f"{base}#{event.check_id}" if event.check_id else base
     return {k: _value(v) for k, v in out.items() if v}
@@ -111,14 +115,14 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def ttl_s(cfg_sections: dict[str, Any]) -> float:
+def ttl_s(cfg: Config) -> float:
     """How long a firing alert lives after its last post: `notify.alertmanager_ttl_s`, by default 4x the longest
     gap between two re-posts (the resend interval, or the health check's interval when only it flushes)."""
-    ncfg = cfg_sections["notify"]
-    if ncfg.get("alertmanager_ttl_s"):
-        return float(ncfg["alertmanager_ttl_s"])
-    interval = (cfg_sections.get("metrics") or {}).get("healthcheck_interval_s") or 300.0
-    return 4.0 * max(float(ncfg.get("alertmanager_resend_s") or 60.0), float(interval))
+    ncfg = cfg.notify
+    if ncfg.alertmanager_ttl_s:
+        return float(ncfg.alertmanager_ttl_s)
+    interval = cfg.metrics.healthcheck_interval_s or 300.0
+    return 4.0 * max(float(ncfg.alertmanager_resend_s or 60.0), float(interval))
 
 
 def postable(labels: dict[str, str], annotations: dict[str, str], starts: float, ends: Optional[float],

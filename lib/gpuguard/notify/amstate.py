@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from gpuguard.notify.config import NotifyConfig
 from gpuguard.notify.alertmanager import alert_annotations, alert_labels, postable
 from gpuguard.notify.event import Event
 
@@ -37,7 +38,7 @@ def _is_open(row: Optional[dict[str, Any]], now: float) -> bool:
     return row is not None and (row["ends_at"] is None or row["ends_at"] > now)
 
 
-def record(conn: Any, event: Event, key: str, ncfg: dict[str, Any], now: float) -> bool:
+def record(conn: Any, event: Event, key: str, ncfg: NotifyConfig, now: float) -> bool:
     """Fold `event` into the alert of its incident; True when Alertmanager must hear about it now (a new alert,
     a resolution, a drain or FLAPPING, or a repeat whose last post is older than alertmanager_resend_s; other
     repeats are carried by the next keep-alive). The caller holds a transaction."""
@@ -68,19 +69,19 @@ def record(conn: Any, event: Event, key: str, ncfg: dict[str, Any], now: float) 
     if event.kind == "flapping":  # the same drain, escalated: its labels stay, what it says changes
         notes = dict(notes, summary=f"{notes['summary']} (FLAPPING)")
     _put(conn, key, row["labels"], notes, row["starts_at"], None, row["last_posted"], row["superseded"])
-    stale = row["last_posted"] is None or now - row["last_posted"] >= ncfg["alertmanager_resend_s"]
+    stale = row["last_posted"] is None or now - row["last_posted"] >= ncfg.alertmanager_resend_s
     return event.kind in ("drain", "flapping") or stale
 
 
-def _record_self_ending(conn: Any, event: Event, key: str, ncfg: dict[str, Any], now: float,
+def _record_self_ending(conn: Any, event: Event, key: str, ncfg: NotifyConfig, now: float,
                         row: Optional[dict[str, Any]]) -> bool:
-    ends = now + (ncfg["dedup_window_s"] or 3600.0)
+    ends = now + (ncfg.dedup_window_s or 3600.0)
     if not _is_open(row, now):
         _put(conn, key, alert_labels(event, ncfg), alert_annotations(event, ncfg), now, ends, None, None)
         return True
     assert row is not None
     _put(conn, key, row["labels"], alert_annotations(event, ncfg), row["starts_at"], ends, row["last_posted"], None)
-    return row["last_posted"] is None or now - row["last_posted"] >= ncfg["alertmanager_resend_s"]
+    return row["last_posted"] is None or now - row["last_posted"] >= ncfg.alertmanager_resend_s
 
 
 def payload(conn: Any, keys: list[str], now: float, ttl: float) -> list[dict[str, Any]]:
@@ -113,7 +114,7 @@ def forget_old(conn: Any, now: float, keep_s: float) -> None:
     conn.execute("DELETE FROM notify_am_alerts WHERE ends_at IS NOT NULL AND ends_at < ?", (now - keep_s,))
 
 
-def direct_payload(event: Event, ncfg: dict[str, Any], now: float, ttl: float) -> list[dict[str, Any]]:
+def direct_payload(event: Event, ncfg: NotifyConfig, now: float, ttl: float) -> list[dict[str, Any]]:
     """No usable state: the alert as this event alone describes it."""
     ends = now if event.resolved else None
     return [postable(alert_labels(event, ncfg), alert_annotations(event, ncfg), event.ts, ends, now, ttl)]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from gpuguard.notify import amstate, delivery, gate
 from gpuguard.notify.alertmanager import ttl_s
+from gpuguard.notify.config import NotifyConfig
 from gpuguard.notify.event import Event, dedupe_key, wanted
 from gpuguard.notify.render import render
 from gpuguard.notify.state import (connect_hooks, connect_user, ensure_trusted_state, local_node, log_warning,
@@ -19,13 +20,12 @@ if TYPE_CHECKING:
     from gpuguard.config.schema import Config
 
 
-def enabled(cfg: "Config") -> Optional[dict[str, Any]]:
+def enabled(cfg: "Config") -> Optional[NotifyConfig]:
     """The notify section when anything is configured to receive (apprise URLs or Alertmanagers), else None."""
-    ncfg = cfg.sections.get("notify")
-    return ncfg if ncfg and (ncfg.get("urls") or ncfg.get("alertmanager_urls")) else None
+    return cfg.notify if cfg.notify.receivers else None
 
 
-def _open(cfg: "Config", ncfg: dict[str, Any], node: Optional[str], user_state: Optional[str],
+def _open(cfg: "Config", ncfg: NotifyConfig, node: Optional[str], user_state: Optional[str],
           timeout: float) -> tuple[Optional[Any], str, Optional[str]]:
     """(connection or None, path, why the hooks' state cannot be used)."""
     if user_state is not None:
@@ -37,7 +37,7 @@ def _open(cfg: "Config", ncfg: dict[str, Any], node: Optional[str], user_state: 
     return connect_hooks(path, timeout), path, None
 
 
-def _decide(conn: Any, ncfg: dict[str, Any], event: Event, key: str, now: float,
+def _decide(conn: Any, ncfg: NotifyConfig, event: Event, key: str, now: float,
             targets: dict[str, delivery.Target]) -> tuple[str, list[str], Optional[gate.Decision]]:
     """In one transaction: the gates for the apprise URLs, the Alertmanager alert's state. Returns (verdict,
     targets to deliver to now, the gate's decision)."""
@@ -66,12 +66,12 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
     start = time.monotonic()
     now = event.ts if now is None else now
     ncfg = enabled(cfg)
-    if ncfg is None or not (wanted(ncfg, event) or (ncfg.get("alertmanager_urls") and wanted(ncfg, event, True))):
+    if ncfg is None or not (wanted(ncfg, event) or (ncfg.alertmanager_urls and wanted(ncfg, event, True))):
         return "disabled"
     row_id: Optional[int] = None
-    prefix = ncfg["title_prefix"]
+    prefix = ncfg.title_prefix
     key = dedupe_key(event, prefix)
-    ttl = ttl_s(cfg.sections)
+    ttl = ttl_s(cfg)
 
     def direct(why: str) -> str:
         log_warning(f"not using notification state ({why}); delivering {event.kind} {event.node} directly")
@@ -96,7 +96,7 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
         finally:
             conn.close()
         row = delivery.Row(row_id, title, body, event.severity, send, key, "resolved" if event.resolved else "firing")
-        job = delivery.Job(path, [row], targets, now, ncfg["timeout_s"], ttl, [])
+        job = delivery.Job(path, [row], targets, now, ncfg.timeout_s, ttl, [])
         done = delivery.deliver(job, budget_s - (time.monotonic() - start))
         return "sent" if done.get(row_id) else "spooled"
     except Exception as e:  # noqa: BLE001 - notifying must never break a prolog
@@ -110,10 +110,10 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
             return "failed"
 
 
-def _prepare_flush(conn: Any, ncfg: dict[str, Any], targets: dict[str, delivery.Target],
+def _prepare_flush(conn: Any, ncfg: NotifyConfig, targets: dict[str, delivery.Target],
                    now: float) -> tuple[list[delivery.Row], list[str]]:
     conn.execute("UPDATE notify_spool SET status='expired' WHERE status IN ('pending','held') AND created < ?",
-                 (now - ncfg["spool_max_age_h"] * 3600,))
+                 (now - ncfg.spool_max_age_h * 3600,))
     apprise_ids = [i for i, t in targets.items() if t.kind == "apprise"]
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -124,9 +124,9 @@ def _prepare_flush(conn: Any, ncfg: dict[str, Any], targets: dict[str, delivery.
                            key=gate.digest_key(ncfg, now), state=state)
             conn.execute(f"UPDATE notify_spool SET status='digested' WHERE id IN ({','.join('?' * len(ids))})", ids)
         keepalive: list[str] = []
-        if ncfg.get("alertmanager_urls"):
-            amstate.forget_old(conn, now, ncfg["spool_max_age_h"] * 3600)
-            keepalive = amstate.due_keepalives(conn, now, ncfg["alertmanager_resend_s"])
+        if ncfg.alertmanager_urls:
+            amstate.forget_old(conn, now, ncfg.spool_max_age_h * 3600)
+            keepalive = amstate.due_keepalives(conn, now, ncfg.alertmanager_resend_s)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -153,7 +153,7 @@ def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None
             rows, keepalive = _prepare_flush(conn, ncfg, targets, now)
         finally:
             conn.close()
-        job = delivery.Job(path, rows, targets, now, ncfg["timeout_s"], ttl_s(cfg.sections), keepalive)
+        job = delivery.Job(path, rows, targets, now, ncfg.timeout_s, ttl_s(cfg), keepalive)
         done = delivery.deliver(job, budget_s - (time.monotonic() - start))
         return sum(1 for ok in done.values() if ok)
     except Exception as e:  # noqa: BLE001

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from gpuguard.notify import amstate
 from gpuguard.notify.alertmanager import PostError, post_alerts
 from gpuguard.notify.apprise_target import send_apprise
+from gpuguard.notify.config import NotifyConfig
 from gpuguard.notify.event import Event
 from gpuguard.notify.state import log_warning
 from gpuguard.util.redact import scrub
@@ -40,9 +41,9 @@ def url_id(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def targets_of(ncfg: dict[str, Any]) -> dict[str, Target]:
-    out = {url_id(u): Target("apprise", u) for u in ncfg.get("urls") or []}
-    out.update({url_id("alertmanager:" + u): Target("alertmanager", u) for u in ncfg.get("alertmanager_urls") or []})
+def targets_of(ncfg: NotifyConfig) -> dict[str, Target]:
+    out = {url_id(u): Target("apprise", u) for u in ncfg.urls or []}
+    out.update({url_id("alertmanager:" + u): Target("alertmanager", u) for u in ncfg.alertmanager_urls or []})
     return out
 
 
@@ -160,7 +161,7 @@ def deliver(job: Job, budget_s: float) -> dict[int, bool]:
     return dict(done)
 
 
-def deliver_direct(ncfg: dict[str, Any], event: Event, title: str, body: str, key: str, now: float, ttl: float,
+def deliver_direct(ncfg: NotifyConfig, event: Event, title: str, body: str, key: str, now: float, ttl: float,
                    budget_s: float) -> str:
     """No usable state: send straight away to every target, without gates, spool or keep-alive. Better a
     duplicate page than a silenced drain."""
@@ -171,10 +172,10 @@ def deliver_direct(ncfg: dict[str, Any], event: Event, title: str, body: str, ke
         oks = []
         for t in targets_of(ncfg).values():
             if t.kind == "apprise":
-                oks.append(send_apprise(t.url, title, body, event.severity, key, state, ncfg["timeout_s"])[0])
+                oks.append(send_apprise(t.url, title, body, event.severity, key, state, ncfg.timeout_s)[0])
                 continue
             try:
-                post_alerts(t.url, amstate.direct_payload(event, ncfg, now, ttl), ncfg["timeout_s"])
+                post_alerts(t.url, amstate.direct_payload(event, ncfg, now, ttl), ncfg.timeout_s)
                 oks.append(True)
             except PostError:
                 oks.append(False)

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from gpuguard.notify.config import NotifyConfig
+
 KINDS = ("drain", "undrain", "prolog_failure", "straggler", "hang", "requeue", "internal_error", "flapping",
          "resource", "unknown_xid", "storm", "mismatch", "gave_up")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
 SEVERITIES = ("info", "warning", "critical")
@@ -108,12 +110,12 @@ def dedupe_key(event: Event, prefix: str = "gpuguard") -> str:
     return key
 
 
-def wanted(ncfg: dict, event: Event, alertmanager: bool = False) -> bool:  # type: ignore[type-arg]
+def wanted(ncfg: NotifyConfig, event: Event, alertmanager: bool = False) -> bool:
     """Whether the config asks for this event at all (`notify.kinds`, `min_severity`). A resolution follows its
     alert whatever its own severity; for messages only with `send_resolved` (Alertmanager always gets it: an
     alert it is not told about stays firing until its endsAt, and its own `send_resolved` decides who hears)."""
-    if event.kind not in ncfg["kinds"]:
+    if event.kind not in ncfg.kinds:
         return False
     if event.resolved:
-        return alertmanager or bool(ncfg.get("send_resolved", True))
-    return SEVERITY_RANK.get(event.severity, 1) >= SEVERITY_RANK[ncfg["min_severity"]]
+        return alertmanager or bool(ncfg.send_resolved)
+    return SEVERITY_RANK.get(event.severity, 1) >= SEVERITY_RANK[ncfg.min_severity]

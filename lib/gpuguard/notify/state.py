@@ -69,19 +69,18 @@ def log_warning(msg: str) -> None:
 
 
 def local_node(cfg: "Config", fallback: Optional[str] = None) -> str:
-    return (cfg.sections["node"].get("name") or os.environ.get("SLURMD_NODENAME") or fallback
+    return (cfg.node.name or os.environ.get("SLURMD_NODENAME") or fallback
             or socket.gethostname().split(".")[0])
 
 
 def state_path(cfg: "Config", node: str) -> str:
-    n = cfg.sections["notify"]
-    return str(n["state_path"] or cfg.sections["store"]["path"]).replace("{node}", node)
+    return str(cfg.notify.state_path or cfg.store.path).replace("{node}", node)
 
 
 def user_state_path(cfg: "Config", job_dir: str, job_id: Optional[str], node: str) -> str:
     """Where the monitor (the job's user) keeps its own notification state: `notify.user_state_path` or
     `<job dir>/gpuguard/notify/<node>.db`. Never the hooks' state (root's history store)."""
-    template = (cfg.sections.get("notify") or {}).get("user_state_path") or \
+    template = cfg.notify.user_state_path or \
         os.path.join("{job_dir}", "gpuguard", "notify", "{node}.db")
     safe_node = re.sub(r"[^A-Za-z0-9_.-]", "_", node) or "_"
     return (template.replace("{job_dir}", job_dir).replace("{job_id}", str(job_id or "nojob"))

@@ -35,9 +35,9 @@ class SlurmHandle:
             if self.injected is not None:
                 self._client = self.injected
             else:
-                scontrol_s = self.cfg.sections["deadlines"]["scontrol_s"]
+                scontrol_s = self.cfg.deadlines.scontrol_s
                 timeout = self.budget.act_bound(scontrol_s) if self.budget else scontrol_s
-                self._client = client_from_config(self.cfg.sections["slurm"], timeout)
+                self._client = client_from_config(self.cfg.slurm, timeout)
         return self._client
 
     def drain(self, node: str, reason: str) -> DrainOutcome:

@@ -27,7 +27,7 @@ class UndrainOutcome:
 
 
 def admin_undrain(cfg: Config, node: str, force: bool, log: Any) -> UndrainOutcome:
-    client = client_from_config(cfg.sections["slurm"], cfg.sections["deadlines"]["scontrol_s"])
+    client = client_from_config(cfg.slurm, cfg.deadlines.scontrol_s)
     try:
         state = client.get_node(node)
     except SlurmError as e:
@@ -72,10 +72,10 @@ def ownership_refusal(state: NodeState) -> Optional[str]:
 
 def can_check_here(cfg: Config, node: str) -> bool:
     """A simulated node (the config names its scenario) or this very host."""
-    sim = cfg.sections["simulation"]
-    if sim["scenario"] or sim["scenario_dir"]:
+    sim = cfg.simulation
+    if sim.scenario or sim.scenario_dir:
         return True
-    here = cfg.sections["node"]["name"] or socket.gethostname().split(".")[0]
+    here = cfg.node.name or socket.gethostname().split(".")[0]
     return here == node
 
 
@@ -88,7 +88,7 @@ def drained_for(cfg: Config, node: str, state: NodeState) -> set[str]:
     try:
         from gpuguard.store.sqlite import Store
 
-        with Store(cfg.sections["store"]["path"].replace("{node}", node), timeout_s=2.0) as st:
+        with Store(cfg.store.path_for(node), timeout_s=2.0) as st:
             drain = st.active_drain(node)
             if drain and drain.get("check_id"):
                 checks.add(drain["check_id"])
@@ -119,7 +119,7 @@ def _record(cfg: Config, node: str, state: NodeState, detail: str) -> None:
     try:
         from gpuguard.store.sqlite import Store
 
-        with Store(cfg.sections["store"]["path"].replace("{node}", node), timeout_s=2.0) as st:
+        with Store(cfg.store.path_for(node), timeout_s=2.0) as st:
             active = st.active_drain(node)
             st.record_drain(node=node, op="undrain", outcome="done", reason=state.reason,
                             check_id=active["check_id"] if active else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import CheckSpec
+from gpuguard.config.core import EpilogConfig
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.model import Observations
@@ -20,9 +21,9 @@ from gpuguard.profiles import Profile
 
 def epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list[CheckSpec], sources: Sources,
                    profile: Profile, deadline: Deadline, log: Any) -> Any:
-    ecfg = cfg.sections["epilog"]
-    grace = min(ecfg["kill_grace_s"], deadline.remaining() / 3)
-    cleanup = cleanup_leftovers(obs.nvml, ctx.gpu_indices, ctx.job_id, ctx.job_uid, grace, ecfg["kill_leftovers"])
+    ecfg = cfg.epilog
+    grace = min(ecfg.kill_grace_s, deadline.remaining() / 3)
+    cleanup = cleanup_leftovers(obs.nvml, ctx.gpu_indices, ctx.job_id, ctx.job_uid, grace, ecfg.kill_leftovers)
     if cleanup.killed:
         nvml_only = [s for s in specs if s.needs == "nvml"]
         again = gather(build_probes(nvml_only, cfg, ctx, sources, profile, None, None), deadline)
@@ -33,13 +34,13 @@ def epilog_cleanup(ctx: RunContext, cfg: Config, obs: Observations, specs: list[
     return cleanup
 
 
-def _remove_job_scratch(ctx: RunContext, ecfg: dict[str, Any], deadline: Deadline, log: Any) -> None:
+def _remove_job_scratch(ctx: RunContext, ecfg: EpilogConfig, deadline: Deadline, log: Any) -> None:
     """The job's private gpuguard-<jobid> scratch under epilog.scratch_dirs, once its processes are gone.
     Owner-checked, never following a link (gpuguard.pipeline.jobscratch); a problem is logged, never fatal."""
-    if not (ctx.job_id and ctx.job_uid is not None and ecfg.get("scratch_dirs")):
+    if not (ctx.job_id and ctx.job_uid is not None and ecfg.scratch_dirs):
         return
     try:
-        res = remove_job_scratch(ctx.job_id, ctx.job_uid, ecfg["scratch_dirs"],
+        res = remove_job_scratch(ctx.job_id, ctx.job_uid, ecfg.scratch_dirs,
                                  deadline_s=min(5.0, max(0.5, deadline.remaining() / 4)))
         if res.removed or res.skipped or res.errors or res.incomplete:
             log.log("warning" if res.skipped or res.errors or res.incomplete else "info",

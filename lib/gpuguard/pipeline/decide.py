@@ -24,24 +24,24 @@ def is_unambiguous(f: Finding) -> bool:
 
 def judge(findings: list[Finding], ctx: RunContext, cfg: Config, store: Any, boot_id: Optional[str], now: float,
           restricted: bool = False) -> tuple[list[Finding], Verdict]:
-    pol = cfg.sections["policy"]
-    reboot_cfg = cfg.sections["reboot"]
-    since = now - reboot_cfg["window_days"] * 86400
+    pol = cfg.policy
+    reboot_cfg = cfg.reboot
+    since = now - reboot_cfg.window_days * 86400
     recurrences = {(f.check_id, f.keyword): store.previous_fault_boots(ctx.node, f.check_id, f.keyword, boot_id, since)
                    for f in findings if f.severity is Severity.FAIL and f.keyword}
-    findings = escalate_recurring(findings, recurrences, reboot_cfg["escalate_after"])
+    findings = escalate_recurring(findings, recurrences, reboot_cfg.escalate_after)
     # conditions that must persist before they drain (HW slowdown): when did the current streak start?
     persist_keys = {(f.check_id, str(f.evidence["persist"]["key"])) for f in findings
                     if f.severity is Severity.FAIL and isinstance(f.evidence.get("persist"), dict)}
     # nobody looked for longer than this between two runs: the streak is broken (3 health-check intervals, >= 1 h)
-    max_gap = max(3600.0, 3 * cfg.sections["metrics"]["healthcheck_interval_s"])
+    max_gap = max(3600.0, 3 * cfg.metrics.healthcheck_interval_s)
     findings = apply_persistence(findings, {k: store.persist_streak_start(ctx.node, k[0], k[1], max_gap)
                                             for k in persist_keys}, now)
     if restricted:
         findings = [_restricted(f) for f in findings]
     streaks = store.incomplete_streaks(ctx.node, [f.check_id for f in findings if f.severity is Severity.INCOMPLETE])
-    verdict = decide(findings, ctx.kind, on_failure=pol["on_failure"], on_incomplete=pol["on_incomplete"],
-                     incomplete_escalate_after=pol["incomplete_escalate_after"], incomplete_history=streaks)
+    verdict = decide(findings, ctx.kind, on_failure=pol.on_failure, on_incomplete=pol.on_incomplete,
+                     incomplete_escalate_after=pol.incomplete_escalate_after, incomplete_history=streaks)
     return findings, verdict
 
 

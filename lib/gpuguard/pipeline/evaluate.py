@@ -20,7 +20,7 @@ def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunCon
              mapping: Any = None) -> list[Finding]:
     catalog = None
     if any(s.needs == "kernel_log" for s in specs):
-        catalog = load_catalog(overrides=cfg.sections["xid"]["overrides"] or None)
+        catalog = load_catalog(overrides=cfg.xid.overrides or None)
     findings: list[Finding] = []
     for spec in specs:
         inp = CheckInput(profile=profile, params=cfg.check_params(spec.id, param_defaults(spec)),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from gpuguard.checks import CheckSpec, probe_options
+from gpuguard.config.core import DeadlinesConfig
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.kernellog.sources import read_xid_events
@@ -102,7 +103,7 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
                  kernel_cursor: Optional[dict[str, Any]], store: Any = None) -> list[Probe]:
     needs = {s.needs for s in specs}
     opts = probe_options(specs, cfg, profile)  # what the planned checks need each probe to read
-    dl = cfg.sections["deadlines"]
+    dl = cfg.deadlines
     probes: list[Probe] = []
     tier_needs = needs & {"nccl", "dcgm", "efa_counters"}
     if tier_needs:
@@ -114,28 +115,28 @@ def build_probes(specs: list[CheckSpec], cfg: Config, ctx: RunContext, sources: 
         probes.append(_nvml_probe(bool(opts["nvml"].get("with_processes")), dl, sources, profile))
     if "kernel_log" in needs:
         probes.append(Probe("kernel_log", lambda: read_xid_events(
-            sources.kernel_log, kernel_cursor, timeout_s=dl["kernel_log_s"], boot_id_path=sources.boot_id_path,
-            boot_id=sources.boot_id), dl["kernel_log_s"] + 0.5, timed_out(KernelLogObservation)))
+            sources.kernel_log, kernel_cursor, timeout_s=dl.kernel_log_s, boot_id_path=sources.boot_id_path,
+            boot_id=sources.boot_id), dl.kernel_log_s + 0.5, timed_out(KernelLogObservation)))
     if "fabric" in needs:
         want_fi = bool(opts["fabric"].get("fi_info"))
         probes.append(Probe("fabric", lambda: read_fabric(
             sysfs_root=sources.sysfs_root, fi_info=sources.fi_info if want_fi else None,
-            timeout_s=dl["fabric_s"]), dl["fabric_s"] + 0.5, timed_out(FabricObservation)))
+            timeout_s=dl.fabric_s), dl.fabric_s + 0.5, timed_out(FabricObservation)))
     if "system" in needs:
         paths = list(opts["system"].get("disk_paths") or [])
         probes.append(Probe("system", lambda: read_system(paths, procfs_root=sources.procfs_root,
                                                           sysfs_root=sources.sysfs_root),
-                            dl["system_s"], timed_out(SystemObservation)))
+                            dl.system_s, timed_out(SystemObservation)))
     return probes
 
 
-def _nvml_probe(want_procs: bool, dl: dict[str, Any], sources: Sources, profile: Profile) -> Probe:
+def _nvml_probe(want_procs: bool, dl: DeadlinesConfig, sources: Sources, profile: Profile) -> Probe:
     # every GPU of the node: node-level faults are judged on all of them whatever the job asked for, and Slurm's
     # GPU ids are mapped to NVML's afterwards (gpuguard.pipeline.gpumap)
     return Probe("nvml", lambda: read_nvml(
         gpu_indices=None, nvlinks=profile.nvlinks_per_gpu, library_path=sources.nvml_library,
         env=sources.nvml_env or None, with_processes=want_procs),
-        dl["nvml_s"], timed_out(NvmlObservation, init_error="TIMEOUT"), grace_s=dl["nvml_s"])
+        dl.nvml_s, timed_out(NvmlObservation, init_error="TIMEOUT"), grace_s=dl.nvml_s)
 
 
 def _tier_probes(tier_needs: set[str], cfg: Config, ctx: RunContext, sources: Sources, profile: Profile,
@@ -147,7 +148,7 @@ def _tier_probes(tier_needs: set[str], cfg: Config, ctx: RunContext, sources: So
     efa_prev = store.get_cursor(efa_cursor_name(ctx.node)) if store is not None else None
     return [Probe(name, fn, timeout, timed_out(cls))
             for name, fn, timeout, cls in tier_probes(
-                cfg.sections["nccl"], needs=tier_needs, gpus=gpus, sysfs_root=sources.sysfs_root,
+                cfg.nccl, needs=tier_needs, gpus=gpus, sysfs_root=sources.sysfs_root,
                 boot_id=read_boot_id(sources), efa_previous=efa_prev, binary=sources.tools.get("all_reduce_perf"),
                 dcgmi=sources.tools.get("dcgmi"))]
 

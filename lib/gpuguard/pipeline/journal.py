@@ -32,7 +32,7 @@ DEFAULT_RUNTIME_DIR = "/run/gpuguard"
 
 def runtime_dir(cfg: Any) -> str:
     """store.runtime_dir, else $GPUGUARD_RUNTIME_DIR (gpuguard.env), else /run/gpuguard."""
-    return cfg.sections["store"].get("runtime_dir") or os.environ.get(ENV_RUNTIME_DIR) or DEFAULT_RUNTIME_DIR
+    return cfg.store.runtime_dir or os.environ.get(ENV_RUNTIME_DIR) or DEFAULT_RUNTIME_DIR
 
 
 def journal_path(runtime_dir: str, node: str, part: str = "journal") -> str:

@@ -13,31 +13,31 @@ from gpuguard.profiles import Profile, apply_overrides, load_profile
 
 
 def state_dir(cfg: Config) -> str:
-    return os.path.dirname(cfg.sections["store"]["path"]) or "."
+    return os.path.dirname(cfg.store.path) or "."
 
 
 def resolve_profile(cfg: Config, node: str) -> tuple[Profile, str]:
     """(profile, how it was chosen). `auto` asks EC2 instance metadata once per boot, else `generic`. The
     profile's compiled copy is kept in the state directory (no YAML on the hooks' path)."""
-    ncfg = cfg.sections["node"]
-    name = ncfg["profile"]
+    ncfg = cfg.node
+    name = ncfg.profile
     how = "config"
     if name == "auto":
         from gpuguard.probes.imds import get_instance_type
 
         itype = get_instance_type(os.path.join(state_dir(cfg), "instance-type.json"),
-                                  timeout_s=cfg.sections["deadlines"]["imds_s"],
-                                  endpoint=cfg.sections["sources"]["imds_endpoint"],
-                                  boot_id_path=cfg.sections["sources"]["boot_id_path"])
+                                  timeout_s=cfg.deadlines.imds_s,
+                                  endpoint=cfg.sources.imds_endpoint,
+                                  boot_id_path=cfg.sources.boot_id_path)
         name, how = (itype, "ec2-metadata") if itype else ("generic", "default (not on EC2)")
         try:
-            prof = load_profile(name, ncfg["profile_dir"], cache_dir=state_dir(cfg))
+            prof = load_profile(name, ncfg.profile_dir, cache_dir=state_dir(cfg))
         except ValueError:
-            prof, how = (load_profile("generic", ncfg["profile_dir"], cache_dir=state_dir(cfg)),
+            prof, how = (load_profile("generic", ncfg.profile_dir, cache_dir=state_dir(cfg)),
                          f"generic (no profile for {name})")
     else:
-        prof = load_profile(name, ncfg["profile_dir"], cache_dir=state_dir(cfg))
-    return apply_overrides(prof, ncfg["overrides"]), how
+        prof = load_profile(name, ncfg.profile_dir, cache_dir=state_dir(cfg))
+    return apply_overrides(prof, ncfg.overrides), how
 
 
 def plan_checks(cfg: Config, ctx: RunContext, profile: Optional[Profile] = None, store: Any = None,
@@ -46,13 +46,13 @@ def plan_checks(cfg: Config, ctx: RunContext, profile: Optional[Profile] = None,
     checks (NVLink, PCIe, fabric, ...) because a crash can be the hardware's doing; a prolog (or manual run)
     adds the optional slow tier (NCCL all_reduce, dcgmi diag) when gpuguard.nccl.tier says it is due."""
     kinds = {ctx.kind}
-    if ctx.kind == "epilog" and ctx.job_exit_code in cfg.sections["epilog"]["deep_on_exit_codes"]:
+    if ctx.kind == "epilog" and ctx.job_exit_code in cfg.epilog.deep_on_exit_codes:
         kinds.add("epilog_deep")
-    if cfg.sections["nccl"]["tier_enabled"] and store is not None and profile is not None:
+    if cfg.nccl.tier_enabled and store is not None and profile is not None:
         from gpuguard.nccl.tier import cursor_name, job_is_exclusive, tier_due
 
         excl = True if ctx.kind == "manual" else job_is_exclusive(ctx.exclusive, ctx.gpu_indices, profile.gpu_count)
-        due, _why = tier_due(cfg.sections["nccl"], kind=ctx.kind, exclusive=excl, boot_id=boot_id,
+        due, _why = tier_due(cfg.nccl, kind=ctx.kind, exclusive=excl, boot_id=boot_id,
                              last=store.get_cursor(cursor_name(ctx.node)), now=now or time.time())
         if due:
             kinds.add("tier")

@@ -46,12 +46,12 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
     """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller applies the
     fail-open/closed policy); even then, a verdict already reached has been handed to `on_verdict`. `hook`: run
     by slurmd (a HealthCheckProgram's exit code means nothing to slurmd: it drains itself and exits 0)."""
-    dl = cfg.sections["deadlines"]
-    budget = StageBudget(deadline_s or dl.get(f"{ctx.kind}_s", dl["manual_s"]), dl["scontrol_s"])
+    dl = cfg.deadlines
+    budget = StageBudget(deadline_s or dl.for_kind(ctx.kind), dl.scontrol_s)
     profile = sources.profile or resolve_profile(cfg, ctx.node)[0]
     rundir = runtime_dir(cfg)
-    store_path = cfg.sections["store"]["path"].replace("{node}", ctx.node)
-    with NodeLock(lock_path(rundir, ctx.node), min(cfg.sections["locking"]["wait_s"], budget.remaining() / 3),
+    store_path = cfg.store.path_for(ctx.node)
+    with NodeLock(lock_path(rundir, ctx.node), min(cfg.locking.wait_s, budget.remaining() / 3),
                   fallback=f"{store_path}.{ctx.node}.lock") as locked:
         timeout_s = min(5.0, max(0.5, budget.remaining() / 4))
         # A store that cannot be opened or written (disk full, read-only, locked) never changes the verdict.
@@ -126,14 +126,14 @@ class Run:
         if not active or active.get("check_id") != verdict.primary.check_id:
             return False
         seen = self.store.get_cursor(slurm_seen_cursor(self.ctx.node)) or {}
-        return time.time() - float(seen.get("ts") or 0) < self.cfg.sections["undrain"]["resync_s"]
+        return time.time() - float(seen.get("ts") or 0) < self.cfg.undrain.resync_s
 
     def retry(self) -> None:
         if self.dry_run or not self.journal.pending:
             return
         if self.ctx.kind in ("prolog", "epilog") and self.on_verdict is not None:
             self.on_verdict(1)  # a pending drain: this job must not start, whatever happens next
-        self.applied = retry_pending(self.journal, self.slurm, self.ctx.node, self.cfg.sections["reboot"]["auto"])
+        self.applied = retry_pending(self.journal, self.slurm, self.ctx.node, self.cfg.reboot.auto)
         if not self.read_only:
             self._save_journal()
 
@@ -143,7 +143,7 @@ class Run:
                               self.store)
         obs = observations_from(gather(probes, self.budget.gather))
         name_processes(obs, self.sources.procfs_root)
-        self.ctx, mapping = map_job_gpus(self.ctx, obs, self.cfg.sections["slurm"]["gpu_ids"])
+        self.ctx, mapping = map_job_gpus(self.ctx, obs, self.cfg.slurm.gpu_ids)
         if self.ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not self.dry_run:
             obs.cleanup = epilog_cleanup(self.ctx, self.cfg, obs, specs, self.sources, self.profile,
                                          self.budget.gather, self.log or _NullLog())
@@ -240,7 +240,7 @@ class Run:
         v = result.verdict
         if self.pending is not None:
             result.drain = apply_drain(v, self.pending, self.journal, self.slurm, self.ctx.node,
-                                       self.cfg.sections["reboot"]["auto"])
+                                       self.cfg.reboot.auto)
             if result.drain["outcome"] == "done" and not self.storm_exempt(v):
                 # the nodes of one health-check round drain within a second or so of each other: let them land,
                 # so that every node ranks the same set of drains (gpuguard.pipeline.storm)
@@ -283,7 +283,7 @@ class Run:
             save_cursors(self.store, self.ctx, specs, obs, self.boot_id, position, slurm_seen=asked,
                          profile=self.profile)
         if result.drain is None and self.ctx.kind == "healthcheck" and not self.read_only \
-                and self.cfg.sections["undrain"]["enabled"]:
+                and self.cfg.undrain.enabled:
             result.undrain = self.undrain(result)
         if self.journal.error:
             result.notes.append(self.journal.error)
@@ -304,8 +304,8 @@ class Run:
                              result.run_id, result.findings, driver, time.time())
 
     def _ship(self, result: RunResult) -> None:
-        scfg = self.cfg.sections["store"]
-        if not scfg.get("url") and not scfg.get("retention_days"):
+        scfg = self.cfg.store
+        if not scfg.url and not scfg.retention_days:
             return  # nothing to ship or prune (gpuguard.fleet.ship.ship_after_run's own test, without the import)
         try:  # central history + retention, bounded by store.ship_budget_s; never on a prolog's path
             from gpuguard.fleet.ship import ship_after_run  # cold path: only where store.url or retention is set

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from gpuguard.config.core import SourcesConfig
+
 
 @dataclass
 class Sources:
@@ -23,10 +25,10 @@ class Sources:
     profile: Any = None  # the simulated node's profile (a scenario names its instance type)
 
 
-def real_sources(src: dict[str, Any]) -> Sources:
+def real_sources(src: SourcesConfig) -> Sources:
     """The node's own sources from the `sources:` config section."""
-    return Sources(kernel_log=src["kernel_log"], boot_id_path=src["boot_id_path"], sysfs_root=src["sysfs_root"],
-                   procfs_root=src["procfs_root"], fi_info=src["fi_info"], nvml_library=src["nvml_library"])
+    return Sources(kernel_log=src.kernel_log, boot_id_path=src.boot_id_path, sysfs_root=src.sysfs_root,
+                   procfs_root=src.procfs_root, fi_info=src.fi_info, nvml_library=src.nvml_library)
 
 
 def read_boot_id(sources: Sources) -> Optional[str]:

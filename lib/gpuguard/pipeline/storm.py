@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from gpuguard.config.core import PolicyConfig
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.slurm.parse import NodeRow, slurm_time
 
@@ -69,9 +70,9 @@ def storm_hold(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s:
     return None
 
 
-def settings_from(policy: dict[str, Any]) -> StormSettings:
-    return StormSettings(share=float(policy["storm_share"]), window_s=float(policy["storm_window_s"]),
-                         min_nodes=int(policy["storm_min_nodes"]))
+def settings_from(policy: PolicyConfig) -> StormSettings:
+    return StormSettings(share=float(policy.storm_share), window_s=float(policy.storm_window_s),
+                         min_nodes=int(policy.storm_min_nodes))
 
 
 def census_hold(slurm: Any, node: str, verdict: Any, cfg: Any, drained_self: bool,
@@ -90,4 +91,4 @@ def census_hold(slurm: Any, node: str, verdict: Any, cfg: Any, drained_self: boo
     except SlurmError:
         return None
     return storm_hold(rows, node, verdict.primary.check_id, now if now is not None else time.time(),
-                      settings_from(cfg.sections["policy"]), drained_self)
+                      settings_from(cfg.policy), drained_self)

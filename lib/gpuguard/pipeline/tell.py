@@ -98,13 +98,12 @@ def _undrain_events(result: RunResult) -> list[Any]:
 
 def notify_configured(cfg: Config) -> bool:
     """Anything to receive notifications (gpuguard.notify.api.enabled's test, without importing notify)."""
-    ncfg = cfg.sections.get("notify") or {}
-    return bool(ncfg.get("urls") or ncfg.get("alertmanager_urls"))
+    return cfg.notify.receivers
 
 
 def tell_humans(cfg: Config, result: RunResult, budget: StageBudget) -> None:
     try:
-        if (cfg.sections.get("metrics") or {}).get("textfile_dir"):
+        if cfg.metrics.textfile_dir:
             from gpuguard.metrics.node import write_run_metrics  # cold path: only where metrics are configured
 
             write_run_metrics(cfg, result)

@@ -75,8 +75,8 @@ def maybe_undrain(store: Any, slurm: SlurmHandle, node: str, verdict: str, boot_
     drain = store.active_drain(node)
     if drain is None:
         return None
-    ucfg = cfg.sections["undrain"]
-    window = now - ucfg["window_h"] * 3600
+    ucfg = cfg.undrain
+    window = now - ucfg.window_h * 3600
     passes = store.consecutive_passes(node, drain["check_id"] or "", since=drain["ts"]) if drain["check_id"] else 0
     boot_changed = bool(boot_id and drain["boot_id"] and boot_id != drain["boot_id"])
     evidence = reset_evidence(drain, store, findings, boot_changed, driver)
@@ -85,14 +85,14 @@ def maybe_undrain(store: Any, slurm: SlurmHandle, node: str, verdict: str, boot_
         return decide_undrain(
             drain_action=drain["action"] or "drain", node_drained=state.drained, node_reason=state.reason,
             node_down=state.down, node_maintenance=state.maintenance, verdict=verdict, passes=passes,
-            required_passes=ucfg["passes"], boot_changed=boot_changed,
-            undrains_in_window=own_undrains(store, node, drain["check_id"], window), max_undrains=ucfg["max_undrains"],
-            undrain_replace=ucfg["replace"], reset_evidence=evidence)
+            required_passes=ucfg.passes, boot_changed=boot_changed,
+            undrains_in_window=own_undrains(store, node, drain["check_id"], window), max_undrains=ucfg.max_undrains,
+            undrain_replace=ucfg.replace, reset_evidence=evidence)
 
     # As the store knows it: still drained with gpuguard's reason. While that says "wait", Slurm is not asked.
     assumed = decision_for(NodeState(name=node, states=frozenset({"DRAIN"}), reason=drain["reason"]))
     seen = store.get_cursor(slurm_seen_cursor(node)) or {}
-    resync_due = now - float(seen.get("ts") or 0) >= ucfg["resync_s"]
+    resync_due = now - float(seen.get("ts") or 0) >= ucfg.resync_s
     if assumed.action in ("wait", "admin") and not resync_due:
         return {"decision": assumed.action, "outcome": assumed.action, "detail": assumed.detail, "asked_slurm": False}
     try:
@@ -133,10 +133,10 @@ def _pin_flapping(store: Any, slurm: SlurmHandle, node: str, drain: dict[str, An
     parsed = parse_reason(state.reason or "")
     if not parsed or parsed.keyword == "FLAPPING":
         return {"outcome": "flapping-already"}
-    ucfg = cfg.sections["undrain"]
-    n = own_undrains(store, node, drain["check_id"], time.time() - ucfg["window_h"] * 3600)
+    ucfg = cfg.undrain
+    n = own_undrains(store, node, drain["check_id"], time.time() - ucfg.window_h * 3600)
     reason = format_reason(parsed.check_id, "FLAPPING",
-                           f"drained again after {n} undrains in {ucfg['window_h']:g}h: {parsed.detail}",
+                           f"drained again after {n} undrains in {ucfg.window_h:g}h: {parsed.detail}",
                            "healthcheck", "replace")
     out: dict[str, Any] = {}
     try:

@@ -11,22 +11,22 @@ from gpuguard.simulate.materialized import SimSources, current, scenario_for_nod
 
 
 def state_dir(cfg: Any) -> str:
-    return os.path.dirname(cfg.sections["store"]["path"]) or "."
+    return os.path.dirname(cfg.store.path) or "."
 
 
 def resolve_sources(cfg: Any, node: str, simulate: Optional[str] = None) -> Sources:
-    sim_cfg = cfg.sections["simulation"]
-    if not (simulate or sim_cfg["scenario"] or sim_cfg["scenario_dir"]):
-        return real_sources(cfg.sections["sources"])
-    path = simulate or scenario_for_node(sim_cfg["scenario"], sim_cfg["scenario_dir"], node)
+    sim_cfg = cfg.simulation
+    if not (simulate or sim_cfg.scenario or sim_cfg.scenario_dir):
+        return real_sources(cfg.sources)
+    path = simulate or scenario_for_node(sim_cfg.scenario, sim_cfg.scenario_dir, node)
     assert path is not None
-    workdir = os.path.join(sim_cfg["workdir"] or os.path.join(state_dir(cfg), "sim"), node)
-    profile_dir = cfg.sections["node"]["profile_dir"]
-    sim = current(path, workdir, sim_cfg["fake_nvml"], profile_dir) or _materialize(path, workdir, sim_cfg["fake_nvml"],
+    workdir = os.path.join(sim_cfg.workdir or os.path.join(state_dir(cfg), "sim"), node)
+    profile_dir = cfg.node.profile_dir
+    sim = current(path, workdir, sim_cfg.fake_nvml, profile_dir) or _materialize(path, workdir, sim_cfg.fake_nvml,
                                                                                       profile_dir)
     return Sources(kernel_log=sim.kernel_log, boot_id=sim.boot_id, sysfs_root=sim.sysfs_root,
                    procfs_root=sim.procfs_root, fi_info=sim.fi_info, nvml_library=sim.nvml_library,
-                   nvml_env=sim.nvml_env, simulated=sim.scenario, tools=dict(sim_cfg.get("tools") or {}),
+                   nvml_env=sim.nvml_env, simulated=sim.scenario, tools=dict(sim_cfg.tools or {}),
                    profile=sim.profile)
 
 

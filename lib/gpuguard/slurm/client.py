@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+from gpuguard.slurm.config import SlurmConfig
 from gpuguard.slurm.parse import (SINFO_CENSUS_FORMAT, NodeRow, NodeState, node_state_from_fields, parse_node_line,
                                   parse_sinfo_census)
 from gpuguard.slurm.reason import is_ours
@@ -217,9 +218,9 @@ def make_client(backend: str = "auto", scontrol: str = "scontrol", timeout_s: fl
     return CliSlurmClient(scontrol, timeout_s, slurm_conf, sinfo=sinfo)
 
 
-def client_from_config(slurm_cfg: dict, timeout_s: float) -> SlurmClient:  # type: ignore[type-arg]
+def client_from_config(slurm_cfg: SlurmConfig, timeout_s: float) -> SlurmClient:
     """The client the `slurm:` config section asks for."""
-    return make_client(slurm_cfg["backend"], slurm_cfg["scontrol"], timeout_s=timeout_s, slurm_conf=slurm_cfg["conf"])
+    return make_client(slurm_cfg.backend, slurm_cfg.scontrol, timeout_s=timeout_s, slurm_conf=slurm_cfg.conf)
 
 
 # --------------------------------------------------------------------------- ownership-safe drain

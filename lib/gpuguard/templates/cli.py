@@ -19,6 +19,7 @@ from gpuguard.templates import jobattempt as ja
 from gpuguard.templates.fabric import run_check
 from gpuguard.templates.jobfiles import attempt_dir
 from gpuguard.templates.lint import format_findings, lint
+from gpuguard.templates.config import TemplatesConfig
 from gpuguard.templates.presets import list_presets, resolve_preset
 from gpuguard.templates.render import Renderer, TemplateError
 from gpuguard.util.fs import atomic_write
@@ -188,14 +189,14 @@ def _config(path: Optional[str]) -> Any:
 
 def cmd_render(args: argparse.Namespace) -> int:
     cfg = _config(args.config)
-    tcfg = cfg.sections.get("templates", {})
-    renderer = Renderer(site_presets=tcfg.get("presets") or None,
-                        extra_dirs=[tcfg["dir"]] if tcfg.get("dir") else None)
+    tcfg = cfg.templates
+    renderer = Renderer(site_presets=tcfg.presets or None,
+                        extra_dirs=[tcfg.dir] if tcfg.dir else None)
     declared = set(renderer.variables(args.template))
     all_declared: set[str] = set()
     for name in renderer.names():
         all_declared |= set(renderer.variables(name))
-    defaults = dict(tcfg.get("defaults") or {})
+    defaults = dict(tcfg.defaults or {})
     for k in defaults:
         if k not in all_declared and k not in renderer.names():
             raise TemplateError(f"{cfg.source}: templates.defaults.{k}: no template declares this variable")
@@ -224,9 +225,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_templates(args: argparse.Namespace) -> int:
     cfg = _config(args.config) if args.config else None
-    tcfg = cfg.sections.get("templates", {}) if cfg else {}
-    renderer = Renderer(site_presets=tcfg.get("presets") or None,
-                        extra_dirs=[tcfg["dir"]] if tcfg.get("dir") else None)
+    tcfg = cfg.templates if cfg else TemplatesConfig()
+    renderer = Renderer(site_presets=tcfg.presets or None,
+                        extra_dirs=[tcfg.dir] if tcfg.dir else None)
     sub = args.templates_cmd or "list"
     if sub == "list":
         for name in renderer.names():
@@ -241,7 +242,7 @@ def cmd_templates(args: argparse.Namespace) -> int:
             print(f"{s.name:<22} {s.type:<8} {default:<22} {s.help}")
         return 0
     if sub == "presets":
-        site = tcfg.get("presets") or None
+        site = tcfg.presets or None
         if not args.name:
             for name, inst in list_presets(site).items():
                 print(f"{name:<20} stacks: {', '.join(inst['stacks']):<28} {inst.get('description', '')}")

@@ -63,7 +63,7 @@ class JobContext:
         scontrol = Scontrol()
         if cfg is not None:
             # generous: nothing else waits on this but the job itself, and a busy slurmctld answers slowly
-            scontrol = Scontrol(cfg.sections["slurm"]["scontrol"], max(10.0, cfg.sections["deadlines"]["scontrol_s"]))
+            scontrol = Scontrol(cfg.slurm.scontrol, max(10.0, cfg.deadlines.scontrol_s))
         return cls(job_id=job_id, node=node, nodelist=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "",
                    restarts_at_start=restarts, store_path=user_store_path(cfg, node, user), scontrol=scontrol)
 

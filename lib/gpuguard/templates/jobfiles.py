@@ -139,11 +139,11 @@ def user_store_path(cfg: Any, node: str, user: str) -> Optional[str]:
     store (the root hooks' database must never be writable by users). Pure apart from path normalisation."""
     if cfg is None:
         return None
-    raw = (cfg.sections.get("templates") or {}).get("store_path")
+    raw = cfg.templates.store_path
     if not raw:
         return None
     path = raw.replace("{node}", node).replace("{user}", user)
-    hooks = str(cfg.sections.get("store", {}).get("path") or "").replace("{node}", node)
+    hooks = cfg.store.path_for(node)
     if hooks and os.path.normpath(os.path.abspath(path)) == os.path.normpath(os.path.abspath(hooks)):
         warn(f"templates.store_path ({raw}) is the hooks' own store (store.path): not writing job attempts there "
               "(users must not write the root hooks' database); only the ledger in the job directory is written")

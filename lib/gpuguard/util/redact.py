@@ -20,9 +20,8 @@ Pure functions; no gpuguard imports (the hooks import this on their hot path onl
 
 from __future__ import annotations
 
-import copy
 import re
-from typing import Any, Iterable
+from typing import Iterable
 from urllib.parse import unquote, urlsplit
 
 MASK = "***"
@@ -146,18 +145,3 @@ def scrub(text: str, urls: Iterable[str], min_len: int = 4) -> str:
             if len(secret) >= min_len:
                 text = _mask_runs(text, secret, min_len)
     return text
-
-
-def redact_config(sections: dict[str, Any]) -> dict[str, Any]:
-    """The effective settings without their secrets (for `gpuguard config`): notification URLs by scheme only,
-    Alertmanager URLs and the PostgreSQL URL with their passwords masked. The input is not changed."""
-    out = copy.deepcopy(sections)
-    notify = out.get("notify") or {}
-    if notify.get("urls"):
-        notify["urls"] = [redact_notify_url(u) for u in notify["urls"]]
-    if notify.get("alertmanager_urls"):
-        notify["alertmanager_urls"] = [redact_url(u) for u in notify["alertmanager_urls"]]
-    store = out.get("store") or {}
-    if store.get("url"):
-        store["url"] = redact_url(store["url"])
-    return out

@@ -54,7 +54,7 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 def node_name(cfg: Config, explicit: Optional[str]) -> str:
     """--node, node.name, $SLURMD_NODENAME or the short hostname. It names the store file and goes to scontrol,
     so anything but a plain node name is refused."""
-    name = context_from_env("manual", os.environ, node=explicit or cfg.sections["node"]["name"]).node
+    name = context_from_env("manual", os.environ, node=explicit or cfg.node.name).node
     if not _NODE_NAME.match(name):
         raise ValueError(f"invalid node name {name!r} (letters, digits, '.', '_' and '-' only)")
     return name

@@ -109,7 +109,7 @@ class WatchDaemon:
         """(source spec, boot id): --source, else the simulated node's kmsg file, else watch.source, else
         sources.kernel_log. simulate.sources.resolve_sources is what makes a simulated node look like a real one."""
         if self.source_override:  # an explicit log: this host's boot, whatever the simulation config says
-            return self.source_override, read_boot_id(cfg.sections["sources"]["boot_id_path"])
+            return self.source_override, read_boot_id(cfg.sources.boot_id_path)
         sources = resolve_sources(cfg, self.node)
         if sources.simulated:
             spec = sources.kernel_log
@@ -137,7 +137,7 @@ class WatchDaemon:
                              poll_interval_s=self.settings.poll_interval_s, follow=not self.once)
 
     def _catalog(self, cfg: Config) -> Any:
-        return load_catalog(overrides=cfg.sections["xid"]["overrides"] or None)
+        return load_catalog(overrides=cfg.xid.overrides or None)
 
     def setup(self) -> None:
         """Raises FollowError / ValueError / OSError when there is nothing to follow."""

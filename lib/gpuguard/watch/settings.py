@@ -24,15 +24,12 @@ class WatchSettings:
 
     @classmethod
     def from_config(cls, cfg: Config) -> "WatchSettings":
-        w = cfg.sections.get("watch") or {}
-        return cls(source=w.get("source"), start_at=w.get("start_at", "auto"),
-                   dedupe_window_s=float(w.get("dedupe_window_s", 300.0)),
-                   poll_interval_s=float(w.get("poll_interval_s", 0.25)),
-                   retry_initial_s=float(w.get("retry_initial_s", 1.0)),
-                   retry_max_s=float(w.get("retry_max_s", 60.0)),
-                   record_non_fatal=bool(w.get("record_non_fatal", True)),
-                   scontrol_s=float(cfg.sections["deadlines"]["scontrol_s"]),
-                   on_failure=cfg.sections["policy"]["on_failure"])
+        w = cfg.watch
+        return cls(source=w.source, start_at=w.start_at, dedupe_window_s=float(w.dedupe_window_s),
+                   poll_interval_s=float(w.poll_interval_s), retry_initial_s=float(w.retry_initial_s),
+                   retry_max_s=float(w.retry_max_s), record_non_fatal=bool(w.record_non_fatal),
+                   scontrol_s=float(cfg.deadlines.scontrol_s),
+                   on_failure=cfg.policy.on_failure)
 
 
 def cursor_name(node: str) -> str:
@@ -41,10 +38,10 @@ def cursor_name(node: str) -> str:
 
 
 def store_path(cfg: Config, node: str) -> str:
-    return str(cfg.sections["store"]["path"]).replace("{node}", node)
+    return cfg.store.path_for(node)
 
 
 def make_log(cfg: Config) -> HookLog:
-    lg = cfg.sections["logging"]
+    lg = cfg.logging
     # under systemd stderr already lands in the journal: with syslog on too, every line would be there twice
-    return HookLog(lg["syslog"], lg["file"], lg["level"], stderr=not lg["syslog"] or sys.stderr.isatty())
+    return HookLog(lg.syslog, lg.file, lg.level, stderr=not lg.syslog or sys.stderr.isatty())

@@ -108,7 +108,7 @@ class DrainWorker(HistoryWrites, threading.Thread):
             due = [self._next_attempt] if self.pending else [self._next_peek]
             if notify_enabled(self.cfg):
                 due.append(self._next_flush)
-            if self.cfg.sections["store"].get("url"):
+            if self.cfg.store.url:
                 due.append(self._next_ship)
             timeout = max(0.0, min(due) - time.monotonic()) if due else None  # None: idle until a message
             try:
@@ -124,8 +124,8 @@ class DrainWorker(HistoryWrites, threading.Thread):
                     self._handle(msg)
                     if msg[0] == "event":  # a drain reaches the central history within seconds
                         self._next_ship = min(self._next_ship, time.monotonic() + 2.0)
-                if self.cfg.sections["store"].get("url") and time.monotonic() >= self._next_ship:
-                    self._next_ship = time.monotonic() + self.cfg.sections["store"]["ship_interval_s"]
+                if self.cfg.store.url and time.monotonic() >= self._next_ship:
+                    self._next_ship = time.monotonic() + self.cfg.store.ship_interval_s
                     ship_in_background(self.cfg, self.node)  # its own thread, store and connection
                 if self.pending and time.monotonic() >= self._next_attempt:
                     self._attempt()
@@ -215,12 +215,12 @@ class DrainWorker(HistoryWrites, threading.Thread):
     def _escalated(self, finding: Finding) -> Finding:
         """As the prolog and health check do: a reboot/reset-class Xid that already drained this node in
         `reboot.escalate_after` earlier boots is not fixed by rebooting: action replace."""
-        rcfg = self.cfg.sections.get("reboot") or {}
-        after = int(rcfg.get("escalate_after", 0) or 0)
+        rcfg = self.cfg.reboot
+        after = int(rcfg.escalate_after or 0)
         if not after or finding.action not in (Action.REBOOT, Action.RESET):
             return finding
         try:
-            since = time.time() - float(rcfg.get("window_days", 30.0)) * 86400
+            since = time.time() - float(rcfg.window_days) * 86400
             seen = self._open_store().previous_fault_boots(self.node, CHECK_ID, finding.keyword, self.boot_id, since)
         except Exception as e:  # noqa: BLE001 - no history: drain with the catalog's action
             self._store_failed("reading earlier drains", e)
@@ -229,7 +229,7 @@ class DrainWorker(HistoryWrites, threading.Thread):
 
     def _client_or_error(self) -> Any:
         if self._client is None:
-            self._client = client_from_config(self.cfg.sections["slurm"], self.settings.scontrol_s)
+            self._client = client_from_config(self.cfg.slurm, self.settings.scontrol_s)
         return self._client
 
     def _attempt(self) -> None:
@@ -249,7 +249,7 @@ class DrainWorker(HistoryWrites, threading.Thread):
                 self._next_attempt = time.monotonic() + 1.0
                 return
             handle = SlurmHandle(self.cfg, None, self._client_or_error())
-            applied = retry_pending(j, handle, self.node, bool((self.cfg.sections.get("reboot") or {}).get("auto")))
+            applied = retry_pending(j, handle, self.node, self.cfg.reboot.auto)
             j.save()
             self.journal_pending = len(j.pending)
             still = {p.id for p in j.pending}
@@ -337,7 +337,7 @@ class DrainWorker(HistoryWrites, threading.Thread):
             self._backoff = self.settings.retry_initial_s
             detail = out.detail
             if out.outcome == "done" and p.finding.action.value == "reboot" and \
-                    (self.cfg.sections.get("reboot") or {}).get("auto"):
+                    self.cfg.reboot.auto:
                 rb = request_reboot(self._client_or_error(), self.node, p.reason)  # never raises
                 detail = f"reboot {rb['outcome']}: {rb['detail']}"
             self._finish(p, out.outcome, detail, latency)
