@@ -54,7 +54,8 @@ def test_every_section_of_the_file_is_a_frozen_dataclass_attribute_of_config():
     assert not hasattr(cfg, "sections"), "features read typed attributes, never a mapping of sections"
 
 
-def test_every_key_and_default_is_the_one_of_the_schema_before():
+def test_every_key_and_default_is_the_one_of_the_schema_before(monkeypatch):
+    monkeypatch.delenv("GPUGUARD_STATE_DIR", raising=False)  # a node whose gpuguard.env names no state directory
     cfg = default_config()
     for name, keys in BEFORE["sections"].items():
         assert list(key_names(SECTIONS[name])) == list(keys), f"{name}: keys and their order"
@@ -88,7 +89,19 @@ def test_a_feature_section_module_imports_nothing_but_the_field_helpers():
         out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
         package = cls.__module__.rsplit(".", 1)[0]
         assert set(eval(out.stdout)) <= {"gpuguard", "gpuguard.config", "gpuguard.config.fields", package,
-                                         cls.__module__}, name
+                                         cls.__module__, "gpuguard.util", "gpuguard.util.nodedirs"}, name
+
+
+def test_the_default_store_lives_in_the_nodes_state_directory(monkeypatch, tmp_path):
+    """store.path's default follows $GPUGUARD_STATE_DIR (gpuguard.env), read when the config is built: several
+    nodes on one host (or a site that moved its state directory) never share /var/lib/gpuguard/state.db, even when
+    their config cannot be read and built-in defaults apply. A path the file names wins."""
+    monkeypatch.setenv("GPUGUARD_STATE_DIR", str(tmp_path / "n1"))
+    assert default_config().store.path == str(tmp_path / "n1" / "state.db")
+    assert parse_config("policy: {on_failure: drain}\n", "c.yaml").store.path == str(tmp_path / "n1" / "state.db")
+    assert parse_config("store:\n  path: /srv/gg/{node}.db\n", "c.yaml").store.path == "/srv/gg/{node}.db"
+    monkeypatch.delenv("GPUGUARD_STATE_DIR")
+    assert default_config().store.path == "/var/lib/gpuguard/state.db"
 
 
 @pytest.mark.parametrize("text,message", [

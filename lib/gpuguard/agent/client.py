@@ -27,7 +27,8 @@ import time
 import _socket
 
 from gpuguard.agent.wire import (HOOK_KINDS, HookRequest, LineReader, WireError, address, encode_request, peer_uid,
-                                 runtime_signature, send_with_fds, socket_path, state_dir)
+                                 runtime_signature, send_with_fds, socket_path)
+from gpuguard.util.nodedirs import state_dir
 
 ACK_TIMEOUT_S = 0.5  # the agent accepts and forks in milliseconds; a hung or stopped one costs a hook this much
 FIRST_REPORT_S = 15.0  # the child reports the hook's deadline once the config is loaded (10 s on a hung filesystem)

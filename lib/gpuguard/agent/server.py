@@ -37,6 +37,7 @@ from gpuguard.agent import EXIT_BUSY, EXIT_CODE_CHANGED, EXIT_CONFINED, EXIT_STO
 from gpuguard.agent.confinement import confinement_issues
 from gpuguard.checks import registry
 from gpuguard.cli import hooks
+from gpuguard.util import nodedirs
 from gpuguard.xid.catalog import load_catalog
 
 REQUEST_TIMEOUT_S = 2.0  # the client sends its request right after connecting
@@ -384,11 +385,11 @@ def run_for_client(conn: socket.socket, req: wire.HookRequest) -> NoReturn:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuguard.agent.server", description=__doc__.splitlines()[0])
-    ap.add_argument("--state-dir", help=f"where agent.sock lives (default ${wire.ENV_STATE_DIR} or "
-                                        f"{wire.DEFAULT_STATE_DIR}: the hooks look there)")
+    ap.add_argument("--state-dir", help=f"where agent.sock lives (default ${nodedirs.ENV_STATE_DIR} or "
+                                        f"{nodedirs.DEFAULT_STATE_DIR}: the hooks look there)")
     ap.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it ends")
     args = ap.parse_args(argv)
-    agent = Agent(args.state_dir or wire.state_dir(os.environ), exit_with_parent=args.exit_with_parent)
+    agent = Agent(args.state_dir or nodedirs.state_dir(), exit_with_parent=args.exit_with_parent)
     code = agent.start()
     if code is not None:
         return code

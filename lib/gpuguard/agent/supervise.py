@@ -19,7 +19,7 @@ import time
 from typing import Any, Optional
 
 from gpuguard.agent import EXIT_BUSY, EXIT_CODE_CHANGED, EXIT_CONFINED, EXIT_UNSAFE
-from gpuguard.agent.wire import ENV_STATE_DIR, state_dir
+from gpuguard.util.nodedirs import ENV_STATE_DIR, state_dir
 
 RESTART_BACKOFF_S = 5.0
 STOP_WAIT_S = 2.0

@@ -22,13 +22,12 @@ import sys
 
 import _socket
 
+
 MAGIC = b"gpuguard-hook/1"
 MAX_REQUEST_BYTES = 1 << 20  # a prolog's environment is a few KiB; anything near this is refused, not truncated
 MAX_LINE_BYTES = 256
 HOOK_KINDS = ("prolog", "epilog", "healthcheck")
 SOCKET_NAME = "agent.sock"
-ENV_STATE_DIR = "GPUGUARD_STATE_DIR"  # the same directory the hooks keep the last good configuration in
-DEFAULT_STATE_DIR = "/var/lib/gpuguard"
 _AF_UNIX_PATH_MAX = 100  # sun_path is 108 bytes; longer paths go through /proc/self/fd (tests' temp dirs)
 
 
@@ -57,10 +56,6 @@ def runtime_signature() -> str:
     """What about this interpreter changes how a hook behaves besides its code: version, text encodings, -I."""
     streams = "|".join(f"{getattr(s, 'encoding', None)}:{getattr(s, 'errors', None)}" for s in (sys.stdout, sys.stderr))
     return f"{sys.version}|{sys.getfilesystemencoding()}|{streams}|isolated={sys.flags.isolated}"
-
-
-def state_dir(environ: os._Environ[str]) -> str:
-    return environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR
 
 
 def socket_path(directory: str) -> str:

@@ -23,10 +23,13 @@ T = TypeVar("T")
 R = TypeVar("R", bound="Record")
 
 
-def key(validator: Validator, default: Any) -> Any:
+def key(validator: Validator, default: Any = None, default_factory: Optional[Callable[[], Any]] = None) -> Any:
     """A config key: its validator and its default, declared on the section's field. A list or mapping default is
-    copied for each instance (no config shares a mutable default with another)."""
+    copied for each instance (no config shares a mutable default with another); `default_factory`: a default that
+    depends on the node (read when a config is built)."""
     meta = {"validate": validator}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)

@@ -32,14 +32,9 @@ from gpuguard.config.fields import key_names
 from gpuguard.config.schema import (SECTIONS, Config, ConfigError, ConfigIssue, config_from_mapping, config_path,
                                     default_config, parse_config)
 from gpuguard.util.fs import atomic_write
+from gpuguard.util.nodedirs import state_dir
 
-ENV_STATE_DIR = "GPUGUARD_STATE_DIR"
-DEFAULT_STATE_DIR = "/var/lib/gpuguard"
 CACHE_VERSION = 1
-
-
-def state_dir() -> str:
-    return os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR
 
 
 def cache_path(config_file: str, directory: Optional[str] = None) -> str:

@@ -23,16 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.util.fs import atomic_write
+from gpuguard.util.nodedirs import runtime_dir_from_env
 from gpuguard.model import PendingDrain
 
 VERSION = 1
-ENV_RUNTIME_DIR = "GPUGUARD_RUNTIME_DIR"
-DEFAULT_RUNTIME_DIR = "/run/gpuguard"
 
 
 def runtime_dir(cfg: Any) -> str:
     """store.runtime_dir, else $GPUGUARD_RUNTIME_DIR (gpuguard.env), else /run/gpuguard."""
-    return cfg.store.runtime_dir or os.environ.get(ENV_RUNTIME_DIR) or DEFAULT_RUNTIME_DIR
+    return cfg.store.runtime_dir or runtime_dir_from_env()
 
 
 def journal_path(runtime_dir: str, node: str, part: str = "journal") -> str:

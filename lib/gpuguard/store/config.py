@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuguard.config.fields import Section, key, number, section, string
+from gpuguard.util.nodedirs import default_store_path
 
 
 def postgres_url(x: Any) -> Any:
@@ -20,8 +21,9 @@ def postgres_url(x: Any) -> Any:
 class StoreConfig(Section):
     """`store:` where history and the verdict journal live."""
 
-    # SQLite history; "{node}" is replaced by the node name (several slurmd on one host)
-    path: str = key(string(), "/var/lib/gpuguard/state.db")
+    # SQLite history; "{node}" is replaced by the node name (several slurmd on one host); default: state.db in the
+    # node's state directory ($GPUGUARD_STATE_DIR from gpuguard.env, else /var/lib/gpuguard/state.db)
+    path: str = key(string(), default_factory=default_store_path)
     # central history (gpuguard.fleet): postgresql://USER@HOST[:PORT]/DB, the password in ~/.pgpass or
     # $PGPASSFILE rather than here; hooks record locally and ship asynchronously; null = SQLite only
     url: Optional[str] = key(postgres_url, None)
