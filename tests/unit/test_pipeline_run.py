@@ -153,3 +153,23 @@ def test_a_damaged_journal_is_moved_aside_and_the_store_copy_used(tmp_path):
     assert r.verdict.outcome == "pass" and any("unreadable" in n for n in r.notes)
     assert list((tmp_path / "run").glob("n1.journal.json.damaged-*"))
     assert journal(tmp_path).positions.get("kernel_log")
+
+
+def test_a_run_reads_one_clock(tmp_path):
+    """Issue 15 "one clock": every time a run keeps (when it started, when a pending drain was decided and last
+    tried, what the store records) comes from the clock its caller hands it, so a test can put a run at any moment
+    without sleeping for a wall-clock window."""
+    cfg = make_cfg(tmp_path)
+    slurm = FlakySlurm()
+    t0 = 2_000_000_000.0  # 2033-05-18
+    run_sim(ctx("healthcheck"), cfg, scenario(tmp_path), slurm_client=slurm, clock=lambda: t0)
+    slurm.down = True
+    first = run_sim(ctx("healthcheck"), cfg, scenario(tmp_path, XID119), slurm_client=slurm, clock=lambda: t0 + 60)
+    assert first.started == t0 + 60 and first.observations.now == t0 + 60
+    (p,) = journal(tmp_path).pending
+    assert p.created == t0 + 60 and p.last_attempt == t0 + 60
+    slurm.down = False
+    later = run_sim(ctx("healthcheck"), cfg, scenario(tmp_path, XID119), slurm_client=slurm, clock=lambda: t0 + 3600)
+    assert [a["outcome"] for a in later.applied] == ["done"] and later.started == t0 + 3600
+    with Store(str(tmp_path / "state" / "n1.db")) as st:
+        assert {r["started"] for r in st.runs("n1")} == {t0, t0 + 60, t0 + 3600}

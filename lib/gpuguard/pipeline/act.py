@@ -98,7 +98,7 @@ def retry_pending(journal: Journal, slurm: SlurmHandle, node: str, reboot_auto: 
 
 
 def apply_drain(verdict: Verdict, pending: PendingDrain, journal: Journal, slurm: SlurmHandle, node: str,
-                reboot_auto: bool) -> dict[str, Any]:
+                reboot_auto: bool, now: Optional[float] = None) -> dict[str, Any]:
     """Drain for `verdict`; `pending` is already durable in the journal (saved by the caller together with the
     kernel-log position). Resolved here when Slurm took it (or someone else owns the node)."""
     out = slurm.drain(node, pending.reason)
@@ -106,7 +106,7 @@ def apply_drain(verdict: Verdict, pending: PendingDrain, journal: Journal, slurm
                               "previous_reason": out.previous_reason}
     pending.attempts += 1
     if out.outcome == "failed":
-        pending.last_error, pending.last_attempt = out.detail[:300], time.time()
+        pending.last_error, pending.last_attempt = out.detail[:300], now if now is not None else time.time()
         result["pending"] = pending.id
         return result
     journal.resolve(pending.id)

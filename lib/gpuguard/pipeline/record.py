@@ -56,7 +56,7 @@ def save_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs: Obser
     """The store's copies of where this run got to (the journal holds the kernel-log position that counts).
     `slurm_seen`: this run read the node's state from Slurm (undrain.resync_s counts from it)."""
     if slurm_seen:
-        store.set_cursor(f"slurm_seen:{ctx.node}", {"ts": time.time()})
+        store.set_cursor(f"slurm_seen:{ctx.node}", {"ts": _now(obs)})
     _save_tier_cursors(store, ctx, specs, obs, boot_id)
     replays = pcie_replay_baseline(obs.previous.get("pcie_replay") or {}, obs)
     if replays is not None:
@@ -74,7 +74,12 @@ def save_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs: Obser
         if ctx.kind == "prolog" and jc:
             store.set_cursor(jc, kernel_position)  # where the job's window starts
     if ctx.kind == "healthcheck":
-        store.prune_cursors(f"job:{ctx.node}:", older_than=time.time() - 7 * 86400)  # jobs without an epilog
+        store.prune_cursors(f"job:{ctx.node}:", older_than=_now(obs) - 7 * 86400)  # jobs without an epilog
+
+
+def _now(obs: Observations) -> float:
+    """The run's clock reading (the pipeline sets obs.now once per run); a bare observation: now."""
+    return obs.now if obs.now is not None else time.time()
 
 
 def pcie_replay_baseline(previous: dict[str, Any], obs: Observations, min_age_s: float = 60.0) -> Optional[dict[str, Any]]:
@@ -110,4 +115,4 @@ def _save_tier_cursors(store: Any, ctx: RunContext, specs: list[CheckSpec], obs:
     if any("tier" in s.kinds for s in specs):
         from gpuguard.nccl.tier import cursor_name, tier_cursor
 
-        store.set_cursor(cursor_name(ctx.node), tier_cursor(boot_id, time.time()))
+        store.set_cursor(cursor_name(ctx.node), tier_cursor(boot_id, _now(obs)))

@@ -42,10 +42,12 @@ from gpuguard.store.guarded import GuardedStore, Store
 
 def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = False,
             deadline_s: Optional[float] = None, slurm_client: Any = None,
-            on_verdict: Optional[Callable[[int], None]] = None, log: Any = None, hook: bool = False) -> RunResult:
+            on_verdict: Optional[Callable[[int], None]] = None, log: Any = None, hook: bool = False,
+            clock: Callable[[], float] = time.time) -> RunResult:
     """Run the checks for `ctx` and act on the verdict. Raises only on internal errors (the caller applies the
     fail-open/closed policy); even then, a verdict already reached has been handed to `on_verdict`. `hook`: run
-    by slurmd (a HealthCheckProgram's exit code means nothing to slurmd: it drains itself and exits 0)."""
+    by slurmd (a HealthCheckProgram's exit code means nothing to slurmd: it drains itself and exits 0). `clock`:
+    the run's one source of wall-clock time; every decision below takes `now` from it."""
     dl = cfg.deadlines
     budget = StageBudget(deadline_s or dl.for_kind(ctx.kind), dl.scontrol_s)
     profile = sources.profile or resolve_profile(cfg, ctx.node)[0]
@@ -59,7 +61,7 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
         try:
             run = Run(ctx, cfg, sources, profile, store, Journal.load(rundir, ctx.node), budget,
                       SlurmHandle(cfg, budget, slurm_client), locked=locked, dry_run=dry_run,
-                      on_verdict=on_verdict, log=log, hook=hook)
+                      on_verdict=on_verdict, log=log, hook=hook, clock=clock)
             return run.execute()
         finally:
             store.close()
@@ -71,7 +73,8 @@ STORM_SETTLE_S = 2.0  # how long a storm-guarded drain waits for the rest of its
 class Run:
     def __init__(self, ctx: RunContext, cfg: Config, sources: Sources, profile: Profile, store: Any,
                  journal: Journal, budget: StageBudget, slurm: SlurmHandle, *, locked: bool, dry_run: bool,
-                 on_verdict: Optional[Callable[[int], None]], log: Any, hook: bool = False) -> None:
+                 on_verdict: Optional[Callable[[int], None]], log: Any, hook: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
         self.ctx, self.cfg, self.sources, self.profile = ctx, cfg, sources, profile
         self.store, self.journal, self.budget, self.slurm = store, journal, budget, slurm
         self.dry_run = dry_run
@@ -80,7 +83,8 @@ class Run:
         self.read_only = dry_run or not locked
         self.on_verdict = on_verdict
         self.log = log
-        self.started = time.time()
+        self.clock = clock
+        self.started = clock()
         self.boot_id = read_boot_id(sources)
         self.notes: list[str] = [] if locked else ["another gpuguard run held the node lock: read-only run"]
         self.applied: list[dict[str, Any]] = []
@@ -92,7 +96,7 @@ class Run:
         self.retry()
         specs, obs, mapping = self.gather()
         findings = evaluate(specs, obs, self.cfg, self.ctx, self.profile, mapping)
-        findings, verdict = judge(findings, self.ctx, self.cfg, self.store, self.boot_id, time.time(),
+        findings, verdict = judge(findings, self.ctx, self.cfg, self.store, self.boot_id, self.clock(),
                                   restricted=self.cfg.restricted)
         if verdict.outcome == "drain" and not self.dry_run:
             self.kept = self.known_drained(verdict)
@@ -126,19 +130,19 @@ class Run:
         if not active or active.get("check_id") != verdict.primary.check_id:
             return False
         seen = self.store.get_cursor(slurm_seen_cursor(self.ctx.node)) or {}
-        return time.time() - float(seen.get("ts") or 0) < self.cfg.undrain.resync_s
+        return self.clock() - float(seen.get("ts") or 0) < self.cfg.undrain.resync_s
 
     def retry(self) -> None:
         if self.dry_run or not self.journal.pending:
             return
         if self.ctx.kind in ("prolog", "epilog") and self.on_verdict is not None:
             self.on_verdict(1)  # a pending drain: this job must not start, whatever happens next
-        self.applied = retry_pending(self.journal, self.slurm, self.ctx.node, self.cfg.reboot.auto)
+        self.applied = retry_pending(self.journal, self.slurm, self.ctx.node, self.cfg.reboot.auto, now=self.clock())
         if not self.read_only:
             self._save_journal()
 
     def gather(self) -> tuple[list[CheckSpec], Observations, Any]:
-        specs = plan_checks(self.cfg, self.ctx, self.profile, self.store, self.boot_id)
+        specs = plan_checks(self.cfg, self.ctx, self.profile, self.store, self.boot_id, now=self.clock())
         probes = build_probes(specs, self.cfg, self.ctx, self.sources, self.profile, self.kernel_position(),
                               self.store)
         obs = observations_from(gather(probes, self.budget.gather))
@@ -147,7 +151,7 @@ class Run:
         if self.ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not self.dry_run:
             obs.cleanup = epilog_cleanup(self.ctx, self.cfg, obs, specs, self.sources, self.profile,
                                          self.budget.gather, self.log or _NullLog())
-        obs.now = time.time()
+        obs.now = self.clock()
         obs.previous["pcie_replay"] = self.store.get_cursor(f"pcie_replay:{self.ctx.node}") or {}
         # the most this node was ever seen with (gpuguard.checks.inventory): a launch choice warns, a loss drains
         obs.previous["inventory"] = self.store.get_cursor(f"inventory:{self.ctx.node}") or {}
@@ -180,7 +184,7 @@ class Run:
             return
         from gpuguard.pipeline.storm import census_hold  # cold path: only a drain verdict gets here
 
-        why = census_hold(self.slurm, self.ctx.node, verdict, self.cfg, drained_self)
+        why = census_hold(self.slurm, self.ctx.node, verdict, self.cfg, drained_self, now=self.clock())
         if why is None:
             return
         verdict.outcome, verdict.held_by, verdict.reported_only = "warn", f"drain-storm guard: {why}", True
@@ -205,7 +209,7 @@ class Run:
 
         if issues:
             self.journal.config = {"mode": self.cfg.mode, "issues": issues, "source": self.cfg.source,
-                                   "since": time.time(), "last_good_at": self.cfg.last_good_at}
+                                   "since": self.clock(), "last_good_at": self.cfg.last_good_at}
             self.events.append(Event(kind="internal_error", severity="critical", node=self.ctx.node,
                                      check_id="config", message=describe(self.cfg),
                                      action="fix the file (gpuguard config --check FILE names every bad key) "
@@ -224,7 +228,7 @@ class Run:
         position = kl.cursor if (kl is not None and kl.cursor is not None and kl.status.complete
                                  and not self.read_only) else None
         if verdict.outcome == "drain" and verdict.reason and not self.dry_run and not self.kept:
-            self.pending = new_pending(verdict, self.ctx.kind, time.time())
+            self.pending = new_pending(verdict, self.ctx.kind, self.clock())
             if not self.read_only:
                 self.journal.add_pending(self.pending)
         if self.read_only:
@@ -240,7 +244,7 @@ class Run:
         v = result.verdict
         if self.pending is not None:
             result.drain = apply_drain(v, self.pending, self.journal, self.slurm, self.ctx.node,
-                                       self.cfg.reboot.auto)
+                                       self.cfg.reboot.auto, now=self.clock())
             if result.drain["outcome"] == "done" and not self.storm_exempt(v):
                 # the nodes of one health-check round drain within a second or so of each other: let them land,
                 # so that every node ranks the same set of drains (gpuguard.pipeline.storm)
@@ -275,7 +279,7 @@ class Run:
 
     def record(self, result: RunResult, specs: list[CheckSpec], obs: Observations,
                position: Optional[dict[str, Any]]) -> None:
-        result.duration_s = time.time() - self.started
+        result.duration_s = self.clock() - self.started
         result.run_id = record_run(self.store, result)
         record_drains(self.store, result)
         if not self.read_only:
@@ -301,7 +305,7 @@ class Run:
         driver = driver_seen(self.store, self.ctx.node, read_driver_fingerprint(self.sources.sysfs_root),
                              self.read_only)
         return maybe_undrain(self.store, self.slurm, self.ctx.node, result.verdict.outcome, self.boot_id, self.cfg,
-                             result.run_id, result.findings, driver, time.time())
+                             result.run_id, result.findings, driver, self.clock())
 
     def _ship(self, result: RunResult) -> None:
         scfg = self.cfg.store

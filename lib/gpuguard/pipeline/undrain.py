@@ -102,11 +102,11 @@ def maybe_undrain(store: Any, slurm: SlurmHandle, node: str, verdict: str, boot_
     store.set_cursor(slurm_seen_cursor(node), {"ts": now})
     if state is None:
         return {"outcome": "failed", "detail": "node unknown to Slurm"}
-    return _carry_out(decision_for(state), store, slurm, node, drain, state, run_id, cfg)
+    return _carry_out(decision_for(state), store, slurm, node, drain, state, run_id, cfg, now)
 
 
 def _carry_out(decision: UndrainDecision, store: Any, slurm: SlurmHandle, node: str, drain: dict[str, Any],
-               state: NodeState, run_id: Optional[int], cfg: Config) -> dict[str, Any]:
+               state: NodeState, run_id: Optional[int], cfg: Config, now: float) -> dict[str, Any]:
     out: dict[str, Any] = {"decision": decision.action, "detail": decision.detail, "check_id": drain["check_id"]}
     if decision.action == "undrain":
         try:
@@ -122,19 +122,19 @@ def _carry_out(decision: UndrainDecision, store: Any, slurm: SlurmHandle, node: 
         store.record_drain(node=node, op="undrain", outcome="gone", reason=state.reason, check_id=drain["check_id"],
                            action=drain["action"], run_id=run_id, detail=decision.detail)
     elif decision.action == "flapping":
-        out.update(_pin_flapping(store, slurm, node, drain, state, run_id, cfg, decision))
+        out.update(_pin_flapping(store, slurm, node, drain, state, run_id, cfg, decision, now))
     else:
         out["outcome"] = decision.action  # wait | admin
     return out
 
 
 def _pin_flapping(store: Any, slurm: SlurmHandle, node: str, drain: dict[str, Any], state: NodeState,
-                  run_id: Optional[int], cfg: Config, decision: UndrainDecision) -> dict[str, Any]:
+                  run_id: Optional[int], cfg: Config, decision: UndrainDecision, now: float) -> dict[str, Any]:
     parsed = parse_reason(state.reason or "")
     if not parsed or parsed.keyword == "FLAPPING":
         return {"outcome": "flapping-already"}
     ucfg = cfg.undrain
-    n = own_undrains(store, node, drain["check_id"], time.time() - ucfg.window_h * 3600)
+    n = own_undrains(store, node, drain["check_id"], now - ucfg.window_h * 3600)
     reason = format_reason(parsed.check_id, "FLAPPING",
                            f"drained again after {n} undrains in {ucfg.window_h:g}h: {parsed.detail}",
                            "healthcheck", "replace")
