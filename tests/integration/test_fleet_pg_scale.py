@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from pgfixtures import ROOT, SCENARIOS, db, gg, healthcheck, pg, q, sessions, write_cfg  # noqa: F401 - fixtures
+from pghelpers import ROOT, SCENARIOS, gg, healthcheck, q, sessions, write_cfg
 
 from gpuguard.model import Finding, Severity
 from gpuguard.store.sqlite import Store

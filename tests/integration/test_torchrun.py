@@ -24,6 +24,7 @@ from torchjob import Job, configure, newest_torchrun
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="CPU PyTorch not installed (pip install torch==2.13.0): torchrun e2e tests")
 
+@pytest.mark.slow(35)  # two attempts, each starting torch on two nodes
 def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint(site_factory):
     site = site_factory(nodes=3)
     t0 = time.monotonic()
@@ -48,6 +49,7 @@ def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint(site_factory
     print(f"fail -> requeue -> resume -> finish: {time.monotonic() - t0:.1f}s")
 
 
+@pytest.mark.slow(18)
 def test_a_worker_exit_code_in_the_no_retry_list_is_not_retried(site_factory):
     """Issue 10: torchrun exits 1 whatever its worker's code, so no_retry_exit_codes never matched. The worker's
     own code (3, from torchrun's root-cause report) is recorded and matched."""
@@ -66,6 +68,7 @@ def test_a_worker_exit_code_in_the_no_retry_list_is_not_retried(site_factory):
     assert "rank 1" in rec["detail"] and "exited with code 3" in rec["detail"]
 
 
+@pytest.mark.slow(30)  # two jobs
 def test_private_scratch_per_node_and_the_epilog_removes_it(site_factory):
     """Issue 9: TRITON_CACHE_DIR under a predictable /tmp/gpuguard-<jobid> could be pre-created by another user.
     Each node creates it privately (0700, the job user's) or, when the name is taken, a fresh mktemp directory;
@@ -101,6 +104,7 @@ def test_private_scratch_per_node_and_the_epilog_removes_it(site_factory):
     assert any("job scratch: removed" in line for line in site.log_lines(f"job {job2.id}"))
 
 
+@pytest.mark.slow(12)
 def test_syntax_error_is_not_retried(site_factory, tmp_path):
     site = site_factory(nodes=2)
     broken = site.cluster.jobs_dir / "broken_train.py"
@@ -126,6 +130,7 @@ def _torchrun_standalone(args, tmp_path, name):
         tmp_path / f"{name}.log"
 
 
+@pytest.mark.slow(25)  # three torchrun runs
 def test_the_example_training_script_follows_the_contract(tmp_path):
     """examples/train.py: SIGTERM to every process (what scancel --signal=TERM does) stops all ranks at the same
     step with one complete checkpoint (marker last); a resume continues from it; a bad configuration exits with

@@ -81,6 +81,7 @@ def _checkpoint_across_the_time_limit(site, job):
     return info, out, ledger
 
 
+@pytest.mark.slow(130)  # Slurm's time-limit warning, a 45 s checkpoint, a second attempt
 def test_a_two_node_job_meets_at_the_rendezvous_and_a_45s_checkpoint_fits_the_window(site_factory):
     """Issue 16: with the head's real address as endpoint and the host name on 127.0.1.1, no torchrun hosted the c10d
     store; every attempt died with RendezvousConnectionError (max_failures=0: the job failed at once). Now the first
@@ -111,6 +112,7 @@ def test_a_two_node_job_meets_at_the_rendezvous_and_a_45s_checkpoint_fits_the_wi
     print(f"45 s checkpoint, continuation, resume: {time.monotonic() - t0:.1f}s")
 
 
+@pytest.mark.slow(110)  # the old PyTorch's start, a 45 s checkpoint, a second attempt
 def test_the_window_holds_on_the_oldest_pytorch_inside_a_container(site_factory, tmp_path):
     """Issue 16: the oldest supported PyTorch's torchrun has no --shutdown-timeout, and with container_image set the
     check used to be skipped (it ran outside the image). The node's wrapper checks the torchrun inside the image,

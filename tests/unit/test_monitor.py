@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_notify_servers import WebhookServer
+from notify_servers import WebhookServer
 
 from gpuguard.config.schema import parse_config
 from gpuguard.monitor.loop import Monitor
@@ -30,13 +30,6 @@ MEGATRON = (" [2026-03-02 10:00:{s:02d}] iteration {it:8d}/    1000 | consumed s
             "iteration (ms): {ms:.1f} | learning rate: 1.000000E-04 | global batch size:   256 | lm loss: "
             "{loss:.6E} | loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan "
             "iterations:   0 |\n")
-
-
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
 
 
 class Site:

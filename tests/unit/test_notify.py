@@ -14,26 +14,12 @@ import time
 import pytest
 import yaml
 
-from test_notify_servers import SmtpServer, WebhookServer
+from notify_servers import SmtpServer
 
 from gpuguard.config.schema import parse_config
 from gpuguard.notify import Event, compress_hostlist, emit, flush, render
 
 pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
-
-
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def smtp():
-    s = SmtpServer()
-    yield s
-    s.close()
 
 
 def make_cfg(tmp_path, **notify):

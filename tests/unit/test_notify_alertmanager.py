@@ -16,20 +16,13 @@ import pytest
 import yaml
 
 from alertmanager_server import AMTOOL, BINARY, EXAMPLE, Alertmanager, HungServer, free_port, routed_config
-from test_notify_servers import WebhookServer
+from notify_servers import WebhookServer
 
 from gpuguard.config.schema import parse_config
 from gpuguard.notify import Event, emit, flush
 
 needs_am = pytest.mark.skipif(not BINARY or not AMTOOL, reason="prometheus-alertmanager / amtool missing: make deps")
 XID79 = "gpuguard: XID79 gpu.xid: GPU has fallen off the bus on 0000:86:00 [prolog reboot]"
-
-
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -11,21 +11,12 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from test_notify_servers import WebhookServer
-
 from gpuguard.config.schema import parse_config
 from gpuguard.notify import Event, dedupe_key, emit, flush, gpu_identities, render, target_url
 
 apprise = pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
-
-
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
 
 
 def make_cfg(tmp_path, **notify):

@@ -22,8 +22,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_notify_servers import WebhookServer
-
 from gpuguard.config.schema import parse_config
 from gpuguard.util.log import HookLog
 from gpuguard.notify import Event, Untrusted, emit, flush, open_trusted_dir, user_state_path
@@ -41,13 +39,6 @@ def as_attacker(code: str) -> None:
                         sys.executable, "-I", "-c", textwrap.dedent(code)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-
-
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
 
 
 @pytest.fixture

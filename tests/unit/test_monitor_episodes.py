@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_notify_servers import WebhookServer
+from notify_servers import WebhookServer
 
 from gpuguard.config.schema import parse_config
 from gpuguard.monitor.actions import claim_hang, hang_claim_path, release_hang
@@ -22,13 +22,6 @@ pytest.importorskip("apprise", reason="apprise not installed (pip install appris
 
 LINE = (" [2026-03-02 10:00:00] iteration {it:8d}/    1000 | consumed samples: {cs:12d} | elapsed time per "
         "iteration (ms): 850.0 | learning rate: 1.000000E-04 | global batch size:   256 | lm loss: 3.0E+00 |\n")
-
-
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
 
 
 class Job:
