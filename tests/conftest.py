@@ -61,11 +61,13 @@ _SHARED_KEY = pytest.StashKey[dict]()
 
 
 # ----------------------------------------------------------------------------------------- scheduling
-# `make test` runs `pytest -n N --dist loadgroup`: a worker takes one unit at a time, in collection order. A unit is
-# a whole module (its module-scoped cluster or PostgreSQL server is built once), except a test marked `slow` that
-# shares no module-scoped fixture: it is a unit of its own, so the long end-to-end tests run side by side. Units go
-# out longest first (a marked test counts its seconds, any other integration test 3 s, a unit test 0.2 s), so no
-# worker is left with a long test once the others are done.
+# `make test` runs `pytest -n N --dist loadfile --no-loadscope-reorder`: a worker takes one whole module at a time
+# (its module-scoped cluster or PostgreSQL server is built once), in collection order. The modules go out longest
+# first: a test marked `slow(seconds)` counts its seconds, any other integration test 3 s, a unit test 0.2 s. So the
+# long end-to-end modules start at once, side by side, and the many short unit modules fill in at the end, leaving
+# no worker alone with a long one. (xdist's own order puts the modules with the most tests first: the few-test
+# torchrun modules came last and one worker ran 930 s while the other ran 600.) A test longer than any module
+# around it gets a module of its own.
 _DEFAULT_S = {"integration": 3.0, "unit": 0.2}
 
 
@@ -76,26 +78,9 @@ def _expected_s(item: pytest.Item) -> float:
     return _DEFAULT_S["integration" if "integration" in item.path.parts else "unit"]
 
 
-def _unit(item: pytest.Item) -> str:
-    module = item.nodeid.split("::")[0]
-    if item.get_closest_marker("slow") is None:
-        return module
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
-        if any(d.scope in ("module", "package") for d in defs):
-            return module  # its module's fixture is built once, on one worker
-    return item.nodeid
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    units: dict[str, list[pytest.Item]] = {}
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    modules: dict[str, list[pytest.Item]] = {}
     for item in items:
-        units.setdefault(_unit(item), []).append(item)
-    ordered = sorted(units.items(), key=lambda unit: -sum(_expected_s(i) for i in unit[1]))  # stable: ties keep order
-    items[:] = [item for _name, members in ordered for item in members]
-    if not getattr(config.option, "loadgroup", False):
-        return
-    for name, members in ordered:
-        for item in members:
-            item.add_marker(pytest.mark.xdist_group(name))
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ordered = sorted(modules.values(), key=lambda tests: -sum(_expected_s(t) for t in tests))  # stable
+    items[:] = [item for tests in ordered for item in tests]

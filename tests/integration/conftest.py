@@ -78,5 +78,3 @@ def db(pg: DevPostgres, request: pytest.FixtureRequest) -> str:
 
     return new_db(pg, "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower())
 
-
-JOB = "#!/bin/sh\nsrun -l hostname\n"

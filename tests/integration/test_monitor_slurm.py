@@ -9,9 +9,10 @@ import re
 
 import pytest
 import yaml
-from conftest import JOB
 
 from gpuguard.simulate.scenario import materialize
+
+JOB = "#!/bin/sh\nsrun -l hostname\n"  # one step: every node of the job prints its name
 
 
 @pytest.mark.slow(12)

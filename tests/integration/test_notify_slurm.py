@@ -17,6 +17,7 @@ import pytest
 from alertmanager_server import BINARY, Alertmanager, routed_config
 from notify_servers import WebhookServer
 
+from devtools.devcluster import missing_requirements
 from devtools.devsite import DevSite
 
 pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
@@ -32,8 +33,6 @@ def hook():
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, hook):
-    from conftest import missing_requirements
-
     if missing_requirements():
         pytest.skip("cannot boot a local Slurm cluster")
     s = DevSite(workdir=tmp_path_factory.mktemp("notify-site"), nodes=3)

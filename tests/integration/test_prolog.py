@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import JOB
 
 from gpuguard.slurm.reason import parse_reason
+
+JOB = "#!/bin/sh\nsrun -l hostname\n"  # one step: every node of the job prints its name
 
 
 def node_reason(site, node):

@@ -5,14 +5,12 @@ can run it beside the other torchrun tests."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import pytest
-from torchjob import Job
+from torchjob import NEEDS_TORCH, Job
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                reason="CPU PyTorch not installed (pip install torch==2.13.0): torchrun e2e tests")
+pytestmark = NEEDS_TORCH
 
 
 @pytest.mark.slow(50)  # three attempts
