@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from pghelpers import ROOT, SCENARIOS, gg, healthcheck, q, sessions, write_cfg
+from pghelpers import ROOT, SCENARIOS, gg, gpuguard_env, healthcheck, q, sessions, write_cfg
 
 from gpuguard.model import Finding, Severity
 from gpuguard.store.sqlite import Store
@@ -264,7 +264,8 @@ def test_health_checks_ship_through_pgbouncer_in_transaction_mode(pg, db, tmp_pa
 
 def healthcheck_with_env(cfg, node, env):
     p = subprocess.run([sys.executable, "-m", "gpuguard", "healthcheck", "--config", str(cfg)], capture_output=True,
-                       text=True, timeout=60, env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin", **env})
+                       text=True, timeout=60,
+                       env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin", **gpuguard_env(), **env})
     return p.returncode, p.stderr
 
 
