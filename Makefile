@@ -74,9 +74,11 @@ fakenvml: $(FAKENVML)
 demo: deps venv fakenvml
 	@$(PY) -m devtools.demo $(DEMO_ARGS)
 
-# Two workers, whole files per worker (a module's Slurm cluster or PostgreSQL server stays in one process): the
-# integration tests mostly wait on daemons, so this halves the wall time on CI's 2 cores.
-PYTEST_PAR ?= -n 2 --dist loadfile
+# Whole files per worker (a module's Slurm cluster or PostgreSQL server stays in one process), longest first
+# (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). Four workers on CI's 2 cores: the
+# end-to-end tests spend most of their time waiting (Slurm's requeue delay, time limits, checkpoints), so the
+# long ones run side by side while the others fill the gaps.
+PYTEST_PAR ?= -n 4 --dist loadfile --no-loadscope-reorder
 
 test: deps venv torch fakenvml
 	@$(PY) -m pytest -q $(PYTEST_PAR) tests

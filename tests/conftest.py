@@ -1,5 +1,6 @@
-"""Every test gets its own gpuguard state and runtime directories (the last good config, the verdict journals):
-runs never share them through /var/lib/gpuguard or /run/gpuguard, in-process or in a subprocess they start."""
+"""Shared by both suites: every test gets its own gpuguard state and runtime directories (the last good config, the
+verdict journals), so runs never share them through /var/lib/gpuguard or /run/gpuguard, in-process or in a subprocess
+they start; and the order in which pytest-xdist hands the tests out (the longest first)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,29 @@ def _no_writes_to_node_wide_dirs() -> Any:
         pytest.fail("this test wrote gpuguard's node-wide directories (a subprocess lost the test's private "
                     f"GPUGUARD_STATE_DIR/GPUGUARD_RUNTIME_DIR, or a config without store.path): {', '.join(touched)}",
                     pytrace=False)
+
+
+# ----------------------------------------------------------------------------------------- scheduling
+# `make test` runs `pytest -n N --dist loadfile --no-loadscope-reorder`: a worker takes one whole module at a time
+# (its module-scoped cluster or PostgreSQL server is built once), in collection order. The modules go out longest
+# first: a test marked `slow(seconds)` counts its seconds, any other integration test 3 s, a unit test 0.2 s. So the
+# long end-to-end modules start at once, side by side, and the many short unit modules fill in at the end, leaving
+# no worker alone with a long one. (xdist's own order puts the modules with the most tests first: the few-test
+# torchrun modules came last and one worker ran 930 s while the other ran 600.) A test longer than any module
+# around it gets a module of its own.
+_DEFAULT_S = {"integration": 3.0, "unit": 0.2}
+
+
+def _expected_s(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("slow")
+    if mark is not None:
+        return float(mark.args[0])
+    return _DEFAULT_S["integration" if "integration" in item.path.parts else "unit"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ordered = sorted(modules.values(), key=lambda tests: -sum(_expected_s(t) for t in tests))  # stable
+    items[:] = [item for tests in ordered for item in tests]

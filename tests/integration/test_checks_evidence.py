@@ -10,10 +10,11 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import JOB
 from nodeview import drained, findings, hc, reason
 
 from gpuguard.slurm.reason import parse_reason
+
+JOB = "#!/bin/sh\nsrun -l hostname\n"  # one step: every node of the job prints its name
 
 
 # --------------------------------------------------------------------------- item 5: unknown is never clear

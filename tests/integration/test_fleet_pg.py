@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from pgfixtures import SCENARIOS, db, gg, healthcheck, pg, q, write_cfg  # noqa: F401 - fixtures
+from pghelpers import SCENARIOS, gg, healthcheck, new_db, q, write_cfg
 
 from gpuguard.model import Action, Finding, Severity
 from gpuguard.store.sqlite import Store
@@ -217,9 +217,11 @@ def fleet_stores(state):
                                 action="replace", run_id=None, ts=t(4.6, i))
 
 
-@pytest.fixture
-def shipped(db, tmp_path):
-    cfg = write_cfg(tmp_path, db)
+@pytest.fixture(scope="module")
+def shipped(pg, tmp_path_factory):
+    """Three nodes' stores shipped to a fresh database once for the module: the tests below only read them."""
+    tmp_path = tmp_path_factory.mktemp("shipped")
+    cfg = write_cfg(tmp_path, new_db(pg, "t_shipped"))
     fleet_stores(tmp_path / "state")
     p = gg(cfg, "fleet", "ship")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -414,8 +416,6 @@ def test_repeats_are_one_row_and_healthy_runs_day_counts_with_the_local_answers(
 
 
 def test_shipping_is_idempotent_across_batches_restarts_and_racing_shippers(pg, db, tmp_path):
-    from pgfixtures import new_db
-
     path = str(tmp_path / "n7.db")
     events = list(drained_node_timeline(1))
     half = next(i for i, e in enumerate(events) if e[0] >= t(1) + 18 * 3600)
@@ -530,8 +530,6 @@ def ship_as_version_1(path, url):
 
 
 def test_upgrade_from_schema_version_1_keeps_every_record(pg, db, tmp_path):
-    from pgfixtures import new_db
-
     cfg = write_cfg(tmp_path, db)
     fleet_stores(tmp_path / "state")
     with Store(str(tmp_path / "state" / "n7.db")) as st:

@@ -19,8 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from pgfixtures import (ROOT, SCENARIOS, db, gg, gpuguard_env, healthcheck, pg, q, sessions,  # noqa: F401 - fixtures
-                        write_cfg)
+from pghelpers import ROOT, SCENARIOS, gg, gpuguard_env, q, sessions, write_cfg
 
 from gpuguard.model import Finding, Severity
 from gpuguard.store.sqlite import Store

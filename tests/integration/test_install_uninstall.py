@@ -20,6 +20,7 @@ def _make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "MAKEFLAGS": ""})
 
 
+@pytest.mark.slow(50)  # a venv and pip install
 def test_uninstall_removes_the_install_and_keeps_config_and_history_unless_purged(tmp_path):
     prefix, confdir, statedir = tmp_path / "usr", tmp_path / "etc" / "gpuguard", tmp_path / "var" / "gpuguard"
     where = [f"PREFIX={prefix}", f"CONFDIR={confdir}", f"STATEDIR={statedir}"]

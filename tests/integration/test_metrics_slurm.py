@@ -4,17 +4,14 @@ state agrees with what Slurm shows an admin."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from test_metrics import collect_dir, promtool_check_metrics, read_metrics, value, wait_for  # the unit helpers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_metrics import collect_dir, promtool_check_metrics, read_metrics, value, wait_for  # noqa: E402 - the unit helpers
-
-from devtools.devsite import DevSite  # noqa: E402
-from gpuguard.slurm.reason import parse_reason  # noqa: E402
+from devtools.devsite import DevSite
+from gpuguard.slurm.reason import parse_reason
 
 JOB = "#!/bin/sh\nsrun -l hostname\n"
 

@@ -6,27 +6,16 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import JOB
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_notify_servers import WebhookServer  # noqa: E402 - the real local webhook server of the unit tests
-
 from gpuguard.simulate.scenario import materialize
 
-
-@pytest.fixture
-def hook():
-    s = WebhookServer()
-    yield s
-    s.close()
+JOB = "#!/bin/sh\nsrun -l hostname\n"  # one step: every node of the job prints its name
 
 
+@pytest.mark.slow(12)
 def test_status_and_history_after_a_real_drain(site_factory):
     site = site_factory(nodes=3)
     site.set_scenario("node2", "xid79")

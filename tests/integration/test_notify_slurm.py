@@ -11,23 +11,21 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from alertmanager_server import BINARY, Alertmanager, routed_config
+from notify_servers import WebhookServer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from alertmanager_server import BINARY, Alertmanager, routed_config  # noqa: E402 - a real Alertmanager
-from test_notify_servers import WebhookServer  # noqa: E402 - the real local webhook server of the unit tests
-
-from devtools.devsite import DevSite  # noqa: E402
+from devtools.devcluster import missing_requirements
+from devtools.devsite import DevSite
 
 pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
 
 
 @pytest.fixture(scope="module")
 def hook():
+    """One webhook server for the module's one cluster (the conftest's is per test)."""
     s = WebhookServer()
     yield s
     s.close()
@@ -35,8 +33,6 @@ def hook():
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, hook):
-    from conftest import missing_requirements
-
     if missing_requirements():
         pytest.skip("cannot boot a local Slurm cluster")
     s = DevSite(workdir=tmp_path_factory.mktemp("notify-site"), nodes=3)

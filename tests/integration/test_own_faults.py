@@ -63,6 +63,7 @@ def read_only(path: Path) -> Iterator[Path]:
 # --------------------------------------------------------------------------- 1. controller unreachable or slow
 
 
+@pytest.mark.slow(10)
 @pytest.mark.parametrize("fault", ["stopped", "hung"])
 def test_a_drain_the_controller_could_not_take_is_applied_once_it_is_back(site_factory, fault):
     """A fresh Xid 119 (only in the kernel log) while slurmctld is stopped / SIGSTOPped: the health check cannot
@@ -123,6 +124,7 @@ BROKEN_CONFIGS = {
 }
 
 
+@pytest.mark.slow(13)
 def test_a_broken_config_keeps_protecting_and_says_so(site_factory):
     """The config broken three ways (and deleted) on a 3-node cluster with one Xid-79 node: the bad node is still
     drained, the healthy ones keep running jobs, and `gpuguard status` says the config is broken and where."""
@@ -187,6 +189,7 @@ def test_a_read_only_store_does_not_re_drain_after_an_admin_resume(site_factory,
 # --------------------------------------------------------------------------- 5. a hung NVML in the health check
 
 
+@pytest.mark.slow(15)
 def test_a_hung_nvml_drains_within_the_health_checks_own_deadline(site_factory):
     site = site_factory(nodes=1)
     site.set_scenario("node1", "nvml-hang")
@@ -254,6 +257,7 @@ def _health_check_round(site: DevSite) -> None:
         list(pool.map(lambda n: hook(site, "healthcheck", n), site.cluster.node_names))
 
 
+@pytest.mark.slow(12)
 def test_a_check_failing_on_every_node_at_once_pages_instead_of_draining_the_partition(site_factory, tmp_path):
     """A threshold no node meets (a config choice, applied to every node at once): 12 nodes run their health
     checks at the same instant. The storm guard lets the first `policy.storm_min_nodes` drain and pages a human

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 
-from conftest import JOB
+import pytest
 
 from gpuguard.slurm.reason import parse_reason
+
+JOB = "#!/bin/sh\nsrun -l hostname\n"  # one step: every node of the job prints its name
 
 
 def node_reason(site, node):
@@ -31,6 +33,7 @@ def test_healthy_job_runs_and_nothing_is_drained(site_factory):
         assert checks["gpu.count"] == checks["gpu.nvlink"] == checks["fabric.efa"] == checks["gpu.xid"] == "ok"
 
 
+@pytest.mark.slow(9)
 def test_faulty_node_is_drained_and_job_lands_on_healthy_nodes(site_factory):
     site = site_factory(nodes=3)
     site.set_scenario("node2", "xid79")
@@ -49,6 +52,7 @@ def test_faulty_node_is_drained_and_job_lands_on_healthy_nodes(site_factory):
     print(f"faulty node drained, job requeued and completed in {time.monotonic() - t0:.1f}s")
 
 
+@pytest.mark.slow(10)
 def test_ecc_and_missing_efa_reasons(site_factory):
     site = site_factory(nodes=3)
     site.set_scenario("node1", "ecc-dbe")
@@ -78,6 +82,7 @@ def test_admin_drained_node_is_never_touched(site_factory):
     assert d["outcome"] == "foreign" and d["detail"].startswith("drained by someone else")
 
 
+@pytest.mark.slow(12)
 def test_hung_nvml_still_ends_the_prolog_in_its_deadline(site_factory):
     site = site_factory(nodes=3, config={"deadlines": {"nvml_s": 2, "prolog_s": 8}})
     site.set_scenario("node2", "nvml-hang")
@@ -93,6 +98,7 @@ def test_hung_nvml_still_ends_the_prolog_in_its_deadline(site_factory):
     assert site.store("node2").drains("node2")[0]["outcome"] == "done"
 
 
+@pytest.mark.slow(9)
 def test_hung_scontrol_still_ends_the_prolog(site_factory, tmp_path):
     hung = tmp_path / "scontrol"
     hung.write_text("#!/bin/sh\nsleep 600\n")

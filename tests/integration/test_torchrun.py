@@ -13,17 +13,16 @@ stock Debian node are in test_torchrun_debian.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
 
 import pytest
-from torchjob import Job, configure, newest_torchrun
+from torchjob import NEEDS_TORCH, Job, configure
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                reason="CPU PyTorch not installed (pip install torch==2.13.0): torchrun e2e tests")
+pytestmark = NEEDS_TORCH
 
+@pytest.mark.slow(35)  # two attempts, each starting torch on two nodes
 def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint(site_factory):
     site = site_factory(nodes=3)
     t0 = time.monotonic()
@@ -48,6 +47,7 @@ def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint(site_factory
     print(f"fail -> requeue -> resume -> finish: {time.monotonic() - t0:.1f}s")
 
 
+@pytest.mark.slow(18)
 def test_a_worker_exit_code_in_the_no_retry_list_is_not_retried(site_factory):
     """Issue 10: torchrun exits 1 whatever its worker's code, so no_retry_exit_codes never matched. The worker's
     own code (3, from torchrun's root-cause report) is recorded and matched."""
@@ -66,6 +66,7 @@ def test_a_worker_exit_code_in_the_no_retry_list_is_not_retried(site_factory):
     assert "rank 1" in rec["detail"] and "exited with code 3" in rec["detail"]
 
 
+@pytest.mark.slow(30)  # two jobs
 def test_private_scratch_per_node_and_the_epilog_removes_it(site_factory):
     """Issue 9: TRITON_CACHE_DIR under a predictable /tmp/gpuguard-<jobid> could be pre-created by another user.
     Each node creates it privately (0700, the job user's) or, when the name is taken, a fresh mktemp directory;
@@ -101,6 +102,7 @@ def test_private_scratch_per_node_and_the_epilog_removes_it(site_factory):
     assert any("job scratch: removed" in line for line in site.log_lines(f"job {job2.id}"))
 
 
+@pytest.mark.slow(12)
 def test_syntax_error_is_not_retried(site_factory, tmp_path):
     site = site_factory(nodes=2)
     broken = site.cluster.jobs_dir / "broken_train.py"
@@ -111,53 +113,3 @@ def test_syntax_error_is_not_retried(site_factory, tmp_path):
     ledger = job.ledger()
     assert [(r["reason"], r["action"]) for r in ledger] == [("no_retry", "gave_up")], ledger
     assert "SyntaxError" in ledger[0]["detail"]
-
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
-
-
-def _torchrun_standalone(args, tmp_path, name):
-    import subprocess
-
-    log = open(tmp_path / f"{name}.log", "w")
-    return subprocess.Popen([newest_torchrun(), "--standalone", "--nproc-per-node=2", "--tee=3", str(EXAMPLE), *args],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: "}), \
-        tmp_path / f"{name}.log"
-
-
-def test_the_example_training_script_follows_the_contract(tmp_path):
-    """examples/train.py: SIGTERM to every process (what scancel --signal=TERM does) stops all ranks at the same
-    step with one complete checkpoint (marker last); a resume continues from it; a bad configuration exits with
-    the code meant for no_retry_exit_codes, which gpuguard reads from torchrun's report."""
-    import signal
-    import subprocess
-
-    from gpuguard.templates.torchrun_report import parse_torchrun_failures
-    from gpuguard.templates.checkpoint import find_checkpoint
-
-    ckpt = tmp_path / "ckpt"
-    proc, log = _torchrun_standalone(["--ckpt-dir", str(ckpt), "--steps", "100000", "--step-time", "0.05",
-                                      "--checkpoint-every", "100000"], tmp_path, "run1")
-    deadline = time.monotonic() + 120
-    while log.read_text().count("training steps") < 2 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    time.sleep(1.0)
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=120)
-    out = log.read_text()
-    stops = sorted({line.split("stopping at step ")[1].split()[0] for line in out.splitlines()
-                    if "stopping at step " in line})
-    assert len(stops) == 1 and out.count("stopping at step") == 2, out[-3000:]  # both ranks, the same step
-    found = find_checkpoint(str(ckpt), "glob", "step-*", "COMPLETE")
-    assert found and found.step == int(stops[0]) and not list(ckpt.glob(".tmp-*"))
-    # resume: continues after the stop step and finishes
-    proc, log = _torchrun_standalone(["--ckpt-dir", str(ckpt), "--steps", str(found.step + 3), "--resume",
-                                      str(found.path)], tmp_path, "run2")
-    assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
-    out = log.read_text()
-    assert f"resumed at step {found.step}" in out and f"finished {found.step + 3} steps" in out
-    # a configuration error: its own exit code, recovered from torchrun's report (torchrun itself exits 1)
-    p = subprocess.run([newest_torchrun(), "--standalone", "--nproc-per-node=1", str(EXAMPLE), "--ckpt-dir", str(ckpt),
-                        "--lr", "-1"], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 1 and [w.exit_code for w in parse_torchrun_failures(p.stdout + p.stderr)] == [2]

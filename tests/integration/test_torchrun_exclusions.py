@@ -5,16 +5,15 @@ can run it beside the other torchrun tests."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import pytest
-from torchjob import Job
+from torchjob import NEEDS_TORCH, Job
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                reason="CPU PyTorch not installed (pip install torch==2.13.0): torchrun e2e tests")
+pytestmark = NEEDS_TORCH
 
 
+@pytest.mark.slow(50)  # three attempts
 def test_failed_node_is_excluded_on_requeue(site_factory):
     site = site_factory(nodes=3)
     job = Job(site, steps=12, step_time=0.5, max_requeues=2)
@@ -51,6 +50,7 @@ def test_failed_node_is_excluded_on_requeue(site_factory):
     assert (rows[0]["reason"], rows[0]["excluded"]) == ("node_failure", "node2")
 
 
+@pytest.mark.slow(35)  # two attempts
 def test_a_job_that_needs_every_node_is_not_excluded_from_its_own_partition(site_factory):
     """Issue 16: a 2-node job on a 2-node partition loses node2 (gpuguard's health check drains it). Excluding node2
     left the job pending forever (BadConstraints), even after node2 was repaired. Now node2 is not excluded (it is

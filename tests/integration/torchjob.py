@@ -1,9 +1,11 @@
 """Helpers of the torchrun end-to-end tests (test_torchrun*.py): a rendered torchrun job on a DevSite, with what it
-leaves behind, and the oldest supported PyTorch in a venv of its own."""
+leaves behind; a site laid out like stock Debian nodes and the checkpoint across a time limit that
+test_torchrun_debian.py and test_torchrun_oldest.py both drive; the oldest supported PyTorch in a venv of its own."""
 
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import os
 import sqlite3
@@ -12,10 +14,20 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from devtools.devcluster import free_tcp_ports
+from devtools.devhost import DebianHostView, missing_host_view_requirements
 from gpuguard.templates import render_template
 
 TRAIN = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "tiny_train.py"
+
+NEEDS_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="CPU PyTorch not installed (make torch): torchrun e2e tests")
+NEEDS_HOST_VIEW = pytest.mark.skipif(bool(missing_host_view_requirements()) or os.geteuid() != 0,
+                                     reason="a Debian-like host view needs root, unshare, nsenter and ip: "
+                                            + "; ".join(missing_host_view_requirements()))
+
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -113,6 +125,35 @@ class Job:
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}\n--- output ---\n{self.output()[-4000:]}\n"
                              f"--- ledger ---\n{self.ledger()}\n--- job ---\n{self.info()}")
+
+
+def debian_site(site_factory, **kw):
+    """A DevSite whose nodes look like stock Debian nodes (devtools.devhost.DebianHostView)."""
+    return site_factory(host_view=DebianHostView(), **kw)
+
+
+def checkpoint_across_the_time_limit(site, job):
+    """The checkpoint asked 100 s before the time limit (USR1 up to 30 s earlier still: Slurm's timer runs every
+    30 s), then rank 0 needs 45 s to write it; attempt 2 resumes and finishes. Returns (job info, output, ledger)."""
+    (job.control / "finish-after-resume").touch()  # attempt 2 finishes soon after resuming
+    job.wait_for(lambda: len(job.ledger()) >= 1, "attempt 1 to checkpoint and be requeued", timeout=240)
+    # attempt 2 only has to resume and finish: give it room so that its own time-limit warning cannot come first
+    assert job.site.cluster.run(["scontrol", "update", f"JobId={job.id}", "TimeLimit=20"]).returncode == 0
+    info = job.wait(timeout=240)
+    out = job.output()
+    ledger = job.ledger()
+    assert [(r["attempt"], r["reason"], r["action"], r["event"], r["budget"]) for r in ledger] == [
+        (1, "time_limit", "requeued", "timelimit", "continuation"), (2, "completed", "finished", "none", None)], \
+        job.why(info)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job.why(info)
+    saved = int(out.split("writing a slow checkpoint of step ")[1].split(" ")[0])
+    assert (job.ckpt / f"step-{saved:06d}" / "COMPLETE").exists(), job.why(info)  # the 45 s checkpoint completed
+    assert ledger[0]["ckpt_step"] == saved and ledger[1]["resumed_from"].endswith(f"step-{saved:06d}")
+    assert f"resumed from step {saved}" in out and "SIGTERM: checkpointed step" in out
+    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=90" in job.script.read_text()
+    assert "SignalException" not in out  # a planned stop is not reported as torchrun's traceback
+    assert [r["signal"] for r in job.store_attempts()] == [10, None]
+    return info, out, ledger
 
 
 # The oldest PyTorch the templates support (docs/templates.md): Python 3.11 wheels start at 2.0; 2.1 is the oldest

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_notify_servers import WebhookServer
+from notify_servers import WebhookServer
 
 from gpuguard.config.schema import parse_config
 from gpuguard.monitor.loop import Monitor

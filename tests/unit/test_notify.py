@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 
-from test_notify_servers import SmtpServer
+from notify_servers import SmtpServer
 
 from gpuguard.config.schema import parse_config
 from gpuguard.notify import Event, compress_hostlist, emit, flush, render

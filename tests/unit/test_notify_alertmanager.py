@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from alertmanager_server import AMTOOL, BINARY, EXAMPLE, Alertmanager, HungServer, free_port, routed_config
-from test_notify_servers import WebhookServer
+from notify_servers import WebhookServer
 
 from gpuguard.config.schema import parse_config
 from gpuguard.notify import Event, emit, flush

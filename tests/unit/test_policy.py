@@ -49,7 +49,7 @@ def test_incomplete_warns_then_escalates():
 
 def test_unsupported_incompletes_never_escalate_to_a_drain():
     """NOT_SUPPORTED from the driver or GPU is the same on every node of a platform: escalating it would drain the
-    fleet. It stays a warning however often it repeats (and never counts as clear: see test_reset_undrain)."""
+    fleet. It stays a warning however often it repeats (and never counts as clear: see test_undrain.py)."""
     inc = [F("gpu.nvlink", Severity.INCOMPLETE, "NVLINK", msg="NVLink state not readable (NOT_SUPPORTED)",
              unsupported=True)]
     assert decide(inc, "healthcheck", incomplete_history={"gpu.nvlink": 50}).outcome == "warn"

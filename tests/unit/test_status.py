@@ -125,7 +125,7 @@ def test_a_missing_or_broken_store_is_reported_not_created(tmp_path):
 
 def test_undelivered_notifications_from_a_real_spool(tmp_path):
     pytest.importorskip("apprise")
-    from test_notify_servers import WebhookServer
+    from notify_servers import WebhookServer
 
     from gpuguard.config.schema import parse_config
     from gpuguard.notify import Event, emit

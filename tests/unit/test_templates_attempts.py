@@ -531,7 +531,7 @@ def test_receivers_are_told_when_the_job_gives_up_after_a_hang(fake, tmp_path):
     import time as _t
 
     import yaml
-    from test_notify_servers import WebhookServer
+    from notify_servers import WebhookServer
 
     from gpuguard.config.schema import parse_config
     from gpuguard.templates.jobattempt import notify_outcome

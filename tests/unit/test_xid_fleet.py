@@ -66,7 +66,7 @@ def test_watch_unknown_code_is_not_fatal():
 
 def test_unknown_xid_alerts_a_human_without_draining(tmp_path):
     """Warn *and* alert: a real local webhook receives one message naming the code, and nothing is drained."""
-    from test_notify_servers import WebhookServer
+    from notify_servers import WebhookServer
 
     hook = WebhookServer()
     scen = write_scenario(tmp_path, "s", {"kernel_log": [f"NVRM: Xid (PCI:{PCI}): 199, pid=1, name=x, new code"]})

@@ -1,6 +1,6 @@
 """Real local servers the notification tests deliver to: an HTTP server (generic JSON webhooks and Slack-style
-`{"text": ...}` webhooks) and a small SMTP server on asyncio. Both listen on 127.0.0.1 on a free port.
-(Helpers only; imported by test_notify.py and test_monitor.py.)"""
+`{"text": ...}` webhooks) and a small SMTP server on asyncio. Both listen on 127.0.0.1 on a free port. The unit and
+integration conftests serve them as the `hook` and `smtp` fixtures; some tests start more."""
 
 from __future__ import annotations
 

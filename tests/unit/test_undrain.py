@@ -1,14 +1,17 @@
-"""Reset-class drains are lifted only with evidence of a reset (issue 9): passing health checks after an Xid 119
-prove nothing (the kernel-log cursor simply moved past it); a driver reload, a reboot or the driver's recovery
-action back to NONE do."""
+"""The health check lifts only the drains it owns, and only with evidence that the fault was dealt with. Reset-class
+drains (issue 9): passing health checks after an Xid 119 prove nothing (the kernel-log cursor simply moved past it);
+a driver reload, a reboot or the driver's recovery action back to NONE do. Reboot-class drains wait for a new boot,
+and a fault that comes back after every reboot escalates to `replace`. Whole health-check runs on a simulated node
+with the in-memory Slurm (what the hook does on a real node: tests/integration/test_healthcheck.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from simnode import run_sim
+import yaml
+from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg, run_sim, write_scenario
 
-from simnode import MemorySlurm, ctx, make_cfg, write_scenario
+from gpuguard.slurm.reason import parse_reason
 
 XID119 = "NVRM: Xid (PCI:0000:75:00): 119, pid=2718, name=python3, Timeout after 6s of waiting for RPC response from GPU2 GSP! Expected function 76 (GSP_RM_CONTROL) (0x2080014b 0x5)."
 
@@ -110,3 +113,43 @@ def test_the_undrain_message_names_the_check_that_drained_the_node(tmp_path):
     (event,) = [e for e in run_events(done[0]) if e.kind == "undrain"]
     assert event.check_id == "gpu.xid"
     assert "check:    gpu.xid" in render(event)[1]
+
+
+def _hc_example(tmp_path: Path, slurm: MemorySlurm, example: str, cfg=None, **changes):
+    """A health check on the node as an example scenario describes it, top-level keys replaced (boot_id: a reboot)."""
+    body = {**yaml.safe_load((SCENARIOS / f"{example}.yaml").read_text()), **changes}
+    scen = write_scenario(tmp_path, "node", body)
+    return run_sim(ctx("healthcheck"), cfg or make_cfg(tmp_path), simulate=scen, slurm_client=slurm)
+
+
+def test_ecc_dbe_drains_with_reset(tmp_path):
+    slurm = MemorySlurm()
+    _hc_example(tmp_path, slurm, "ecc-dbe")
+    r = parse_reason(slurm.reason)
+    assert r.action == "reset" and (r.check_id, r.keyword) in {("gpu.xid", "XID48"), ("gpu.ecc", "ECC")}
+
+
+def test_reboot_class_fault_waits_for_a_reboot(tmp_path):
+    slurm = MemorySlurm()
+    _hc_example(tmp_path, slurm, "xid79")
+    assert parse_reason(slurm.reason).action == "reboot"
+    for _ in range(3):  # GPU back (say, reseated live) but the node never rebooted
+        passed = _hc_example(tmp_path, slurm, "healthy-p5")
+    assert slurm.reason and passed.verdict.outcome == "pass"
+    for _ in range(2):  # rebooted: two passing runs (undrain.passes) on the new boot
+        _hc_example(tmp_path, slurm, "healthy-p5", boot_id="6f1e2d3c-0000-4000-8000-00000000b002")
+    assert slurm.reason is None and slurm.calls[-1] == ("undrain", None)
+
+
+def test_fault_that_survives_reboots_escalates_to_replace(tmp_path):
+    slurm = MemorySlurm()
+    cfg = make_cfg(tmp_path, undrain={"passes": 1})
+    for boot in range(1, 4):
+        _hc_example(tmp_path, slurm, "xid79", cfg, boot_id=f"00000000-0000-4000-8000-0000000000a{boot}")
+        r = parse_reason(slurm.reason)
+        assert r.keyword == "XID79"
+        if boot < 3:
+            assert r.action == "reboot"
+            _hc_example(tmp_path, slurm, "healthy-p5", cfg, boot_id=f"00000000-0000-4000-8000-0000000000b{boot}")
+            assert slurm.reason is None
+    assert r.action == "replace" and "back after 2 reboots" in slurm.reason

@@ -1,6 +1,6 @@
-"""Shared by the central-history tests (test_fleet_pg.py, test_fleet_pg_scale.py): a real PostgreSQL server booted
-once per test module (Debian's postgresql in a temp dir, devtools.devpg), a fresh database per test, and the
-ways an admin drives gpuguard (the CLI, the health check as slurmd runs it)."""
+"""Shared by the central-history tests (test_fleet_pg.py, test_fleet_pg_scale.py): the ways an admin drives gpuguard
+(the CLI, the health check as slurmd runs it) and what the tests read back. The PostgreSQL server (booted once per
+test module) and the fresh database per test are the `pg` and `db` fixtures of conftest.py."""
 
 from __future__ import annotations
 
@@ -11,39 +11,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-from devtools.devpg import DevPostgres, missing_requirements
+from devtools.devpg import DevPostgres
 from gpuguard.simulate.build import build_fake_nvml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "examples" / "scenarios"
-
-
-@pytest.fixture(scope="module")
-def pg():
-    missing = missing_requirements()
-    if missing:
-        pytest.skip("cannot boot PostgreSQL: " + "; ".join(missing))
-    server = DevPostgres(settings={"log_connections": "on"}).start()
-    try:
-        yield server
-    finally:
-        server.destroy()
-
-
-@pytest.fixture
-def db(pg, request):
-    """A fresh database owned by the gpuguard role; its URL carries the password."""
-    import psycopg
-    from psycopg import sql
-
-    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower()
-    with psycopg.connect(pg.admin_url, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        c.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(pg.user)))
-    return f"postgresql://{pg.user}:{pg.password}@127.0.0.1:{pg.port}/{name}"
 
 
 def q(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:

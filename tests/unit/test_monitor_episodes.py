@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_notify_servers import WebhookServer
+from notify_servers import WebhookServer
 
 from gpuguard.config.schema import parse_config
 from gpuguard.monitor.actions import claim_hang, hang_claim_path, release_hang
