@@ -154,7 +154,8 @@ def _check_agent_served(site: DevSite, hook_pids: list[int]) -> None:
 
 def _started_at(cluster: DevCluster, job: str) -> float:
     """When slurmctld allocated the job and started it (its log, millisecond timestamps, local time)."""
-    pattern = re.compile(r"^\[(\S+)\] .*_start_job: Started JobId=%s " % re.escape(job))
+    # backfill says "_start_job: Started JobId=N", the main scheduler (a job placed at submit) "sched: Allocate JobId=N"
+    pattern = re.compile(r"^\[(\S+)\] .*(?:_start_job: Started|sched: Allocate) JobId=%s " % re.escape(job))
     for line in cluster.logs()["slurmctld"].read_text().splitlines():
         m = pattern.match(line)
         if m:
