@@ -254,6 +254,9 @@ def test_health_checks_ship_through_pgbouncer_in_transaction_mode(pg, db, tmp_pa
             assert rc == 0
         # five health checks, five client connections to the pooler; at most the pool's size to PostgreSQL
         assert _server_sessions(pg, dbname) - direct_before <= 2, bouncer.log()
+        deadline = time.monotonic() + 10  # pgbouncer writes its log line after answering: let the last one land
+        while bouncer.log().count("login attempt") < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert bouncer.log().count("login attempt") == 5 and bouncer.log().count("new connection to server") <= 2
         assert "central history not updated" not in (tmp_path / "gpuguard.log").read_text()
         assert q(db, "SELECT SUM(runs) FROM gpuguard.run_days") == [(4,)]
