@@ -71,6 +71,17 @@ def test_nvml_timeout_drains_with_timeout_keyword():
     assert f.severity is Severity.FAIL and f.keyword == "TIMEOUT"
 
 
+def test_nvml_that_could_not_be_read_is_never_ok():
+    """Seen on a machine whose interpreter lacked nvidia-ml-py: gpu.nvml said "NVML answers (driver None, None
+    GPUs)". A probe that stopped before it counted the GPUs, or part-way through, is unknown, not clear."""
+    for status, count in ((ProbeStatus(complete=False, error="nvidia-ml-py (pynvml) is not installed"), None),
+                          (ProbeStatus(complete=False, error="nvmlDeviceGetCount: UNKNOWN"), None),
+                          (ProbeStatus(complete=False, error="TypeError: boom"), 8)):
+        f = run("gpu.nvml", Observations(nvml=NvmlObservation(status=status, device_count=count)))
+        assert [x.severity for x in f] == [Severity.INCOMPLETE], status
+        assert status.error in f[0].message and "answers" not in f[0].message
+
+
 def test_no_driver_on_cpu_profile_is_skipped():
     obs = Observations(nvml=NvmlObservation(status=ProbeStatus(complete=False), init_error="LIBRARY_NOT_FOUND"))
     assert run("gpu.nvml", obs, profile=load_profile("generic"))[0].severity is Severity.SKIP
@@ -243,6 +254,33 @@ def test_real_h100_readings_are_judged_clear():
     for cid in ("gpu.ecc", "gpu.row_remap", "gpu.recovery_action", "gpu.retired_pages", "gpu.temperature",
                 "gpu.throttle", "gpu.fabric", "gpu.model", "gpu.memory"):
         assert sev(run(cid, obs, job_gpus=tuple(range(8)))) <= {Severity.OK, Severity.SKIP}, cid
+
+
+def test_real_h200_readings_are_judged_as_on_the_machine():
+    """A real H200 (driver 580, tests/fixtures/nvml/h200_*): against the p5e profile cut to its one GPU, every check
+    is clear except NVLink, whose 18 link states NVML answers NOT_SUPPORTED there: unknown, said as such, never
+    clear and never a drain. Its 2 lifetime uncorrectable ECC errors with nothing volatile and no remapped, pending
+    or failed rows are history, not a reason to drain."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+                       / "h200_gpuguard_observation.json").read_text())["observation"]
+    fields = set(GpuInfo.__dataclass_fields__)
+    gpu = GpuInfo(**{k: v for k, v in data["gpus"][0].items() if k in fields and k != "processes"})
+    assert (gpu.ecc_aggregate_uncorrected, gpu.ecc_volatile_uncorrected, gpu.remapped_rows_uncorrectable) == (2, 0, 0)
+    obs = Observations(nvml=NvmlObservation(status=ProbeStatus(), driver_version=data["driver_version"],
+                                            device_count=1, gpus=[gpu]))
+    profile = replace(load_profile("p5e.48xlarge"), gpu_count=1, efa_devices=0)
+    for cid in [*ALL_NVML_CHECKS, "gpu.fabric", "gpu.retired_pages"]:
+        found = run(cid, obs, profile=profile, job_gpus=(0,))
+        if cid == "gpu.nvlink":
+            assert [(f.severity, f.evidence.get("unsupported")) for f in found] == [(Severity.INCOMPLETE, True)]
+            assert "NOT_SUPPORTED" in found[0].message
+        else:
+            assert sev(found) <= {Severity.OK, Severity.SKIP}, (cid, found)
+    ecc = run("gpu.ecc", obs, profile=profile, job_gpus=(0,))[0]
+    assert ecc.message == "ECC enabled, no uncorrectable errors since boot (GPU 0: 2 over its lifetime)"
 
 
 def test_temperature_limits_are_the_gpus_own():

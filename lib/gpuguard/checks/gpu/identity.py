@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, mismatch, nvml_gpus, nvml_unavailable, ok, skip,
-                                   spec_of, warn)
+from gpuguard.checks._util import (NO_DRIVER, fail, gpu_label, incomplete, mismatch, nvml_gpus, nvml_unavailable, ok,
+                                   skip, spec_of, warn)
 from gpuguard.checks.spec import CheckInput
 from gpuguard.model import Action, Finding, GpuInfo, Observations
 
@@ -36,6 +36,12 @@ def check_nvml(obs: Observations, inp: CheckInput) -> list[Finding]:
         return [fail(s, f"NVML init failed: {nvml.init_error}",
                      _INIT_REMEDIATION.get(nvml.init_error, "check `nvidia-smi` and the kernel log; reboot"),
                      Action.REBOOT)]
+    if nvml.device_count is None or (nvml.status.error and not nvml.status.timed_out):
+        # NVML started but the probe could not finish (gpuguard's binding missing, nvmlDeviceGetCount refused, a
+        # probe bug): nothing says the GPUs are fine, and nothing says they are broken
+        return [incomplete(s, f"NVML could not be read: {nvml.status.error or 'no device count'}",
+                           remediation="see the error; a missing nvidia-ml-py is gpuguard's install, not the node",
+                           error=nvml.status.error)]
     findings: list[Finding] = []
     for g in nvml.gpus:
         if g.fatal_error in _FATAL_ACTIONS:

@@ -58,7 +58,14 @@ def check_ecc(obs: Observations, inp: CheckInput) -> list[Finding]:
         judged = judged or g.ecc_enabled is not None or g.ecc_volatile_uncorrected is not None or bool(unread)
     if not judged:
         return [skip(s, "ECC not supported by these GPUs")]
-    return findings or [ok(s, "ECC enabled, no uncorrectable errors")]
+    if findings:
+        return findings
+    # lifetime counts stay after the bad rows were remapped: history, said so that it matches nvidia-smi -q
+    lifetime = {g.index: g.ecc_aggregate_uncorrected for g in nv.gpus if g.ecc_aggregate_uncorrected}
+    history = (f" ({', '.join(f'GPU {i}: {n}' for i, n in sorted(lifetime.items()))} over its lifetime)"
+               if lifetime else "")
+    return [ok(s, f"ECC enabled, no uncorrectable errors since boot{history}",
+               aggregate_uncorrected=lifetime)]
 
 
 _RETIRED_FIELDS = (("retired_pages_pending", "retired_pages_pending"), ("retired_pages_sbe", "retired_pages_sbe"),
