@@ -139,3 +139,39 @@ def test_check_report_times_are_utc_iso(tmp_path):
     assert re.search(r" at 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ - profile ", p.stdout.splitlines()[0]), p.stdout
     doc = json.loads(gg("check", "--simulate", scenario, "--dry-run", "--json", "--config", str(cfg)).stdout)
     assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ", doc["started"])
+
+
+def test_a_config_named_before_the_command_is_the_one_used(tmp_path):
+    """`gpuguard --config F CMD` was silently `gpuguard CMD` with the built-in defaults for every command but the
+    hooks (argparse let the command's own `--config`, None, overwrite F; the hooks refused the order outright):
+    an admin's `gpuguard --config site.yaml check` judged the node against the generic profile. Found on a real
+    H200 (bench/real_gpu.py): the site profile never applied."""
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text(f"node: {{profile: p5.48xlarge}}\nstore: {{path: {tmp_path}/s.db, runtime_dir: {tmp_path}/run}}\n"
+                   f"simulation: {{workdir: {tmp_path}/sim}}\nlogging: {{syslog: false}}\n")
+    for argv in (["--config", str(cfg), "config"], ["config", "--config", str(cfg)], [f"--config={cfg}", "config"]):
+        p = gg(*argv)
+        assert p.returncode == 0 and p.stdout.startswith(f"# {cfg}: valid"), (argv, p.stdout[:200], p.stderr)
+        assert '"profile": "p5.48xlarge"' in p.stdout, argv
+    check = gg("--config", str(cfg), "check", "--dry-run", "--json", "--context", "healthcheck")
+    assert json.loads(check.stdout)["profile"] == "p5.48xlarge", check.stderr
+    # the lean `xid scan` path and the hooks take it too: a broken file is refused by name, in either order
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("xid:\n  overrides: {79: sometimes}\n")
+    for argv in (["--config", str(bad), "xid", "scan", "--file", str(FIX / "dmesg.txt")],
+                 ["xid", "scan", "--file", str(FIX / "dmesg.txt"), "--config", str(bad)]):
+        p = gg(*argv)
+        assert p.returncode == 2 and str(bad) in p.stderr and "79" in p.stderr, (argv, p.stderr)
+    scen = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "healthy-p5.yaml"
+    hook = gg("--config", str(cfg), "healthcheck", "--simulate", str(scen))
+    assert hook.returncode == 0, hook.stderr
+    assert (tmp_path / "s.db").exists()  # the hook's run went to F's store, not /var/lib/gpuguard's
+
+
+def test_hoist_config():
+    from gpuguard.util.cliargs import hoist_config
+
+    assert hoist_config(["--config", "F", "prolog"]) == (["--config", "F"], ["prolog"])
+    assert hoist_config(["--config=F", "xid", "scan"]) == (["--config", "F"], ["xid", "scan"])
+    assert hoist_config(["prolog", "--config", "F"]) == ([], ["prolog", "--config", "F"])
+    assert hoist_config(["--config"]) == ([], ["--config"])  # argparse says what is missing

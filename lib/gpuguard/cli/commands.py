@@ -7,12 +7,13 @@ import argparse
 import os
 import sys
 from typing import Any
+from gpuguard.util.cliargs import add_config_option
 
 COMMANDS = ("check", "xid", "profiles", "config", "undrain", "slurm-conf", "simulate")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
+    add_config_option(p)
 
 
 def add_parser(sub: Any) -> None:

@@ -27,6 +27,7 @@ from gpuguard.fleet.query import Filters, build_filters, parse_time
 from gpuguard.store.history import KINDS, HistorySource, public_fields
 from gpuguard.store.history_sqlite import Requeues, SqliteHistory, attempt_store_paths, store_paths
 from gpuguard.util.timefmt import iso_utc
+from gpuguard.util.cliargs import add_config_option
 
 __all__ = ["attempt_store_paths", "store_paths", "parse_since", "write_history", "add_arguments", "cmd_history"]
 
@@ -172,7 +173,7 @@ def _raw_text_line(kind: str, r: dict[str, Any]) -> str:
 
 def add_arguments(p: Any, default_since: str = "24h") -> None:
     """The filters and formats `gpuguard history` and `gpuguard fleet history` share."""
-    p.add_argument("--config", help="config file")
+    add_config_option(p)
     p.add_argument("--node", help="only these nodes: a Slurm hostlist, e.g. node[1-4,7]")
     p.add_argument("--since", default=default_since,
                    help=f"from: 30m, 24h, 7d, or an ISO 8601 time (UTC unless it says; default {default_since})")

@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from gpuguard.util.cliargs import add_config_option, hoist_config
+
 HOOK_KINDS = ("prolog", "epilog", "healthcheck")
 
 # Every command lives with its feature: the module named here exposes `add_parser(subparsers) -> None` and
@@ -32,10 +34,6 @@ FEATURE_COMMANDS: dict[str, str] = {
 }
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
-
-
 def build_parser(only_feature: Optional[str] = None) -> argparse.ArgumentParser:
     """The full parser. `only_feature`: import just that feature module (the command being run), so a
     broken or missing optional module cannot take every other command down with it."""
@@ -43,14 +41,14 @@ def build_parser(only_feature: Optional[str] = None) -> argparse.ArgumentParser:
 
     ap = argparse.ArgumentParser(prog="gpuguard", description="Keep GPU training clusters healthy under Slurm.")
     ap.add_argument("-V", "--version", action="version", version=f"gpuguard {__version__}")
-    _add_common(ap)
+    add_config_option(ap, top_level=True)
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
     for kind, helptext in (("prolog", "slurmd Prolog= entry point: pre-flight the job's GPUs, drain on failure"),
                            ("epilog", "slurmd Epilog= entry point: check the node after the job"),
                            ("healthcheck", "slurmd HealthCheckProgram= entry point: scan all GPUs")):
         p = sub.add_parser(kind, help=helptext)
-        _add_common(p)
+        add_config_option(p)
         p.add_argument("--simulate", metavar="SCENARIO", help="run against a simulated node")
 
     import importlib
@@ -72,7 +70,7 @@ def build_hook_parser(kind: str) -> argparse.ArgumentParser:
     themselves parse them by hand (gpuguard.cli.hooks.parse_hook_args)."""
     p = argparse.ArgumentParser(prog=f"gpuguard {kind}")
     p.add_argument("kind", choices=HOOK_KINDS)
-    _add_common(p)
+    add_config_option(p, top_level=True)
     p.add_argument("--simulate", metavar="SCENARIO", help="run against a simulated node")
     return p
 
@@ -84,16 +82,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         print(f"gpuguard {__version__}")
         return 0
+    lead, rest = hoist_config(argv)  # `--config FILE` before the command: the command's own, if it names none
     # The hooks have their own entry (gpuguard.cli.hooks, what the hook scripts run): no argparse, nothing else
-    if argv and argv[0] in HOOK_KINDS:
+    if rest and rest[0] in HOOK_KINDS:
         from gpuguard.cli import hooks
 
-        return hooks.main(argv)
-    if argv[:2] == ["xid", "scan"]:  # lean path: a 1 GiB log scans in grep's time only without the full CLI
+        return hooks.main([rest[0], *lead, *rest[1:]])
+    if rest[:2] == ["xid", "scan"]:  # lean path: a 1 GiB log scans in grep's time only without the full CLI
         from gpuguard.kernellog import scancli
 
-        return scancli.main(argv[2:])
-    cmd = next((a for a in argv if not a.startswith("-")), None)
+        return scancli.main([*lead, *rest[2:]])
+    cmd = next((a for a in rest if not a.startswith("-")), None)
     args = build_parser(FEATURE_COMMANDS.get(cmd or "")).parse_args(argv)
     if args.cmd not in FEATURE_COMMANDS:
         build_parser().print_help()

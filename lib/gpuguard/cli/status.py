@@ -43,6 +43,7 @@ from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
 from gpuguard.slurm.parse import node_state_from_fields, parse_node_lines, slurm_time
 from gpuguard.slurm.reason import is_ours, parse_reason
 from gpuguard.store.sqlite import Store
+from gpuguard.util.cliargs import add_config_option
 
 
 def drained_nodes(scontrol_output: str) -> list[dict[str, Any]]:
@@ -219,7 +220,7 @@ def cmd_status(args: Any) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("status", help="nodes drained by gpuguard, grouped by fault: hostlists, drained for, last "
                                       "health check, undelivered notifications")
-    p.add_argument("--config", help="config file")
+    add_config_option(p)
     p.add_argument("--all", action="store_true", help="also list nodes drained or down by someone else")
     p.add_argument("--details", action="store_true", help="every drained node, not only the summary (shown "
                    "without asking for up to 20 nodes)")

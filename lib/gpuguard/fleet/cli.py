@@ -24,6 +24,7 @@ from gpuguard.fleet.ship import ConnectionKeeper, ship_path
 from gpuguard.fleet.url import redact_url
 from gpuguard.store.history_sqlite import SqliteHistory, store_paths
 from gpuguard.util.timefmt import iso_utc
+from gpuguard.util.cliargs import add_config_option
 
 
 def add_parser(sub: Any) -> None:
@@ -32,17 +33,17 @@ def add_parser(sub: Any) -> None:
     fs = p.add_subparsers(dest="fleet_cmd", metavar="SUBCOMMAND")
 
     s = fs.add_parser("init-db", help="create or upgrade the gpuguard schema in store.url's database (as its owner)")
-    s.add_argument("--config", help="config file")
+    add_config_option(s)
     s.add_argument("--timeout-s", type=float, default=3600.0,
                    help="longest an upgrade may take (it copies every row of an older schema; default 3600)")
 
     s = fs.add_parser("prune", help="retention: drop months older than store.fleet_retention_days, create the "
                                     "months ahead (as the database owner; e.g. a daily timer on one host)")
-    s.add_argument("--config", help="config file")
+    add_config_option(s)
     s.add_argument("--json", action="store_true")
 
     s = fs.add_parser("ship", help="send what the local store(s) recorded to store.url (for a systemd timer)")
-    s.add_argument("--config", help="config file")
+    add_config_option(s)
     s.add_argument("--node", help="only these nodes' stores (a hostlist; when store.path has {node})")
     s.add_argument("--budget-s", type=float, default=120.0, help="stop after this long (default 120)")
     s.add_argument("--json", action="store_true")
@@ -52,7 +53,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--local", action="store_true", help="read the local SQLite store(s) even when store.url is set")
 
     s = fs.add_parser("report", help="drains per check per week, MTBF, flapping nodes, time drained per node")
-    s.add_argument("--config", help="config file")
+    add_config_option(s)
     s.add_argument("--node", help="only these nodes: a Slurm hostlist")
     s.add_argument("--since", default="28d", help="window start: 7d, 4w, or an ISO 8601 time (default 28d)")
     s.add_argument("--until", help="window end (default now)")

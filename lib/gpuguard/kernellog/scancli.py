@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str]) -> int:
     """`argv` after `xid scan`."""
     p = argparse.ArgumentParser(prog="gpuguard xid scan", description=scanargs.HELP)
-    scanargs.add_arguments(p)
+    scanargs.add_arguments(p, top_level=True)
     args = p.parse_args(list(argv))
     try:
         return run(args)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+from gpuguard.util.cliargs import add_config_option
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("monitor", help="per-node job sidecar: GPU/node sampling, stragglers, hangs")
-    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
+    add_config_option(p)
     p.add_argument("--job-dir", required=True, help="the job's shared directory (same path on every node)")
     p.add_argument("--interval", type=float, help="seconds between samples (default monitor.interval_s, 10)")
     p.add_argument("--node", help="node name (default $SLURMD_NODENAME or the host name)")

@@ -17,8 +17,9 @@ import os
 import sys
 from typing import Any, Optional
 
-from gpuguard.nccl.cli_common import (add_config_option, add_sweep_options, history_path, largest_size, load_cfg,
+from gpuguard.nccl.cli_common import (add_sweep_options, history_path, largest_size, load_cfg,
                                       nodes_from, parse_size_arg, profile_of, read_input, runner_from, say)
+from gpuguard.util.cliargs import add_config_option
 from gpuguard.config.yamlutil import NestingError
 from gpuguard.nccl import baseline, history
 from gpuguard.nccl.fleet import format_report, run_fleet_sweep

@@ -14,10 +14,6 @@ from gpuguard.nccl.table import parse_size
 from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
 
 
-def add_config_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
-
-
 def parse_size_arg(text: str) -> int:
     try:
         return parse_size(text)

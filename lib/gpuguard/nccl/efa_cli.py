@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-from gpuguard.nccl.cli_common import add_config_option, read_input
+from gpuguard.nccl.cli_common import read_input
+from gpuguard.util.cliargs import add_config_option
 from gpuguard.probes.fabric import parse_fi_info
 
 

@@ -23,12 +23,13 @@ from gpuguard.templates.config import TemplatesConfig
 from gpuguard.templates.presets import list_presets, resolve_preset
 from gpuguard.templates.render import Renderer, TemplateError
 from gpuguard.util.fs import atomic_write
+from gpuguard.util.cliargs import add_config_option
 
 COMMANDS = ("render", "templates", "lint", "job-attempt")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
+    add_config_option(p)
 
 
 def add_parser(sub: Any) -> None:
@@ -332,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     """`python -m gpuguard.templates.cli ...`: these commands without the rest of the CLI."""
     ap = argparse.ArgumentParser(prog="gpuguard")
+    add_config_option(ap, top_level=True)
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     add_parser(sub)
     args = ap.parse_args(argv)

@@ -30,6 +30,7 @@ from typing import Any, Optional
 from gpuguard.config.schema import Config, ConfigError, load_config
 from gpuguard.context import context_from_env
 from gpuguard.watch.loop import WatchDaemon
+from gpuguard.util.cliargs import add_config_option
 
 
 def add_parser(subparsers: Any) -> None:
@@ -37,8 +38,8 @@ def add_parser(subparsers: Any) -> None:
     _add_arguments(p)
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="config file (default $GPUGUARD_CONFIG or /etc/gpuguard/config.yaml)")
+def _add_arguments(p: argparse.ArgumentParser, top_level: bool = False) -> None:
+    add_config_option(p, top_level=top_level)
     p.add_argument("--node", help="Slurm node name (default: node.name, $SLURMD_NODENAME, the short hostname)")
     p.add_argument("--source", help="kernel log to follow: auto | kmsg[:PATH] | journal[:JOURNALCTL] | file:PATH "
                    "(default: watch.source, else sources.kernel_log)")
@@ -72,7 +73,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """`python -m gpuguard.watch.daemon`: what the systemd unit runs. Same as `gpuguard watch`, without building the full
     command line (so no other feature module, broken or slow to import, can keep the node's guard from starting)."""
     ap = argparse.ArgumentParser(prog="gpuguard watch", description=__doc__.splitlines()[0] if __doc__ else None)
-    _add_arguments(ap)
+    _add_arguments(ap, top_level=True)
     args = ap.parse_args(argv)
     try:
         return run(args)
