@@ -49,10 +49,12 @@ def test_a_request_round_trips_with_a_hostile_environment():
     assert (back.kind, back.args, back.nice, back.oom_score_adj, back.started) == \
         ("prolog", ["prolog", "--config", "/etc/gg.yaml"], -5, -1000, 12.5)
     assert back.rlimits == {8: (65536, 65536), 7: (1024, 524288), 4: (0, -1)}
+    assert _decode(wire.encode_request(_request(streams="utf-8:surrogateescape|utf-8:backslashreplace"))).streams \
+        == "utf-8:surrogateescape|utf-8:backslashreplace"
 
 
 @pytest.mark.parametrize("mangle", [
-    lambda d: d.replace(b"gpuguard-hook/1", b"gpuguard-hook/9", 1),  # another protocol
+    lambda d: d.replace(wire.MAGIC, b"gpuguard-hook/9", 1),  # another protocol
     lambda d: d[:-1],  # truncated
     lambda d: d.replace(b"\nprolog\0", b"\nrm -rf\0", 1),  # not a hook kind
 ])
@@ -79,7 +81,24 @@ def test_the_agent_refuses_requests_its_code_would_not_run_alike():
     assert mismatch(_request()) is None
     assert mismatch(_request(executable="/usr/bin/python3.9")) == "another Python"
     assert mismatch(_request(package="/opt/other/gpuguard")) == "another gpuguard installation"
-    assert mismatch(_request(runtime="3.11|latin-1|...")) == "another interpreter setup"
+    assert mismatch(_request(runtime="3.11|latin-1|...")).startswith("another interpreter setup (the hook's '3.11|")
+
+
+def test_the_child_encodes_its_streams_as_the_hook_process_would():
+    """Seen on a real H200 machine (bench/real_gpu.py): the agent, started with a locale, refused hooks started with
+    slurmd's bare environment ("another interpreter setup": stdout's errors strict there, surrogateescape here), so
+    every prolog paid for the agent's refusal and then its own start-up. How the hook's stdout and stderr encode
+    text is no reason to refuse: the child takes the settings over."""
+    assert mismatch(_request(streams="utf-8:strict|utf-8:strict")) is None
+    code = ("import sys; from gpuguard.agent.server import adopt_streams; adopt_streams(sys.argv[1]); "
+            "print(sys.stdout.encoding, sys.stdout.errors, sys.stderr.encoding, sys.stderr.errors)")
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "lib"), "LC_ALL": "C.UTF-8"}
+    p = subprocess.run([sys.executable, "-c", code, "latin-1:surrogateescape|ascii:replace"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert p.stdout.split() == ["latin-1", "surrogateescape", "ascii", "replace"], p.stderr
+    p = subprocess.run([sys.executable, "-c", code, "no-such-codec:strict|utf-8:strict"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert "LookupError" in p.stderr  # serve_request refuses: the hook runs in its own process
 
 
 def test_the_code_stamp_changes_when_a_loaded_file_changes(tmp_path: Path):

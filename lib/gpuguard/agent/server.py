@@ -281,7 +281,7 @@ def mismatch(req: wire.HookRequest) -> Optional[str]:
     if os.path.realpath(req.package) != os.path.realpath(mine):
         return "another gpuguard installation"
     if req.runtime != wire.runtime_signature():
-        return "another interpreter setup"
+        return f"another interpreter setup (the hook's {req.runtime!r}, the agent's {wire.runtime_signature()!r})"
     return None
 
 
@@ -317,6 +317,28 @@ def adopt(req: wire.HookRequest, fds: list[int]) -> None:
     for fd in fds:
         if fd > 2:
             os.close(fd)
+    adopt_streams(req.streams)
+
+
+def adopt_streams(settings: str) -> None:
+    """Encode stdout and stderr as the hook process would have (`wire.stream_settings()` there), buffered as it
+    would be on the file descriptors now in place. LookupError: an encoding or error handler this Python lacks."""
+    import codecs
+
+    parts = settings.split("|") if settings else []
+    for fd, stream, setting in zip((1, 2), (sys.stdout, sys.stderr), parts + [""] * (2 - len(parts))):
+        if stream is None:
+            continue
+        encoding, _, errors = setting.partition(":")
+        if encoding:
+            codecs.lookup(encoding)
+        if errors:
+            codecs.lookup_error(errors)
+        try:
+            tty = os.isatty(fd)
+        except OSError:
+            tty = False
+        stream.reconfigure(encoding=encoding or None, errors=errors or None, line_buffering=tty)
 
 
 def serve_request(conn: socket.socket) -> int:
@@ -331,9 +353,11 @@ def serve_request(conn: socket.socket) -> int:
     if why is None:
         try:
             adopt(req, fds)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, LookupError) as e:
             why = f"cannot take over the hook's process settings: {e}"
     if why is not None:
+        # the hook runs in its own process instead, at full cost: said where the admin looks for the agent
+        _log(f"refused a {req.kind}: {why} (it runs in its own process)")
         _send(conn, f"refused {why}\n".encode(errors="replace"))
         return 2
     if not _send(conn, f"ready {os.getpid()}\n".encode()):

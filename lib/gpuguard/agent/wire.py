@@ -3,8 +3,8 @@
 The agent's child for a connection says `hello <pid>`; only then does the client send its one request (with its
 stdin/stdout/stderr attached, SCM_RIGHTS):
 
-    b"gpuguard-hook/1 <length>\\n" + <length> bytes of NUL-terminated fields:
-    kind, cwd, umask, nice, oom_score_adj, rlimits, started, executable, package, runtime, fds, len(args),
+    b"gpuguard-hook/2 <length>\\n" + <length> bytes of NUL-terminated fields:
+    kind, cwd, umask, nice, oom_score_adj, rlimits, started, executable, package, runtime, streams, fds, len(args),
     args..., len(env), K=V...
 
 and the child answers with lines: `ready <pid>` (it holds the request and waits),
@@ -23,7 +23,7 @@ import sys
 import _socket
 
 
-MAGIC = b"gpuguard-hook/1"
+MAGIC = b"gpuguard-hook/2"
 MAX_REQUEST_BYTES = 1 << 20  # a prolog's environment is a few KiB; anything near this is refused, not truncated
 MAX_LINE_BYTES = 256
 HOOK_KINDS = ("prolog", "epilog", "healthcheck")
@@ -39,23 +39,32 @@ class HookRequest:
     """One hook run as the hook process would have run it."""
 
     __slots__ = ("kind", "args", "env", "cwd", "umask", "nice", "oom_score_adj", "rlimits", "started", "executable",
-                 "package", "runtime", "fds")
+                 "package", "runtime", "streams", "fds")
 
     def __init__(self, kind: str, args: list[str], env: dict[bytes, bytes], cwd: str, umask: int, nice: int,
                  oom_score_adj: int | None, rlimits: dict[int, tuple[int, int]], started: float, executable: str,
-                 package: str, runtime: str, fds: str) -> None:
+                 package: str, runtime: str, fds: str, streams: str = "") -> None:
         self.kind, self.args, self.env, self.cwd = kind, args, env, cwd
         self.umask, self.nice, self.oom_score_adj, self.started = umask, nice, oom_score_adj, started
         self.rlimits = rlimits  # resource number -> (soft, hard); the NCCL tier needs slurmd's RLIMIT_MEMLOCK
-        # which Python and which gpuguard sent it, and how that Python encodes text: the agent runs only requests
-        # its own code would have run the same way
+        # which Python and which gpuguard sent it: the agent runs only requests its own code would run the same way
         self.executable, self.package, self.runtime, self.fds = executable, package, runtime, fds
+        # how the hook process encodes its stdout and stderr (stream_settings): the child takes them over
+        self.streams = streams
 
 
 def runtime_signature() -> str:
-    """What about this interpreter changes how a hook behaves besides its code: version, text encodings, -I."""
-    streams = "|".join(f"{getattr(s, 'encoding', None)}:{getattr(s, 'errors', None)}" for s in (sys.stdout, sys.stderr))
-    return f"{sys.version}|{sys.getfilesystemencoding()}|{streams}|isolated={sys.flags.isolated}"
+    """What about this interpreter changes how a hook behaves besides its code: version, file name encoding, -I.
+    Not how stdout and stderr encode text: that follows the locale, which differs between slurmd's bare hook
+    environment (C: surrogateescape) and a service with LANG from /etc/locale.conf (en_US.UTF-8: strict), and would
+    have made the agent refuse every hook on such a node; the child takes the hook's settings over instead."""
+    return f"{sys.version}|{sys.getfilesystemencoding()}|isolated={sys.flags.isolated}"
+
+
+def stream_settings() -> str:
+    """`encoding:errors|encoding:errors` of this process's stdout and stderr."""
+    return "|".join(f"{getattr(s, 'encoding', None) or ''}:{getattr(s, 'errors', None) or ''}"
+                    for s in (sys.stdout, sys.stderr))
 
 
 def socket_path(directory: str) -> str:
@@ -67,7 +76,8 @@ def encode_request(req: HookRequest) -> bytes:
                                        "" if req.oom_score_adj is None else str(req.oom_score_adj),
                                        ",".join(f"{n}:{s}:{h}" for n, (s, h) in sorted(req.rlimits.items())),
                                        repr(req.started),
-                                       req.executable, req.package, req.runtime, req.fds, str(len(req.args)),
+                                       req.executable, req.package, req.runtime, req.streams, req.fds,
+                                       str(len(req.args)),
                                        *req.args,
                                        str(len(req.env)))]
     fields += [k + b"=" + v for k, v in req.env.items()]
@@ -96,18 +106,18 @@ def decode_request(body: bytes) -> HookRequest:
         raise WireError("truncated request")
     fields = body[:-1].split(b"\0")
     try:
-        head, rest = fields[:12], fields[12:]
-        kind, cwd, umask, nice, oom, limits, started, executable, package, runtime, fds, nargs = \
+        head, rest = fields[:13], fields[13:]
+        kind, cwd, umask, nice, oom, limits, started, executable, package, runtime, streams, fds, nargs = \
             (os.fsdecode(f) for f in head)
         args = [os.fsdecode(a) for a in rest[:int(nargs)]]
         rest = rest[int(nargs):]
         nenv = int(rest[0])
         pairs = rest[1:]
-        if len(head) != 12 or len(args) != int(nargs) or len(pairs) != nenv:
+        if len(head) != 13 or len(args) != int(nargs) or len(pairs) != nenv:
             raise WireError("field counts do not add up")
         env = dict(_split_env(p) for p in pairs)
         req = HookRequest(kind, args, env, cwd, int(umask), int(nice), int(oom) if oom else None,
-                          _rlimits(limits), float(started), executable, package, runtime, fds)
+                          _rlimits(limits), float(started), executable, package, runtime, fds, streams)
     except (ValueError, IndexError) as e:
         raise WireError(f"malformed request: {e}") from None
     if req.kind not in HOOK_KINDS:
