@@ -22,6 +22,9 @@ deps:
 	@# shellcheck: every rendered sbatch template is checked with it
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -q --no-install-recommends shellcheck >/dev/null; } || true
+	@# locales: the node agent's tests build en_US.UTF-8 with localedef (the locale a service gets from locale.conf)
+	@[ -f /usr/share/i18n/locales/en_US ] || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -q --no-install-recommends locales >/dev/null; } || true
 	@# PostgreSQL (the fleet history tests boot a real server in a temp dir) and promtool (Prometheus rules and
 	@# metrics are checked with it): Debian's packages, only when missing
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v promtool >/dev/null; then \

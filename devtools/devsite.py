@@ -48,11 +48,13 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def start_agent(python: str, state_dir: Path, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
-    """The node agent for hooks whose gpuguard.env names `state_dir`; returns once it listens."""
+def start_agent(python: str, state_dir: Path, timeout_s: float = 30.0,
+                env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
+    """The node agent for hooks whose gpuguard.env names `state_dir`; returns once it listens. `env`: its
+    environment (default this process's)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([python, "-I", "-m", "gpuguard.agent.server", "--state-dir", str(state_dir),
-                             "--exit-with-parent"], stdin=subprocess.DEVNULL, cwd="/")
+                             "--exit-with-parent"], stdin=subprocess.DEVNULL, cwd="/", env=env)
     until = time.monotonic() + timeout_s
     while not agent_listening(state_dir / "agent.sock"):  # a stale socket file may be there already
         if proc.poll() is not None or time.monotonic() > until:

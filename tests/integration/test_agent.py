@@ -117,6 +117,31 @@ def test_the_agent_gives_the_verdicts_the_hooks_own_process_gives(site_factory: 
     assert agent_pid != os.getpid()
 
 
+def test_an_agent_with_the_services_locale_serves_hooks_from_slurmds_bare_environment(tmp_path: Path):
+    """Seen on a real H200 machine (bench/real_gpu.py, LC_ALL=en_US.UTF-8): the agent's stdout encoded with errors
+    'strict', the hooks slurmd starts with no locale with 'surrogateescape', and the agent refused every hook as
+    'another interpreter setup': each prolog paid the round trip and then its own start-up. systemd gives the agent
+    unit LANG from /etc/locale.conf, so that is most nodes. The hook is served; its output is encoded as its own
+    process would have."""
+    loc = tmp_path / "locale"
+    loc.mkdir()
+    built = subprocess.run(["localedef", "-i", "en_US", "-f", "UTF-8", str(loc / "en_US.UTF-8")],
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode in (0, 1) and (loc / "en_US.UTF-8" / "LC_CTYPE").exists(), built.stderr  # `make deps`
+    site = DevSite(nodes=1, workdir=tmp_path / "site", agent=False)
+    env = {**os.environ, "LOCPATH": str(loc), "LC_ALL": "en_US.UTF-8"}
+    probe = subprocess.run([site.python, "-I", "-c", "import sys; print(sys.stdout.errors)"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert probe.stdout.strip() == "strict"  # the agent's locale really differs from the hook's
+    agent = start_agent(site.python, site.workdir / "state", env=env)
+    try:
+        hook = run(site, "prolog", **prolog_env("21"))
+        assert hook.code == 0 and "via=agent" in hook.err, hook.err
+        assert hook.client_pid not in hook.ran_in()
+    finally:
+        stop_agent(agent)
+
+
 def test_a_stopped_agent_costs_a_bounded_wait_and_never_a_second_run(quiet_site: DevSite):
     assert quiet_site.agent is not None
     first = run(quiet_site, "prolog", **prolog_env("100"))

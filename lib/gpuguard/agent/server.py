@@ -321,24 +321,30 @@ def adopt(req: wire.HookRequest, fds: list[int]) -> None:
 
 
 def adopt_streams(settings: str) -> None:
-    """Encode stdout and stderr as the hook process would have (`wire.stream_settings()` there), buffered as it
-    would be on the file descriptors now in place. LookupError: an encoding or error handler this Python lacks."""
+    """Encode stdout and stderr as the hook process would have (`wire.stream_settings()` there), on the file
+    descriptors now in place. LookupError: an encoding or error handler this Python lacks."""
     import codecs
+    import io
 
-    parts = settings.split("|") if settings else []
-    for fd, stream, setting in zip((1, 2), (sys.stdout, sys.stderr), parts + [""] * (2 - len(parts))):
-        if stream is None:
-            continue
+    parts = (settings.split("|") if settings else []) + ["", ""]
+    for fd, name, setting in ((1, "stdout", parts[0]), (2, "stderr", parts[1])):
+        stream = getattr(sys, name)
         encoding, _, errors = setting.partition(":")
         if encoding:
             codecs.lookup(encoding)
         if errors:
             codecs.lookup_error(errors)
+        if stream is None or (encoding or stream.encoding, errors or stream.errors) == (stream.encoding, stream.errors):
+            continue
+        stream.flush()
         try:
             tty = os.isatty(fd)
         except OSError:
             tty = False
-        stream.reconfigure(encoding=encoding or None, errors=errors or None, line_buffering=tty)
+        # a new wrapper rather than reconfigure(): changing the encoding of a pipe's wrapper fails (Illegal seek)
+        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
+                                            encoding=encoding or stream.encoding, errors=errors or stream.errors,
+                                            line_buffering=tty or name == "stderr", write_through=name == "stderr"))
 
 
 def serve_request(conn: socket.socket) -> int:
