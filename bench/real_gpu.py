@@ -88,11 +88,41 @@ def nvml_facts(out: Path) -> dict[str, Any]:
         pynvml.nvmlShutdown()
     say(f"    nvmlInit alone, 10 times in one process: median {statistics.median(inits) * 1000:.1f} ms, "
         f"max {max(inits) * 1000:.1f} ms")
+    say("    " + gpu_reads_at_once(pynvml, 8, 5))
     per_call = nvml_call_times(pynvml, read_nvml, 10)
     say("    where gpuguard's NVML probe spends its time (per probe, mean of 10; the slowest calls):")
     for name, (calls, ms) in sorted(per_call.items(), key=lambda kv: -kv[1][1])[:14]:
         say(f"      {name}: {calls:g} call(s), {ms:.2f} ms")
     return {"observation": data, "nvidia_smi": smi.stdout, "nvml_init_ms": [x * 1000 for x in inits]}
+
+
+def gpu_reads_at_once(nv: Any, n: int, reps: int) -> str:
+    """Whether the driver answers NVML queries for several GPUs at once: `n` full reads of GPU 0 one after the
+    other vs in `n` threads at once (the shape of an 8-GPU node's probe, on the one GPU there is)."""
+    import threading
+
+    from gpuguard.probes import nvml as probe
+
+    nv.nvmlInit()
+    try:
+        probe.read_gpu(nv, 0, None, True)  # warm
+        seq, par = [], []
+        for _ in range(reps):
+            t = time.perf_counter()
+            for _ in range(n):
+                probe.read_gpu(nv, 0, None, True)
+            seq.append(time.perf_counter() - t)
+            threads = [threading.Thread(target=probe.read_gpu, args=(nv, 0, None, True)) for _ in range(n)]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            par.append(time.perf_counter() - t)
+    finally:
+        nv.nvmlShutdown()
+    return (f"{n} reads of GPU 0: one after the other {statistics.median(seq) * 1000:.1f} ms, in {n} threads at once "
+            f"{statistics.median(par) * 1000:.1f} ms (medians of {reps})")
 
 
 def nvml_call_times(nv: Any, read: Any, runs: int) -> dict[str, tuple[float, float]]:

@@ -23,7 +23,8 @@ from gpuguard.probes.nvml_fields import decode_text, to_mib
 from gpuguard.probes.nvml_library import NvmlLibraryInUse, install_nvml_library, nvml_environment
 
 # The probe's public face (the monitor's sampler and the tests import these from here).
-__all__ = ["NvmlLibraryInUse", "install_nvml_library", "normalize_pci_bus_id", "nvml_error_name", "read_nvml"]
+__all__ = ["NvmlLibraryInUse", "install_nvml_library", "normalize_pci_bus_id", "nvml_error_name", "read_gpu",
+           "read_nvml"]
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -40,7 +41,8 @@ def normalize_pci_bus_id(bus_id: str) -> str:
         return text
 
 
-def _read_gpu(nv: Any, index: int, nvlinks: int | None, with_processes: bool) -> GpuInfo:
+def read_gpu(nv: Any, index: int, nvlinks: int | None, with_processes: bool) -> GpuInfo:
+    """Everything the probe reads of one GPU (NVML initialised by the caller)."""
     info = GpuInfo(index=index)
     q = GpuQueries(nv, info)
     try:
@@ -165,7 +167,7 @@ def _read_devices(
     wanted = range(obs.device_count) if gpu_indices is None else list(dict.fromkeys(gpu_indices))
     for index in wanted:
         if 0 <= index < obs.device_count:
-            obs.gpus.append(_read_gpu(nv, index, nvlinks, with_processes))
+            obs.gpus.append(read_gpu(nv, index, nvlinks, with_processes))
         else:
             # the job was given a GPU the driver does not see (fell off the bus, or a bad gres.conf)
             obs.gpus.append(GpuInfo(index=index, fatal_error="NOT_FOUND"))
