@@ -335,6 +335,22 @@ def kernel_log(out: Path, venv_python: str, cfg: Path) -> dict[str, Any]:
             f"lines {p.stderr.strip()[-200:]}; xid scan exit {scan.returncode}: {scan.stdout.strip()[-400:]}")
     res["kmsg_readable"] = os.access("/dev/kmsg", os.R_OK)
     say(f"    /dev/kmsg readable: {res['kmsg_readable']}")
+    # a user-space process (root here) writing an Xid-looking line to the real kernel log: never evidence
+    try:
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write("NVRM: Xid (PCI:0000:00:06): 79, pid=1, name=forged, GPU has fallen off the bus.\n")
+        forged = True
+    except OSError as e:
+        forged = False
+        say(f"    could not write to /dev/kmsg: {e}")
+    if forged:
+        p = sh([venv_python, "-I", "-m", "gpuguard", "--config", str(cfg), "check", "--context", "healthcheck",
+                "--dry-run", "--json"], timeout=120)
+        doc = json.loads(p.stdout or "{}")
+        xid = [f for f in doc.get("findings", []) if f.get("check_id") == "gpu.xid"]
+        res["forged"] = {"verdict": doc.get("verdict"), "xid": xid}
+        say(f"    after writing a forged Xid 79 line to /dev/kmsg: verdict {doc.get('verdict')}, gpu.xid "
+            f"{[(f.get('severity'), f.get('message')) for f in xid]}")
     return res
 
 

@@ -18,7 +18,8 @@ import pytest
 
 from gpuguard.agent import client, wire
 from gpuguard.agent.confinement import cgroup_v2_path, issues_from, parse_status
-from gpuguard.agent.server import code_stamp, mismatch
+from gpuguard.agent.adopt import mismatch
+from gpuguard.agent.server import code_stamp
 from gpuguard.cli.hooks import HookUsageError, parse_hook_args
 
 
@@ -90,7 +91,7 @@ def test_the_child_encodes_its_streams_as_the_hook_process_would():
     every prolog paid for the agent's refusal and then its own start-up. How the hook's stdout and stderr encode
     text is no reason to refuse: the child takes the settings over."""
     assert mismatch(_request(streams="utf-8:strict|utf-8:strict")) is None
-    code = ("import sys; from gpuguard.agent.server import adopt_streams; adopt_streams(sys.argv[1]); "
+    code = ("import sys; from gpuguard.agent.adopt import adopt_streams; adopt_streams(sys.argv[1]); "
             "print(sys.stdout.encoding, sys.stdout.errors, sys.stderr.encoding, sys.stderr.errors)")
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "lib"), "LC_ALL": "C.UTF-8"}
     p = subprocess.run([sys.executable, "-c", code, "latin-1:surrogateescape|ascii:replace"], capture_output=True,
