@@ -201,3 +201,28 @@ def test_a_stop_request_is_called_what_it_is(tmp_path, left, expect):
     p = subprocess.run(["bash", str(tmp_path / "usr1.sh")], capture_output=True, text=True, timeout=30,
                        env={"PATH": f"{stubs}:/usr/bin:/bin", "SLURM_JOB_ID": "5"})
     assert expect in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("has_option", [True, False])
+def test_the_stop_mode_is_read_from_torchs_source_without_starting_torchrun(tmp_path: Path, has_option: bool):
+    """`torchrun --help` imports torch: seconds on every node at every attempt (minutes of CPU in this suite). The
+    template reads torch/distributed/run.py of the torchrun's own interpreter instead (found without importing
+    torch), and asks --help only when it cannot tell."""
+    import venv
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    (site,) = (env_dir / "lib").glob("python*/site-packages")
+    (site / "torch" / "distributed").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("raise SystemExit('torch must not be imported to ask')\n")
+    option = '"--shutdown-timeout",' if has_option else '"--max-restarts",'
+    (site / "torch" / "distributed" / "run.py").write_text(f"parser.add_argument(\n    {option}\n)\n")
+    torchrun = env_dir / "bin" / "torchrun"
+    torchrun.write_text(f"#!{env_dir / 'bin' / 'python'}\nopen({str(tmp_path / 'started')!r}, 'w').close()\n")
+    torchrun.chmod(0o755)
+    text = render_template("torchrun.sbatch.j2", {"nodes": 2, "command": ["t.py"], "gpus_per_node": 0})
+    funcs = text[text.index("gpuguard_torchrun_lists() {"):text.index("gpuguard_node_stop() {")]
+    p = subprocess.run(["bash", "-c", funcs + f'\ngpuguard_stop_mode {torchrun} 2>/dev/null; echo "$GPUGUARD_STOP_MODE"'],
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == ("torchrun" if has_option else "workers"), p.stderr
+    assert not (tmp_path / "started").exists()  # torchrun was never started to ask
