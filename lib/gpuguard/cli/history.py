@@ -26,8 +26,8 @@ from gpuguard.config.schema import load_config
 from gpuguard.fleet.query import Filters, build_filters, parse_time
 from gpuguard.store.history import KINDS, HistorySource, public_fields
 from gpuguard.store.history_sqlite import Requeues, SqliteHistory, attempt_store_paths, store_paths
-from gpuguard.util.timefmt import iso_utc
 from gpuguard.util.cliargs import add_config_option
+from gpuguard.util.timefmt import iso_utc
 
 __all__ = ["attempt_store_paths", "store_paths", "parse_since", "write_history", "add_arguments", "cmd_history"]
 

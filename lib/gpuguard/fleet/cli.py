@@ -23,8 +23,8 @@ from gpuguard.fleet.schema import ensure_schema
 from gpuguard.fleet.ship import ConnectionKeeper, ship_path
 from gpuguard.fleet.url import redact_url
 from gpuguard.store.history_sqlite import SqliteHistory, store_paths
-from gpuguard.util.timefmt import iso_utc
 from gpuguard.util.cliargs import add_config_option
+from gpuguard.util.timefmt import iso_utc
 
 
 def add_parser(sub: Any) -> None:

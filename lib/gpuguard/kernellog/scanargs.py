@@ -4,6 +4,7 @@ not import the scanner."""
 from __future__ import annotations
 
 import argparse
+
 from gpuguard.util.cliargs import add_config_option
 
 HELP = "find Xid events in a kernel log file (dmesg, journalctl -k, syslog, kmsg) and the verdict on them"

@@ -10,11 +10,11 @@ from typing import Any, Optional
 
 from gpuguard.nccl.cli_common import (add_sweep_options, history_path, load_cfg, nodes_from,
                                       profile_of, read_input, runner_from)
-from gpuguard.util.cliargs import add_config_option
 from gpuguard.nccl import baseline, history
 from gpuguard.nccl.parse import parse_nccl
 from gpuguard.nccl.sweep import SweepError
 from gpuguard.slurm.hostlist import compress_hostlist
+from gpuguard.util.cliargs import add_config_option
 
 
 def add_parser(sub: Any) -> None:

@@ -19,7 +19,6 @@ from typing import Any, Optional
 
 from gpuguard.nccl.cli_common import (add_sweep_options, history_path, largest_size, load_cfg,
                                       nodes_from, parse_size_arg, profile_of, read_input, runner_from, say)
-from gpuguard.util.cliargs import add_config_option
 from gpuguard.config.yamlutil import NestingError
 from gpuguard.nccl import baseline, history
 from gpuguard.nccl.fleet import format_report, run_fleet_sweep
@@ -28,6 +27,7 @@ from gpuguard.nccl.probe import run_single_node_nccl, run_torch_probe
 from gpuguard.nccl.result import NcclParseError
 from gpuguard.nccl.sweep import SweepError, threshold_resolver
 from gpuguard.slurm.client import client_from_config
+from gpuguard.util.cliargs import add_config_option
 from gpuguard.util.timefmt import iso_utc
 
 

@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from gpuguard.nccl.cli_common import read_input
-from gpuguard.util.cliargs import add_config_option
 from gpuguard.probes.dcgm import SEVERITY_NAMES, DcgmParseError, parse_dcgm_diag
+from gpuguard.util.cliargs import add_config_option
 
 
 def add_parser(sub: Any) -> None:

@@ -22,8 +22,8 @@ from gpuguard.templates.lint import format_findings, lint
 from gpuguard.templates.config import TemplatesConfig
 from gpuguard.templates.presets import list_presets, resolve_preset
 from gpuguard.templates.render import Renderer, TemplateError
-from gpuguard.util.fs import atomic_write
 from gpuguard.util.cliargs import add_config_option
+from gpuguard.util.fs import atomic_write
 
 COMMANDS = ("render", "templates", "lint", "job-attempt")
 

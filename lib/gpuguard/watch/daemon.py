@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 from gpuguard.config.schema import Config, ConfigError, load_config
 from gpuguard.context import context_from_env
-from gpuguard.watch.loop import WatchDaemon
 from gpuguard.util.cliargs import add_config_option
+from gpuguard.watch.loop import WatchDaemon
 
 
 def add_parser(subparsers: Any) -> None:
