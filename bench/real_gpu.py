@@ -300,6 +300,39 @@ def _interleave(cmds: dict[str, list[str]], runs: int, base: dict[str, str]) -> 
     return times, codes
 
 
+def leftover_on_gpu(root: Path, libexec: Path) -> dict[str, Any]:
+    """A process of a finished job still holding GPU memory: the installed prolog of the next job and the epilog of
+    the finished one, run as slurmd runs them (the epilog terminates it: it is the job user's, root here)."""
+    say("[6] a process left on the GPU by a finished job: the next prolog, then the finished job's epilog")
+    holder = subprocess.Popen([sys.executable, "-c", "import torch, time; x = torch.empty(4 << 30, dtype=torch.uint8, "
+                               "device='cuda'); print('held', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    line = holder.stdout.readline() if holder.stdout else ""
+    say(f"    holder pid {holder.pid}: {line.strip()}")
+    node = os.uname().nodename.split(".")[0]
+    base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURMD_NODENAME": node, "SLURM_JOB_USER": "root",
+            "SLURM_JOB_UID": "0", "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}
+    log = root / "scontrol.log"
+    before = log.read_text() if log.exists() else ""
+    out: dict[str, Any] = {}
+    for kind, job in (("prolog", "5001"), ("epilog", "5000")):
+        t = time.perf_counter()
+        p = subprocess.run([str(libexec / f"gpuguard-{kind}")], env=dict(base, SLURM_JOB_ID=job), capture_output=True,
+                           text=True, timeout=120, cwd="/")
+        out[kind] = {"exit": p.returncode, "stderr": p.stderr[-1500:], "wall_s": time.perf_counter() - t}
+        say(f"    {kind} (job {job}): exit {p.returncode} in {out[kind]['wall_s']:.2f} s: {p.stderr.strip()[-700:]}")
+    time.sleep(0.5)
+    out["holder_alive"] = holder.poll() is None
+    say(f"    holder still running after the epilog: {out['holder_alive']} (exit {holder.poll()})")
+    after = log.read_text() if log.exists() else ""
+    out["scontrol"] = after[len(before):]
+    say(f"    scontrol calls: {out['scontrol'].strip() or 'none'}")
+    if holder.poll() is None:
+        holder.kill()
+    holder.wait(30)
+    return out
+
+
 def monitor_under_load(root: Path, venv_python: str, cfg: Path) -> dict[str, Any]:
     say("[4] the per-job monitor's sample while the GPU multiplies matrices")
     load = ("import torch,time\na=torch.randn(8192,8192,device='cuda',dtype=torch.bfloat16)\nt=time.time()\n"
@@ -499,6 +532,7 @@ def main() -> int:
     report["hooks"] = timed_hooks(root, libexec, venv_python, args.runs)
     report["scontrol_calls"] = (root / "scontrol.log").read_text() if (root / "scontrol.log").exists() else ""
     say(f"    scontrol calls by the hooks: {report['scontrol_calls'].strip()[-1500:] or 'none'}")
+    report["leftover"] = leftover_on_gpu(root, libexec)
     report["monitor"] = monitor_under_load(root, venv_python, cfgs["this-machine"])
     report["kernel_log"] = kernel_log(out, venv_python, cfgs["this-machine"])
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
