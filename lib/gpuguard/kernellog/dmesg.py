@@ -10,14 +10,13 @@ prints the whole ring buffer, so records up to the cursor are skipped by their t
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Any, Optional
 
-from gpuguard.kernellog.base import (DEFAULT_BOOT_ID_PATH, Batch, KernelLogSource, StoredCursor, read_boot_id,
-                                     run_log_tool, stderr_text, tool_failed)
+from gpuguard.kernellog.base import Batch, StoredCursor, run_log_tool, stderr_text, tool_failed
 from gpuguard.kernellog.cursor import DmesgCursor, decode, encode, same_boot
 from gpuguard.kernellog.formats import NEEDLE
-from gpuguard.kernellog.proc import ToolFollower
-from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, observation
+from gpuguard.kernellog.scan import Accumulator, observation
+from gpuguard.kernellog.toolsource import ToolSource
 from gpuguard.model import KernelLogObservation
 
 _TS_RE = re.compile(rb"<\d{1,4}>\[\s*(\d+\.\d+)\]")
@@ -61,19 +60,12 @@ class DmesgFilter:
         self.last_ts, self.same_ts, self._seen_at_last, self._skipping = self.new_ts, self.new_same, 0, False
 
 
-class DmesgSource(KernelLogSource):
-    def __init__(self, dmesg: str = "dmesg", *, boot_id: Optional[str] = None,
-                 boot_id_path: str = DEFAULT_BOOT_ID_PATH, max_events: int = DEFAULT_MAX_EVENTS,
-                 restart_initial_s: float = 1.0, restart_max_s: float = 30.0) -> None:
-        super().__init__()
+class DmesgSource(ToolSource):
+    def __init__(self, dmesg: str = "dmesg", **kw: Any) -> None:
+        """`kw`: ToolSource's (boot_id, boot_id_path, max_events, restart back-off)."""
+        super().__init__("dmesg" if dmesg == "dmesg" else f"dmesg:{dmesg}", **kw)
         self.dmesg = dmesg
-        self.spec = "dmesg" if dmesg == "dmesg" else f"dmesg:{dmesg}"
-        self.boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
-        self.max_events = max_events
-        self.restart_initial_s = restart_initial_s
-        self.restart_max_s = restart_max_s
         self._filter = DmesgFilter()
-        self._follower: Optional[ToolFollower] = None
 
     def argv(self, *, follow: bool = False) -> list[str]:
         return [self.dmesg, "--kernel", "--raw"] + (["--follow"] if follow else [])
@@ -133,9 +125,7 @@ class DmesgSource(KernelLogSource):
         if c is None and start_at == "end":
             c = self._cursor_now()
         self._filter = DmesgFilter(c)
-        self._follower = ToolFollower(lambda: self.argv(follow=not once), self.stats, self.notes,
-                                      keep_running=not once, on_exit=self._exited,
-                                      restart_initial_s=self.restart_initial_s, restart_max_s=self.restart_max_s)
+        self._start_following(lambda: self.argv(follow=not once), once)
 
     def _cursor_now(self) -> Optional[DmesgCursor]:
         """The cursor after the newest record in the buffer now (None if dmesg cannot say)."""
@@ -148,13 +138,8 @@ class DmesgSource(KernelLogSource):
     def _exited(self, rc: int, printed: bool) -> None:
         self._filter.restart()
 
-    def wait_fd(self) -> Optional[int]:
-        return self._follower.wait_fd() if self._follower is not None else None
-
     def poll(self) -> Optional[Batch]:
-        assert self._follower is not None, "follow() first"
-        data = self._follower.read_lines()
-        self.finished = self._follower.finished
+        data = self._new_output()
         if data is None:
             return None
         kept: list[bytes] = []
@@ -172,7 +157,3 @@ class DmesgSource(KernelLogSource):
             return next(c for end, c in reversed(cursors) if end <= off)
 
         return Batch(b"".join(kept), cursor_at)
-
-    def close(self) -> None:
-        if self._follower is not None:
-            self._follower.close()

@@ -11,35 +11,27 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-from gpuguard.kernellog.base import (DEFAULT_BOOT_ID_PATH, Batch, KernelLogSource, StoredCursor, read_boot_id,
-                                     run_log_tool, stderr_text, tool_failed)
+from gpuguard.kernellog.base import Batch, StoredCursor, run_log_tool, stderr_text, tool_failed
 from gpuguard.kernellog.chunks import last_in_lines
 from gpuguard.kernellog.cursor import JournalCursor, decode, encode, same_boot
 from gpuguard.kernellog.formats import JSON_ARRAY_NEEDLE, NEEDLE
-from gpuguard.kernellog.proc import ToolFollower
-from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, observation
+from gpuguard.kernellog.scan import Accumulator, observation
+from gpuguard.kernellog.toolsource import ToolSource
 from gpuguard.model import KernelLogObservation
 
 _CURSOR_RE = re.compile(rb'"__CURSOR"\s*:\s*"([^"\\\n]{1,1024})"')
 _BOOT_RE = re.compile(rb'"_BOOT_ID"\s*:\s*"([0-9a-fA-F-]{1,64})"')
 
 
-class JournalSource(KernelLogSource):
-    def __init__(self, journalctl: str = "journalctl", *, boot_id: Optional[str] = None,
-                 boot_id_path: str = DEFAULT_BOOT_ID_PATH, max_events: int = DEFAULT_MAX_EVENTS,
-                 restart_initial_s: float = 1.0, restart_max_s: float = 30.0) -> None:
-        super().__init__()
+class JournalSource(ToolSource):
+    def __init__(self, journalctl: str = "journalctl", **kw: Any) -> None:
+        """`kw`: ToolSource's (boot_id, boot_id_path, max_events, restart back-off)."""
+        super().__init__("journal" if journalctl == "journalctl" else f"journal:{journalctl}", **kw)
         self.journalctl = journalctl
-        self.spec = "journal" if journalctl == "journalctl" else f"journal:{journalctl}"
-        self.boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
-        self.max_events = max_events
-        self.restart_initial_s = restart_initial_s
-        self.restart_max_s = restart_max_s
         self._journal_cursor: Optional[str] = None
         self._at_end = False
-        self._follower: Optional[ToolFollower] = None
 
     def _start_cursor(self, cursor: Optional[StoredCursor]) -> Optional[str]:
         c = decode(cursor)
@@ -100,10 +92,7 @@ class JournalSource(KernelLogSource):
     def follow(self, cursor: Optional[StoredCursor], *, start_at: str = "auto", once: bool = False) -> None:
         self._journal_cursor = self._start_cursor(cursor)
         self._at_end = self._journal_cursor is None and start_at == "end"
-        self._follower = ToolFollower(
-            lambda: self.argv(self._journal_cursor, follow=not once, at_end=self._at_end), self.stats, self.notes,
-            keep_running=not once, on_exit=self._exited, restart_initial_s=self.restart_initial_s,
-            restart_max_s=self.restart_max_s)
+        self._start_following(lambda: self.argv(self._journal_cursor, follow=not once, at_end=self._at_end), once)
 
     def _exited(self, rc: int, printed: bool) -> None:
         if rc != 0 and not printed and self._journal_cursor:
@@ -112,13 +101,8 @@ class JournalSource(KernelLogSource):
             self._journal_cursor = None
             self._at_end = True
 
-    def wait_fd(self) -> Optional[int]:
-        return self._follower.wait_fd() if self._follower is not None else None
-
     def poll(self) -> Optional[Batch]:
-        assert self._follower is not None, "follow() first"
-        data = self._follower.read_lines()
-        self.finished = self._follower.finished
+        data = self._new_output()
         if data is None:
             return None
         prev = self._journal_cursor
@@ -128,10 +112,6 @@ class JournalSource(KernelLogSource):
             return encode(JournalCursor(last_journal_cursor(data, off) or prev, self.boot_id))
 
         return Batch(data, cursor_at, json_lines=True)
-
-    def close(self) -> None:
-        if self._follower is not None:
-            self._follower.close()
 
 
 def _first_group(regex: "re.Pattern[bytes]") -> Callable[[bytes, int, int], Optional[str]]:
