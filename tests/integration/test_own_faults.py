@@ -8,18 +8,16 @@ health check, an admin undraining a node that still fails.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
+from fsfaults import read_only
 from nodeview import drained, reason
 
-from devtools.devsite import DevSite, scenario_path
+from devtools.devsite import DevSite
 from gpuguard.util.fs import atomic_write
 
 XID119 = ("NVRM: Xid (PCI:0000:86:00): 119, pid=2113, name=python3, Timeout after 6s of waiting for RPC response "
@@ -42,22 +40,6 @@ def hook(site: DevSite, kind: str, node: str, job: str = "", timeout: float = 90
 
 
 FAST = {"deadlines": {"scontrol_s": 2.0}}
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[Path]:
-    """`path` on a real read-only filesystem (a read-only bind mount over itself)."""
-    def mount(*args: str) -> bool:
-        return subprocess.run(["mount", *args], capture_output=True).returncode == 0
-
-    if os.geteuid() != 0 or not mount("--bind", str(path), str(path)):
-        pytest.skip("needs root and mount(8) for a real read-only filesystem")
-    try:
-        if not mount("-o", "remount,ro,bind", str(path)):
-            pytest.skip("read-only remount not permitted here")
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 # --------------------------------------------------------------------------- 1. controller unreachable or slow
@@ -258,11 +240,10 @@ def _health_check_round(site: DevSite) -> None:
 
 
 @pytest.mark.slow(12)
-def test_a_check_failing_on_every_node_at_once_pages_instead_of_draining_the_partition(site_factory, tmp_path):
+def test_a_check_failing_on_every_node_at_once_pages_instead_of_draining_the_partition(site_factory):
     """A threshold no node meets (a config choice, applied to every node at once): 12 nodes run their health
     checks at the same instant. The storm guard lets the first `policy.storm_min_nodes` drain and pages a human
     for the rest, reading only slurmctld's own view (no shared file)."""
-    hook_dir = tmp_path / "pages"
     site = site_factory(nodes=12, config={"checks": {"sys.memory": {"min_available_gib": 10 ** 6}},
                                           "logging": {"level": "info"}})
     _health_check_round(site)

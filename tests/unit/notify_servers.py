@@ -14,6 +14,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 
 
+def _wait_for(received: list[dict[str, Any]], n: int, timeout: float) -> list[dict[str, Any]]:
+    """`received` once it holds `n` items, or after `timeout` seconds (the caller asserts what arrived)."""
+    end = time.monotonic() + timeout
+    while len(received) < n and time.monotonic() < end:
+        time.sleep(0.02)
+    return received
+
+
 class WebhookServer:
     """Records every POST: (path, content type, parsed JSON or raw text). `status` / `delay_s` simulate trouble."""
 
@@ -57,10 +65,7 @@ class WebhookServer:
         return f"mmost://127.0.0.1:{self.port}/{token}"
 
     def wait_for(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-        end = time.monotonic() + timeout
-        while len(self.requests) < n and time.monotonic() < end:
-            time.sleep(0.02)
-        return self.requests
+        return _wait_for(self.requests, n, timeout)
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -130,10 +135,7 @@ class SmtpServer:
         return f"mailto://127.0.0.1:{self.port}?from=gpuguard@example.com&to={to}&mode=insecure"
 
     def wait_for(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-        end = time.monotonic() + timeout
-        while len(self.messages) < n and time.monotonic() < end:
-            time.sleep(0.02)
-        return self.messages
+        return _wait_for(self.messages, n, timeout)
 
     @staticmethod
     def text(msg: dict[str, Any]) -> tuple[Message, str]:

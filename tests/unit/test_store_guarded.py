@@ -4,14 +4,12 @@ are a second real SQLite connection."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
-import subprocess
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from fsfaults import read_only, tiny_tmpfs
 
 from gpuguard.model import Finding, Severity
 from gpuguard.store.corruption import StoreUnavailable, is_corruption
@@ -26,33 +24,6 @@ def _record(st: Store, n: int = 1) -> None:
         st.record_run(started=1.0, duration_ms=1.0, node="n1", kind="healthcheck", job_id=None, profile="p",
                       verdict="pass", action="none", reason=None, exit_code=0, error=None, boot_id="b",
                       findings=[Finding("gpu.ecc", Severity.OK, "x" * 200)])
-
-
-def _mount(*args: str) -> bool:
-    return subprocess.run(["mount", *args], capture_output=True).returncode == 0
-
-
-@contextlib.contextmanager
-def tiny_tmpfs(path: Path, size: str = "320k") -> Iterator[Path]:
-    path.mkdir()
-    if os.geteuid() != 0 or not _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)):
-        pytest.skip("needs root and mount(8) for a real full filesystem")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0 or not _mount("--bind", str(path), str(path)):
-        pytest.skip("needs root and mount(8) for a real read-only filesystem")
-    try:
-        if not _mount("-o", "remount,ro,bind", str(path)):
-            pytest.skip("read-only remount not permitted here")
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def _fill(directory: Path) -> None:
@@ -105,13 +76,18 @@ def test_read_only_filesystem_is_not_corruption(tmp_path):
         assert st.get_cursor("kernel_log:n1") == {"kind": "kmsg", "seq": 7}
 
 
-def test_real_corruption_is_moved_aside_and_kept(tmp_path):
-    path = tmp_path / "state.db"
+def _checkpointed(path: Path, runs: int) -> bytearray:
+    """A store with `runs` recorded, everything in the main file (no WAL): its bytes, to damage."""
     with Store(str(path)) as st:
-        _record(st, 50)
+        _record(st, runs)
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    raw = bytearray(path.read_bytes())
+    return bytearray(path.read_bytes())
+
+
+def test_real_corruption_is_moved_aside_and_kept(tmp_path):
+    path = tmp_path / "state.db"
+    raw = _checkpointed(path, 50)
     page = 4096
     assert len(raw) > 4 * page
     raw[0:16] = b"definitely-junk!"  # the SQLite header: "file is not a database"
@@ -128,11 +104,7 @@ def test_real_corruption_is_moved_aside_and_kept(tmp_path):
 
 def test_damaged_pages_found_by_quick_check(tmp_path):
     path = tmp_path / "state.db"
-    with Store(str(path)) as st:
-        _record(st, 200)
-    with sqlite3.connect(path) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    raw = bytearray(path.read_bytes())
+    raw = _checkpointed(path, 200)
     for off in range(3 * 4096, len(raw) - 4096, 4096):
         raw[off:off + 64] = b"\xff" * 64  # trash the b-tree page headers, keep the file header
     path.write_bytes(bytes(raw))
