@@ -98,18 +98,21 @@ def read_all(follower: KernelLogSource) -> bytes:
 
 
 SCONTROL = r"""#!/bin/sh
-# a one-node Slurm for tests: state and reason in files beside this script, every call logged
+# a one-node Slurm for tests: state and reason in files beside this script, every call logged (a drain once its
+# reason is there to read: a test that saw the call may read the reason at once)
 d=$(dirname "$0")
-echo "$*" >> "$d/calls.log"
-if [ -f "$d/hang" ]; then exec sleep 60; fi
-if [ -f "$d/fail" ]; then echo "slurm_load_node error: Unable to contact slurm controller" >&2; exit 1; fi
+log() { echo "$*" >> "$d/calls.log"; }
+if [ -f "$d/hang" ]; then log "$@"; exec sleep 60; fi
+if [ -f "$d/fail" ]; then log "$@"; echo "slurm_load_node error: Unable to contact slurm controller" >&2; exit 1; fi
 case "$1" in
   show)
+    log "$@"
     st=$(cat "$d/state" 2>/dev/null || echo IDLE)
     if [ -f "$d/reason" ]; then r=" Reason=$(cat "$d/reason") [root@2024-01-01T00:00:00]"; else r=""; fi
     echo "NodeName=$3 Arch=x86_64 State=$st Partitions=gpu$r" ;;
   update)
-    printf '%s' "${4#Reason=}" > "$d/reason"; echo "IDLE+DRAIN" > "$d/state" ;;
+    printf '%s' "${4#Reason=}" > "$d/reason"; echo "IDLE+DRAIN" > "$d/state"; log "$@" ;;
+  *) log "$@" ;;
 esac
 """
 
