@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from clirun import gpuguard
 
 from devtools.devpg import DevPostgres
 from gpuguard.simulate.build import build_fake_nvml
@@ -45,6 +46,11 @@ def write_cfg(tmp_path: Path, url: str, **extra: Any) -> Path:
 def gg(cfg: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpuguard", *args, "--config", str(cfg)], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def gg_here(cfg: Path, *args: str) -> subprocess.CompletedProcess:
+    """`gg` in this process (tests/clirun.py), for the read-only queries a test asks many times over."""
+    return gpuguard(*args, "--config", str(cfg))
 
 
 def gpuguard_env() -> dict[str, str]:

@@ -22,11 +22,22 @@ from torchjob import NEEDS_TORCH, Job, configure
 
 pytestmark = NEEDS_TORCH
 
-@pytest.mark.slow(35)  # two attempts, each starting torch on two nodes
-def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint(site_factory):
-    site = site_factory(nodes=3)
+@pytest.mark.slow(40)  # two attempts, each starting torch on two nodes
+def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint_in_private_scratch(site_factory):
+    """Also issue 9: TRITON_CACHE_DIR under a predictable /tmp/gpuguard-<jobid> could be pre-created by another user.
+    Here another user planted gpuguard-1 (this cluster's first job id): each node of each attempt makes a fresh
+    private mktemp directory instead (0700, the job user's), gpuguard's epilog removes the job's directories and
+    leaves the squatter's alone. (The predictable name itself, when free: the no-retry test below.)"""
+    site = site_factory(nodes=3, epilog=True)
+    local = configure(site)
+    squatted = local / "gpuguard-1"
+    squatted.mkdir()
+    squatted.chmod(0o777)
+    os.chown(squatted, 65534, 65534)
+    (squatted / "planted.py").write_text("print('owned')\n")
     t0 = time.monotonic()
     job = Job(site, max_requeues=2)
+    assert job.id == "1"
     (job.control / "fail-step-4").touch()  # rank 0 raises at step 4 of the first attempt
     info = job.wait()
     out = job.output()
@@ -44,14 +55,27 @@ def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint(site_factory
     assert [(r["attempt"], r["reason"], r["action"], r["nodes"]) for r in rows] == [
         (1, "app_error", "requeued", ledger[0]["nodes"]), (2, "completed", "finished", ledger[1]["nodes"])]
     assert ledger[0]["nodes"] == "node[1-2]" and rows[0]["exit_code"] == ledger[0]["exit_code"]
+    # the scratch: never the squatter's directory, a private one per node and attempt, gone after the job
+    assert "is not a private directory" in out
+    seen = [line.split("LOCAL_DIR ")[1].split() for line in out.splitlines() if "LOCAL_DIR " in line]
+    assert len(seen) == 4, out[-3000:]  # one line per node and attempt
+    for path, _mode_kw, mode, _uid_kw, uid, *_ in seen:
+        assert Path(path).parent == local and Path(path).name.startswith("gpuguard-1.") and mode == "0o700"
+        assert uid == str(os.getuid())
+    job.wait_for(lambda: not any(Path(p[0]).exists() for p in seen), "the epilog to remove the scratch", 30)
+    assert squatted.is_dir() and (squatted / "planted.py").exists()  # someone else's: left alone
     print(f"fail -> requeue -> resume -> finish: {time.monotonic() - t0:.1f}s")
 
 
 @pytest.mark.slow(18)
 def test_a_worker_exit_code_in_the_no_retry_list_is_not_retried(site_factory):
     """Issue 10: torchrun exits 1 whatever its worker's code, so no_retry_exit_codes never matched. The worker's
-    own code (3, from torchrun's root-cause report) is recorded and matched."""
-    site = site_factory(nodes=2)
+    own code (3, from torchrun's root-cause report) is recorded and matched.
+
+    Also issue 9, the predictable scratch name when nobody took it: gpuguard-<jobid>, private, removed by the
+    epilog after the job."""
+    site = site_factory(nodes=2, epilog=True)
+    local = configure(site)
     job = Job(site, max_failures=3, no_retry_exit_codes=[3])
     (job.control / "exit-3-rank-1").touch()
     info = job.wait()
@@ -64,42 +88,12 @@ def test_a_worker_exit_code_in_the_no_retry_list_is_not_retried(site_factory):
     # whichever srun reports: exactly why the worker's code has to come from torchrun's report
     assert (rec["worker_exit_code"], rec["worker_rank"]) == (3, 1) and rec["exit_code"] in (1, 137, 143), rec
     assert "rank 1" in rec["detail"] and "exited with code 3" in rec["detail"]
-
-
-@pytest.mark.slow(30)  # two jobs
-def test_private_scratch_per_node_and_the_epilog_removes_it(site_factory):
-    """Issue 9: TRITON_CACHE_DIR under a predictable /tmp/gpuguard-<jobid> could be pre-created by another user.
-    Each node creates it privately (0700, the job user's) or, when the name is taken, a fresh mktemp directory;
-    gpuguard's epilog removes the job's directories and leaves the squatter's alone."""
-    site = site_factory(nodes=2, epilog=True)
-    local = configure(site)
-    squatted = local / "gpuguard-1"  # this cluster's first job id
-    squatted.mkdir()
-    squatted.chmod(0o777)
-    os.chown(squatted, 65534, 65534)
-    (squatted / "planted.py").write_text("print('owned')\n")
-    job = Job(site, steps=3)
-    assert job.id == "1"
-    info = job.wait()
+    # rank 1 printed its scratch before exiting (rank 0 may be stopped before it prints)
     out = job.output()
-    assert info["JobState"] == "COMPLETED", job.why(info)
-    assert "is not a private directory" in out
-    seen = [line.split("LOCAL_DIR ")[1].split() for line in out.splitlines() if "LOCAL_DIR " in line]
-    assert len(seen) == 2, out[-3000:]  # one line per node
-    for path, _mode_kw, mode, _uid_kw, uid, *_ in seen:
-        assert Path(path).parent == local and Path(path).name.startswith("gpuguard-1.") and mode == "0o700"
-        assert uid == str(os.getuid())
-    # after the job the epilog removed them (the job ends COMPLETED only once its epilogs are done)
-    job.wait_for(lambda: not any(Path(p[0]).exists() for p in seen), "the epilog to remove the scratch", 30)
-    assert squatted.is_dir() and (squatted / "planted.py").exists()  # someone else's: left alone
-    # an unsquatted job gets the predictable name, private, removed after the job
-    job2 = Job(site, steps=3)
-    info = job2.wait()
-    out2 = job2.output()
-    assert info["JobState"] == "COMPLETED" and "is not a private directory" not in out2, job2.why(info)
-    assert f"LOCAL_DIR {local}/gpuguard-{job2.id} mode 0o700" in out2
-    job2.wait_for(lambda: not (local / f"gpuguard-{job2.id}").exists(), "the epilog to remove the scratch", 30)
-    assert any("job scratch: removed" in line for line in site.log_lines(f"job {job2.id}"))
+    assert "is not a private directory" not in out
+    assert f"LOCAL_DIR {local}/gpuguard-{job.id} mode 0o700" in out, out[-3000:]
+    job.wait_for(lambda: not (local / f"gpuguard-{job.id}").exists(), "the epilog to remove the scratch", 30)
+    assert any("job scratch: removed" in line for line in site.log_lines(f"job {job.id}"))
 
 
 @pytest.mark.slow(12)

@@ -1,18 +1,18 @@
-"""The gpuguard command line, run as a user would (subprocess)."""
+"""The gpuguard command line, run as a user would (tests/clirun.py: its entry point, in a process where it needs one)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from clirun import gpuguard
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"
 
 
 def gg(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuguard", *args], capture_output=True, text=True, timeout=60,
-                          input=input)
+    return gpuguard(*args, input=input)
 
 
 def test_xid_scan_json_shape_on_real_dmesg():

@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from clirun import gpuguard
 
 from gpuguard.checks import CheckInput, get_check
 from gpuguard.model import Action, Observations, Severity
@@ -238,18 +239,12 @@ def test_a_pasted_fragment_per_gpu_groups():
 
 
 def test_dcgm_parse_cli_reads_the_table(tmp_path):
-    import subprocess
-    import sys
-
-    p = subprocess.run([sys.executable, "-m", "gpuguard", "dcgm", "parse", "--json",
-                        str(FIXTURES / "dcgm3_text_r3_cuinit_fail_all.txt")], capture_output=True, text=True,
-                       timeout=60)
+    p = gpuguard("dcgm", "parse", "--json", str(FIXTURES / "dcgm3_text_r3_cuinit_fail_all.txt"))
     assert p.returncode == 1, p.stderr  # a test failed
     out = json.loads(p.stdout)
     assert out["version"] == "3.3.8" and [t["failed_gpus"] for t in out["tests"] if t["status"] == "fail"] == \
         [list(range(8))]
     garbage = tmp_path / "x.txt"
     garbage.write_text("dcgmi: command not found\n")
-    p = subprocess.run([sys.executable, "-m", "gpuguard", "dcgm", "parse", str(garbage)], capture_output=True,
-                       text=True, timeout=60)
+    p = gpuguard("dcgm", "parse", str(garbage))
     assert p.returncode == 1 and "no JSON object" in p.stderr

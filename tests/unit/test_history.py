@@ -7,12 +7,11 @@ import csv
 import io
 import json
 import re
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
+from clirun import gpuguard
 
 from gpuguard.cli.history import parse_since
 from gpuguard.cli.status import drained_nodes
@@ -21,9 +20,7 @@ from gpuguard.store.sqlite import Store
 
 
 def gg(cfg_path, *args):
-    p = subprocess.run([sys.executable, "-m", "gpuguard", *args, "--config", str(cfg_path)], capture_output=True,
-                       text=True, timeout=60)
-    return p
+    return gpuguard(*args, "--config", str(cfg_path))
 
 
 @pytest.fixture

@@ -5,12 +5,11 @@ input, and text output that cannot carry terminal escapes."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
+from clirun import gpuguard
 
 from gpuguard.model import Action, Finding, Severity
 from gpuguard.store.sqlite import Store
@@ -20,8 +19,7 @@ LEGACY_ECC = "gpuguard: gpu.ecc ECC: 2 volatile uncorrectable ECC errors on GPU 
 
 
 def gg(cfg_path, *args):
-    return subprocess.run([sys.executable, "-m", "gpuguard", *args, "--config", str(cfg_path)], capture_output=True,
-                          text=True, timeout=120)
+    return gpuguard(*args, "--config", str(cfg_path))
 
 
 def bulk_healthy_runs(path, node, n, start, step, ok_findings=4):

@@ -3,11 +3,10 @@ their headers), on environment dumps, and on what gpuguard itself renders."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clirun import gpuguard
 
 from gpuguard.templates import render_template
 from gpuguard.templates.lint import lint
@@ -169,8 +168,7 @@ def test_cli_exit_codes_and_json(tmp_path):
     bad.write_text("export NCCL_DEBUG=INFO\n")
     good = tmp_path / "good.sbatch"
     good.write_text("export NCCL_DEBUG=WARN\n")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "gpuguard", "lint", *a], capture_output=True, text=True,
-                                    timeout=60)
+    run = lambda *a: gpuguard("lint", *a)
     p = run(str(bad))
     assert p.returncode == 1 and f"{bad}:1: warn [nccl-debug-info]" in p.stdout and "fix: export NCCL_DEBUG=WARN" in p.stdout
     p = run(str(good))
@@ -182,15 +180,12 @@ def test_cli_exit_codes_and_json(tmp_path):
 def test_render_refuses_a_script_its_lint_calls_an_error(tmp_path):
     """Issue 10: `render` printed the lint error and exited 0, so `render -o x && sbatch x` submitted it."""
     out = tmp_path / "job.sbatch"
-    p = subprocess.run([sys.executable, "-m", "gpuguard", "render", "torchrun.sbatch.j2", "--set", "nodes=2",
-                        "--set", "command=[t.py]", "--set", "preset=p5.48xlarge", "--set",
-                        "env.NCCL_SOCKET_IFNAME=eth0", "-o", str(out)], capture_output=True, text=True, timeout=60)
+    p = gpuguard("render", "torchrun.sbatch.j2", "--set", "nodes=2", "--set", "command=[t.py]", "--set",
+                 "preset=p5.48xlarge", "--set", "env.NCCL_SOCKET_IFNAME=eth0", "-o", str(out))
     assert p.returncode == 1 and "[socket-ifname-eth0-p5]" in p.stderr and "not written" in p.stderr
     assert not out.exists()
-    p = subprocess.run([sys.executable, "-m", "gpuguard", "render", "torchrun.sbatch.j2", "--set", "nodes=2",
-                        "--set", "command=[t.py]", "--set", "preset=p5.48xlarge", "--set",
-                        "env.NCCL_SOCKET_IFNAME=eth0", "--no-lint", "-o", str(out)], capture_output=True, text=True,
-                       timeout=60)
+    p = gpuguard("render", "torchrun.sbatch.j2", "--set", "nodes=2", "--set", "command=[t.py]", "--set",
+                 "preset=p5.48xlarge", "--set", "env.NCCL_SOCKET_IFNAME=eth0", "--no-lint", "-o", str(out))
     assert p.returncode == 0 and out.exists()
 
 

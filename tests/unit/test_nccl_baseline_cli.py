@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import gpuguard
 
 from gpuguard.cli.main import FEATURE_COMMANDS, main
 from gpuguard.config.schema import ConfigError, parse_config
@@ -46,8 +47,7 @@ def test_propose_groups_by_profile_nodes_and_size():
 
 
 def run_cli(*args: str, config: Path) -> tuple[int, str, str]:
-    p = subprocess.run([sys.executable, "-m", "gpuguard", *args], capture_output=True, text=True, timeout=60,
-                       env={"GPUGUARD_CONFIG": str(config), "PATH": "/usr/bin:/bin"})
+    p = gpuguard(*args, env={"GPUGUARD_CONFIG": str(config), "PATH": "/usr/bin:/bin"})
     return p.returncode, p.stdout, p.stderr
 
 

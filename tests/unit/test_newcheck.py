@@ -9,13 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow(8)  # a copy of the checkout, three interpreters and a pytest run in it
 def test_a_scaffolded_check_is_registered_and_its_fixture_must_be_written(tmp_path):
     copy = tmp_path / "repo"
     for part in ("lib", "devtools", "docs", "tests", "examples"):
-        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # with the compiled modules (their sources keep their times, so an edited module is compiled anew)
+        shutil.copytree(ROOT / part, copy / part)
     (copy / "setup.cfg").write_text((ROOT / "setup.cfg").read_text())
     run = subprocess.run([sys.executable, "-m", "devtools.newcheck", "gpu.persistence", "PERSIST", "--probe", "nvml",
                           "--module", "gpu/identity", "--description", "persistence mode is on on every GPU",

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from clirun import gpuguard
 
 from gpuguard.config.schema import ConfigError, parse_config
 from gpuguard.util.redact import redact_notify_url, redact_url, scrub
@@ -114,16 +115,14 @@ def test_gpuguard_config_prints_no_secret(tmp_path):
     a password in an Alertmanager URL."""
     conf = tmp_path / "config.yaml"
     conf.write_text(yaml.safe_dump({"store": {"url": "postgresql://gg:S3C/R3T?P#W@db:5433/fleet"}}))
-    p = subprocess.run([sys.executable, "-m", "gpuguard", "config", "--config", str(conf)], capture_output=True,
-                       text=True, timeout=60)
+    p = gpuguard("config", "--config", str(conf))
     assert p.returncode != 0 and "percent-encode" in p.stderr and "gg:***@db:5433" in p.stderr
     assert no_secret(p.stdout + p.stderr)
     conf.write_text(yaml.safe_dump({
         "store": {"url": "postgresql://gg:S3C%2FR3T%3FP%23W@db:5433/fleet?sslmode=require&sslpassword=K3YPASS"},
         "notify": {"urls": ["slack://TOKENA/TOKENB/TOKENC/#gpu", "mailtos://u:MAILPW@mail.example.com"],
                    "alertmanager_urls": ["https://gg:AMPASS@am1.example:9093", "http://am2.example:9093"]}}))
-    p = subprocess.run([sys.executable, "-m", "gpuguard", "config", "--config", str(conf)], capture_output=True,
-                       text=True, timeout=60)
+    p = gpuguard("config", "--config", str(conf))
     assert p.returncode == 0, p.stderr
     shown = json.loads(p.stdout.split("\n", 1)[1])["sections"]
     assert shown["store"]["url"] == "postgresql://gg:***@db:5433/fleet?sslmode=require&sslpassword=***"

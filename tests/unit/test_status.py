@@ -11,6 +11,7 @@ from datetime import datetime
 
 import pytest
 import yaml
+from clirun import gpuguard
 
 from gpuguard.model import Action, Finding, Severity
 from gpuguard.slurm.reason import format_reason
@@ -272,9 +273,6 @@ def test_many_scattered_nodes_make_a_clipped_hostlist():
 def test_the_command_reads_only_the_stores_it_shows(tmp_path):
     """`gpuguard status` on 10,000 drained nodes prints the summary without opening 10,000 stores; `--node` shows
     those nodes' details (scontrol here is a stub printing a recorded `show node -o`)."""
-    import subprocess
-    import sys
-
     (tmp_path / "nodes.txt").write_text(fleet_scontrol_text(NOW - 3600))
     stub = tmp_path / "scontrol"
     stub.write_text(f"#!/bin/sh\ncat {tmp_path / 'nodes.txt'}\n")
@@ -285,8 +283,7 @@ def test_the_command_reads_only_the_stores_it_shows(tmp_path):
                                    "store": {"path": str(tmp_path / "state" / "{node}.db")}}))
 
     def status(*args):
-        p = subprocess.run([sys.executable, "-m", "gpuguard", "status", "--config", str(cfg), *args],
-                           capture_output=True, text=True, timeout=120)
+        p = gpuguard("status", "--config", str(cfg), *args)
         assert p.returncode == 0, p.stderr
         return p.stdout.splitlines()
 

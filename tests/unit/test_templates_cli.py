@@ -1,11 +1,9 @@
-"""`gpuguard render` / `gpuguard templates` as a user runs them (the real CLI, `python -m gpuguard`)."""
+"""`gpuguard render` / `gpuguard templates` as a user runs them (the real CLI: tests/clirun.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from clirun import gpuguard
 
 from gpuguard.config.schema import ConfigError, parse_config
 from gpuguard.templates.cli import merge_values, parse_set
@@ -13,8 +11,7 @@ from gpuguard.templates.cli import merge_values, parse_set
 
 def gg(*args, config=None, cwd=None):
     env_args = ["--config", str(config)] if config else []
-    return subprocess.run([sys.executable, "-m", "gpuguard", *args[:1], *env_args, *args[1:]], capture_output=True,
-                          text=True, timeout=60, cwd=cwd)
+    return gpuguard(*args[:1], *env_args, *args[1:], cwd=cwd)
 
 
 def test_parse_set():

@@ -9,6 +9,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from clirun import gpuguard
 
 from gpuguard.trainlog import analyze, main_from_args, scan_log
 
@@ -16,8 +17,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "trainlog"
 
 
 def run_cli(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "gpuguard", "trainlog", *args], capture_output=True, text=True,
-                          timeout=60, input=stdin)
+    return gpuguard("trainlog", *args, input=stdin)
 
 
 def args(path, **kw):
