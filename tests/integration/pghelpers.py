@@ -43,14 +43,9 @@ def write_cfg(tmp_path: Path, url: str, **extra: Any) -> Path:
     return cfg
 
 
-def gg(cfg: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuguard", *args, "--config", str(cfg)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def gg_here(cfg: Path, *args: str) -> subprocess.CompletedProcess:
-    """`gg` in this process (tests/clirun.py), for the read-only queries a test asks many times over."""
-    return gpuguard(*args, "--config", str(cfg))
+def gg(cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`gpuguard ARGS --config CFG` as an admin runs it (tests/clirun.py: the real entry point, in this process)."""
+    return gpuguard(*args, "--config", str(cfg), env={**os.environ, **env} if env else None)
 
 
 def gpuguard_env() -> dict[str, str]:

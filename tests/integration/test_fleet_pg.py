@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from pghelpers import SCENARIOS, gg, gg_here, healthcheck, new_db, q, write_cfg
+from pghelpers import SCENARIOS, gg, healthcheck, new_db, q, write_cfg
 
 from gpuguard.model import Action, Finding, Severity
 from gpuguard.store.sqlite import Store
@@ -249,9 +249,9 @@ def _problem(run):
 def test_fleet_history_from_postgresql_equals_the_local_stores(shipped, filters):
     window = ("--since", datetime.fromtimestamp(t(0), timezone.utc).isoformat(),
               "--until", datetime.fromtimestamp(t(14), timezone.utc).isoformat())
-    central = gg_here(shipped, "fleet", "history", "--json", *window, *filters)
-    local = gg_here(shipped, "fleet", "history", "--local", "--json", *window, *filters)
-    every = gg_here(shipped, "fleet", "history", "--local", "--json", *window, *filters, "--limit", "0")
+    central = gg(shipped, "fleet", "history", "--json", *window, *filters)
+    local = gg(shipped, "fleet", "history", "--local", "--json", *window, *filters)
+    every = gg(shipped, "fleet", "history", "--local", "--json", *window, *filters, "--limit", "0")
     assert central.returncode == 0 and local.returncode == 0, central.stderr + local.stderr
     c, l_ = _strip(json.loads(central.stdout)), _strip(json.loads(local.stdout))
     local_runs = [r for r in json.loads(every.stdout)["runs"] if _problem(r)]
@@ -261,15 +261,15 @@ def test_fleet_history_from_postgresql_equals_the_local_stores(shipped, filters)
     l_.pop("runs")
     assert c == l_
     assert c["counts"]["runs"] > 0 or filters == ("--gpu", "1") or "node3" in filters
-    text = gg_here(shipped, "fleet", "history", *window, *filters)
+    text = gg(shipped, "fleet", "history", *window, *filters)
     assert text.returncode == 0 and "drains (" in text.stdout and "healthy, counted not listed" in text.stdout
 
 
 def test_fleet_report_numbers_from_postgresql_and_sqlite(shipped):
     window = ("--since", datetime.fromtimestamp(t(0), timezone.utc).isoformat(),
               "--until", datetime.fromtimestamp(t(14), timezone.utc).isoformat())
-    central = json.loads(gg_here(shipped, "fleet", "report", "--json", *window).stdout)
-    local = json.loads(gg_here(shipped, "fleet", "report", "--json", "--local", *window).stdout)
+    central = json.loads(gg(shipped, "fleet", "report", "--json", *window).stdout)
+    local = json.loads(gg(shipped, "fleet", "report", "--json", "--local", *window).stdout)
     assert central["source"].startswith("PostgreSQL postgresql://gpuguard:***@")
     central.pop("source"), local.pop("source")
     assert central == local
@@ -289,9 +289,9 @@ def test_fleet_report_numbers_from_postgresql_and_sqlite(shipped):
     assert n2["mtbf_s"] == pytest.approx((14 - 10.4) * DAY / 3, abs=3)
     assert n3["failures"] == 0 and n3["mtbf_s"] is None and n3["drained_s"] == 0 and not n3["flapping"]
     assert [n["node"] for n in central["flapping"]] == ["node2"]
-    keyword = json.loads(gg_here(shipped, "fleet", "report", "--json", "--keyword", "ECC", *window).stdout)
+    keyword = json.loads(gg(shipped, "fleet", "report", "--json", "--keyword", "ECC", *window).stdout)
     assert [w["check"] for w in keyword["drains_per_check_per_week"]] == ["gpu.ecc"]
-    text = gg_here(shipped, "fleet", "report", *window)
+    text = gg(shipped, "fleet", "report", *window)
     assert text.returncode == 0 and "node2" in text.stdout and "flapping nodes" in text.stdout
 
 

@@ -1,5 +1,6 @@
-"""`make install` then `make uninstall` into a temporary PREFIX / CONFDIR / STATEDIR: uninstall removes what install
-put in place and keeps the config and the history unless PURGE=1 (issue 16)."""
+"""`make install` then `make uninstall` into a temporary PREFIX / CONFDIR / STATEDIR: install puts in place what the
+hooks and a central history (store.url) need, uninstall removes it and keeps the config and the history unless
+PURGE=1 (issue 16)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def test_uninstall_removes_the_install_and_keeps_config_and_history_unless_purge
               "gpuguard-prolog", prefix / "libexec" / "gpuguard" / "gpuguard.env",
               prefix / "share" / "gpuguard" / "sbatch_templates" / "torchrun.sbatch.j2", confdir / "config.yaml"]
     assert all(p.exists() for p in placed), [str(p) for p in placed if not p.exists()]
+    # the venv once had no psycopg: `gpuguard fleet init-db` and every ship to store.url failed with "psycopg (3) is
+    # not installed". Now it has one with its libpq (the binary or the C build, not the pure-Python fallback).
+    venv_python = prefix / "lib" / "gpuguard" / "venv" / "bin" / "python"
+    pq = subprocess.run([str(venv_python), "-c", "import psycopg; print(psycopg.pq.__impl__)"], capture_output=True,
+                        text=True, timeout=60)
+    assert pq.returncode == 0 and pq.stdout.strip() in ("binary", "c"), pq.stderr
     statedir.mkdir(parents=True)
     (statedir / "state.db").write_bytes(b"history")
     mine = prefix / "bin" / "other-tool"  # not gpuguard's: never touched
