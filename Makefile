@@ -82,10 +82,11 @@ demo: deps venv fakenvml
 	@$(PY) -m devtools.demo $(DEMO_ARGS)
 
 # Whole files per worker (a module's Slurm cluster or PostgreSQL server stays in one process), longest first
-# (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). Four workers on CI's 2 cores: the
+# (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). Five workers on CI's 2 cores: the
 # end-to-end tests spend most of their time waiting (Slurm's requeue delay, time limits, checkpoints), so the
-# long ones run side by side while the others fill the gaps.
-PYTEST_PAR ?= -n 4 --dist loadfile --no-loadscope-reorder
+# long ones run side by side while the others fill the gaps (four left both cores ~40 % idle in the first minute,
+# while the four torchrun files waited; 322 s with four, 294 s with five on this machine).
+PYTEST_PAR ?= -n 5 --dist loadfile --no-loadscope-reorder
 # One collection first writes the assert-rewritten test modules' cache, which every worker then reads (2 s of CPU
 # each instead of 7).
 PYTEST_WARM = $(PY) -m pytest -q --collect-only -p no:cacheprovider

@@ -116,7 +116,7 @@ def test_torch_fallback_probe_gloo_same_report_shape():
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def test_missing_nccl_tests_falls_back_to_torch_when_allowed(tmp_path):
-    obs = run_single_node_nccl(str(tmp_path / "absent"), gpus=2, timeout_s=120, min_bytes=1 << 20,
+    obs = run_single_node_nccl(str(tmp_path / "absent"), gpus=1, timeout_s=120, min_bytes=1 << 20,
                                max_bytes=1 << 20, iterations=2, warmup=1, fallback="torch")
     assert obs.backend == "torch" and obs.result is not None and len(obs.result.rows) == 1
 
