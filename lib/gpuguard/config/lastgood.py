@@ -22,12 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
+from gpuguard.config.compiled import read_trusted_json
 from gpuguard.config.fields import key_names
 from gpuguard.config.schema import (SECTIONS, Config, ConfigError, ConfigIssue, config_from_mapping, config_path,
                                     default_config, parse_config)
@@ -67,20 +67,7 @@ def _decode(doc: dict[str, Any]) -> Config:
 def read_last_good(path: str) -> Optional[tuple[Config, str]]:
     """(config, digest of the file it was compiled from), or None. Trusted only when owned by us and writable by
     nobody else: it decides what root hooks do."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            doc = json.loads(f.read(4 << 20))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
+    doc = read_trusted_json(path)
     if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
         return None
     try:

@@ -112,26 +112,7 @@ def _construct(node: yaml.Node, loader: Any) -> Any:
 
 def load_yaml_located(text: Union[str, bytes], source: str = "<string>") -> Any:
     """Parse YAML keeping key line numbers. Returns None for an empty document."""
-    try:
-        loader = _Loader(text)
-        try:
-            node = loader.get_single_node()
-            if node is None:
-                return None
-            check_depth(node)
-            return _construct(node, loader)
-        finally:
-            loader.dispose()
-    except RecursionError:  # the pure-Python parser (no libyaml) recurses while composing
-        raise _too_deep(source) from None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
-        raise YamlError(f"{source}: {where}: {e.problem or e.context}") from None
-    except yaml.YAMLError as e:
-        raise YamlError(f"{source}: {e}") from None
-    except YamlError as e:
-        raise type(e)(f"{source}: {e}") from None
+    return _load(text, source, _construct, column=True)
 
 
 def strip_located(value: Any) -> Any:
@@ -154,6 +135,12 @@ def load_yaml_file(path: Union[str, Path]) -> Any:
 
 def load_yaml_text(text: Union[str, bytes], source: str = "<string>") -> Any:
     """Plain data from YAML text (no line info); errors name `source` and the line."""
+    return _load(text, source, lambda node, loader: loader.construct_document(node), column=False)
+
+
+def _load(text: Union[str, bytes], source: str, construct: Any, column: bool) -> Any:
+    """One document through `construct(node, loader)`, None when empty; every parse error a YamlError naming
+    `source` and the line (and the column)."""
     try:
         loader = _Loader(text)
         try:
@@ -161,14 +148,15 @@ def load_yaml_text(text: Union[str, bytes], source: str = "<string>") -> Any:
             if node is None:
                 return None
             check_depth(node)
-            return loader.construct_document(node)
+            return construct(node, loader)
         finally:
             loader.dispose()
-    except RecursionError:
+    except RecursionError:  # the pure-Python parser (no libyaml) recurses while composing
         raise _too_deep(source) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1}" if mark else "unknown line"
+        where = (f"line {mark.line + 1}" + (f", column {mark.column + 1}" if column else "")) if mark \
+            else "unknown line"
         raise YamlError(f"{source}: {where}: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise YamlError(f"{source}: {e}") from None
