@@ -1,11 +1,12 @@
-"""`gpuguard ARGS` as a test runs it: the entry point a shell runs (gpuguard.cli.main.main), in the test's own process,
-with its own stdin, stdout, stderr, environment and working directory, and the result as a CompletedProcess.
+"""`gpuguard ARGS` as a test runs it: the entry point a shell runs (gpuguard.cli.main.main), in the test's own
+process, with its own stdin, stdout, stderr, environment and working directory, and the result as a
+CompletedProcess. Shared by both suites.
 
-Shared by both suites. In-process because the unit suite runs the command line hundreds of times: a fresh interpreter and its imports cost
-~0.3 s of CPU each, most of the unit suite's time on CI's 2 cores. What only a process shows stays a process:
-the hooks and `check` (they leave with os._exit so that a hung NVML thread cannot hold them), the daemons
-(`watch`, `monitor`: signals), `xid scan` (it reads by file descriptor), anything a test runs for its isolation or its exit by a signal. Those go to a
-subprocess here as well, so a caller need not know which is which."""
+In-process because the suites run the command line hundreds of times, and a fresh interpreter with its imports
+costs ~0.3 s of CPU each on CI's 2 cores. What only a process shows stays a process: the hooks and `check` (they
+leave with os._exit so that a hung NVML thread cannot hold them), the daemons (`watch`, `monitor`: signals),
+`xid scan` (it reads by file descriptor). Those go to a subprocess here, so a caller need not know which is which;
+a test that needs a process for its own reasons (isolation, an exit by a signal) starts one itself."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ NEEDS_A_PROCESS = {"prolog", "epilog", "healthcheck", "check", "watch", "monitor
 def gpuguard(*args: str, env: Optional[Mapping[str, str]] = None, input: Union[str, bytes, None] = None,
              cwd: Optional[str] = None, text: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
     """Like subprocess.run([python, -m, gpuguard, *args], capture_output=True, text=text, env=env, input=input,
-    cwd=cwd): stdout/stderr are str when `text`, else bytes."""
+    cwd=cwd): stdout/stderr are str when `text`, else bytes. `timeout` bounds only a subprocess."""
     argv = [str(a) for a in args]
     _lead, rest = hoist_config(argv)
     if next((a for a in rest if not a.startswith("-")), None) in NEEDS_A_PROCESS:
