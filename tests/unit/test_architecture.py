@@ -16,8 +16,6 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "gpuguard"
 DEVTOOLS = "devtools"
@@ -272,7 +270,6 @@ def test_devtools_are_checked_too() -> None:
 # --------------------------------------------------------------------------------------------- what pip installs
 
 
-@pytest.mark.slow(6)  # a venv and a pip install
 def test_pip_install_puts_no_dev_tooling_on_a_node(tmp_path: Path) -> None:
     """`pip install .` into a fresh venv, as `make install` does on a compute node: the product only (gpuguard and
     its metadata), no devtools/, no tests, nothing a node could import as `devtools` or `tests`."""

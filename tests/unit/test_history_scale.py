@@ -62,7 +62,6 @@ def test_default_view_of_100k_runs_is_fast_and_complete(store_100k):
     assert rc == 0 and "drains (3):" in (d / "out.txt").read_text() and took < 8
 
 
-@pytest.mark.slow(8)  # (the module builds a 100k-run store first) scheduled early: not the suite's tail
 def test_every_row_streams_in_flat_memory(store_100k):
     cfg, d = store_100k
     rc, took, rss = measure(cfg, d / "all.csv", "history", "--since", "14d", "--limit", "0", "--csv")

@@ -100,7 +100,6 @@ def test_argv_is_a_list_for_hostile_paths():
     assert argv[0] == "/opt/x; rm -rf /" and argv[-2:] == ["-c", "1"]
 
 
-@pytest.mark.slow(6)  # two torch ranks
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def test_torch_fallback_probe_gloo_same_report_shape():
     obs = run_torch_probe(nprocs=2, timeout_s=120, min_bytes=1 << 20, max_bytes=4 << 20, iterations=3, warmup=1,

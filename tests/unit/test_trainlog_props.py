@@ -8,7 +8,6 @@ import math
 import os
 import tempfile
 
-import pytest
 from hypothesis import example, HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -95,7 +94,6 @@ def test_the_command_never_raises(lines):
         assert code in (0, 1, 2)
 
 
-@pytest.mark.slow(5)  # a dozen matplotlib figures: scheduled early, not the suite's tail
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs)
 @example([TEMPLATES[0](0, 0.0, 5.179474500004146e+245, 0), TEMPLATES[0](0, 0.0, 1.0, 0)])  # lr 5e245: overflowed
