@@ -7,18 +7,15 @@ import argparse
 import os
 import sys
 from typing import Any
+
 from gpuguard.util.cliargs import add_config_option
 
 COMMANDS = ("check", "xid", "profiles", "config", "undrain", "slurm-conf", "simulate")
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    add_config_option(p)
-
-
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="run the checks by hand and print a report")
-    _add_common(p)
+    add_config_option(p)
     p.add_argument("--context", default="manual", choices=("manual", "prolog", "epilog", "healthcheck"),
                    help="which run kind's checks to run (default manual: all of them)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -34,23 +31,23 @@ def add_parser(sub: Any) -> None:
 
     scanargs.add_arguments(xs.add_parser("scan", help=scanargs.HELP))
     e = xs.add_parser("explain", help="what an Xid code means and what gpuguard does about it")
-    _add_common(e)
+    add_config_option(e)
     e.add_argument("code", type=int)
 
     p = sub.add_parser("slurm-conf", help="print the slurm.conf lines gpuguard needs, with why")
     p.add_argument("--prefix", default="/usr/local", help="where gpuguard is installed (default /usr/local)")
 
     p = sub.add_parser("profiles", help="list instance profiles, or show one")
-    _add_common(p)
+    add_config_option(p)
     p.add_argument("name", nargs="?")
 
     p = sub.add_parser("config", help="validate a config file and print the effective settings")
-    _add_common(p)
+    add_config_option(p)
     p.add_argument("--check", metavar="FILE", help="validate FILE before deploying it: every bad key with its line; "
                    "exit 1 when there is any")
 
     p = sub.add_parser("undrain", help="lift a drain gpuguard put on a node (admin)")
-    _add_common(p)
+    add_config_option(p)
     p.add_argument("node")
     p.add_argument("--force", action="store_true",
                    help="also lift a drain gpuguard did not set, or a FLAPPING / down / maintenance node")
