@@ -14,7 +14,8 @@ import pytest
 
 
 from gpuguard.probes import imds  # noqa: E402
-from gpuguard.probes.imds import get_instance_type, parse_cache  # noqa: E402
+from gpuguard.probes.imds import get_instance_type  # noqa: E402
+from gpuguard.probes.imds_cache import is_valid_instance_type, lookup, parse_cache  # noqa: E402
 
 TOKEN = "AQAEAFakeTokenForTests=="
 
@@ -117,6 +118,24 @@ def test_token_dance_returns_instance_type_and_caches_it(tmp_path: Path, boot_id
     data = json.loads(cache.read_text())
     assert data["boot_id"] == boot_id.read_text().strip()
     assert data["instance_type"] == "p5.48xlarge"
+
+
+def test_the_hooks_lookup_reads_this_boots_cache_only(tmp_path: Path, boot_id: Path) -> None:
+    """What every hook asks before IMDS (gpuguard.pipeline.plan.instance_type): the cache of this boot; another
+    boot's answer, a stale "not EC2" or no boot id is a miss, which then asks IMDS."""
+    cache = tmp_path / "imds.json"
+    assert lookup(str(cache), str(boot_id)) == (False, None)  # nothing cached yet
+    with FakeImds("p5en.48xlarge") as srv:
+        get_instance_type(str(cache), endpoint=srv.endpoint, boot_id_path=str(boot_id))
+    assert lookup(str(cache), str(boot_id)) == (True, "p5en.48xlarge")
+    other = tmp_path / "other_boot"
+    other.write_text("another-boot\n")
+    assert lookup(str(cache), str(other)) == (False, None)
+    assert lookup(str(cache), str(tmp_path / "no_boot_id")) == (False, None)
+    get_instance_type(str(cache), endpoint=closed_port_endpoint(), boot_id_path=str(other))  # "not EC2" cached
+    fetched = json.loads(cache.read_text())["fetched_at"]
+    assert lookup(str(cache), str(other), now=fetched + 1) == (True, None)
+    assert lookup(str(cache), str(other), now=fetched + 601) == (False, None)
 
 
 def test_no_cache_path_still_works(boot_id: Path) -> None:
@@ -244,4 +263,4 @@ def test_parse_cache(text: str, hit: bool, value: str | None) -> None:
     [("p5.48xlarge", True), ("p6-b200.48xlarge", True), ("u-p6e-gb200x72", False), ("P5.48XLARGE", False), ("", False)],
 )
 def test_is_valid_instance_type(value: str, ok: bool) -> None:
-    assert imds.is_valid_instance_type(value) is ok
+    assert is_valid_instance_type(value) is ok

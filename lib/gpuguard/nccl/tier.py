@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from gpuguard.nccl.config import NcclConfig
+from gpuguard.probes.efa_counters import EfaCounterObservation, read_efa_counters
 
 CURSOR_PREFIX = "nccl_tier:"
 
@@ -77,13 +78,12 @@ def tier_probes(nccl_cfg: NcclConfig, *, needs: set[str], gpus: int, sysfs_root:
     """(probe name, zero-argument callable, timeout_s, observation class for a timed-out result) for each of
     "nccl", "dcgm", "efa_counters" in `needs`: what gpuguard.pipeline.gather wraps in its Probe. `binary` / `dcgmi`
     override the config's tools (simulation: gpuguard.simulate.sources). Nothing heavy is imported here."""
-    # only when the slow tier runs: this module is on every prolog's path (tier_due), these probes are not
-    from gpuguard.nccl.probe import NcclObservation, run_single_node_nccl
-    from gpuguard.probes.dcgm import DcgmObservation, run_dcgm_diag
-    from gpuguard.probes.efa_counters import EfaCounterObservation, read_efa_counters
-
+    # the NCCL and DCGM probes only when the slow tier runs: this module is on every hook's path (tier_due, and
+    # the health check's EFA counter deltas), those probes (and the NCCL parser's YAML) are not
     out: list[ProbeEntry] = []
     if "nccl" in needs:
+        from gpuguard.nccl.probe import NcclObservation, run_single_node_nccl
+
         exe = binary or str(nccl_cfg.binary or "all_reduce_perf")
         fallback = "torch" if nccl_cfg.fallback == "torch" else None
         t = float(nccl_cfg.timeout_s)
@@ -92,6 +92,8 @@ def tier_probes(nccl_cfg: NcclConfig, *, needs: set[str], gpus: int, sysfs_root:
             iterations=int(nccl_cfg.iterations), fallback=fallback, env=env), t + 2.0, NcclObservation))
     tool = dcgmi or nccl_cfg.dcgmi
     if "dcgm" in needs and tool:
+        from gpuguard.probes.dcgm import DcgmObservation, run_dcgm_diag
+
         t = float(nccl_cfg.dcgm_timeout_s)
         level = int(nccl_cfg.dcgm_level)
         out.append(("dcgm", lambda: run_dcgm_diag(str(tool), level=level, timeout_s=t), t + 2.0, DcgmObservation))

@@ -9,11 +9,25 @@ from typing import Any, Optional
 from gpuguard.checks import CheckSpec, registry
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
+from gpuguard.nccl.tier import cursor_name, job_is_exclusive, tier_due
+from gpuguard.probes.imds_cache import lookup
 from gpuguard.profiles import Profile, apply_overrides, load_profile
 
 
 def state_dir(cfg: Config) -> str:
     return os.path.dirname(cfg.store.path) or "."
+
+
+def instance_type(cfg: Config) -> Optional[str]:
+    """The EC2 instance type (None off EC2): the per-boot cache, and IMDS only when it misses."""
+    cache = os.path.join(state_dir(cfg), "instance-type.json")
+    hit, itype = lookup(cache, cfg.sources.boot_id_path)
+    if hit:
+        return itype
+    from gpuguard.probes.imds import get_instance_type  # a miss: once per boot, so HTTP is not on every hook's path
+
+    return get_instance_type(cache, timeout_s=cfg.deadlines.imds_s, endpoint=cfg.sources.imds_endpoint,
+                             boot_id_path=cfg.sources.boot_id_path)
 
 
 def resolve_profile(cfg: Config, node: str) -> tuple[Profile, str]:
@@ -23,12 +37,7 @@ def resolve_profile(cfg: Config, node: str) -> tuple[Profile, str]:
     name = ncfg.profile
     how = "config"
     if name == "auto":
-        from gpuguard.probes.imds import get_instance_type
-
-        itype = get_instance_type(os.path.join(state_dir(cfg), "instance-type.json"),
-                                  timeout_s=cfg.deadlines.imds_s,
-                                  endpoint=cfg.sources.imds_endpoint,
-                                  boot_id_path=cfg.sources.boot_id_path)
+        itype = instance_type(cfg)
         name, how = (itype, "ec2-metadata") if itype else ("generic", "default (not on EC2)")
         try:
             prof = load_profile(name, ncfg.profile_dir, cache_dir=state_dir(cfg))
@@ -49,8 +58,6 @@ def plan_checks(cfg: Config, ctx: RunContext, profile: Optional[Profile] = None,
     if ctx.kind == "epilog" and ctx.job_exit_code in cfg.epilog.deep_on_exit_codes:
         kinds.add("epilog_deep")
     if cfg.nccl.tier_enabled and store is not None and profile is not None:
-        from gpuguard.nccl.tier import cursor_name, job_is_exclusive, tier_due
-
         excl = True if ctx.kind == "manual" else job_is_exclusive(ctx.exclusive, ctx.gpu_indices, profile.gpu_count)
         due, _why = tier_due(cfg.nccl, kind=ctx.kind, exclusive=excl, boot_id=boot_id,
                              last=store.get_cursor(cursor_name(ctx.node)), now=now or time.time())

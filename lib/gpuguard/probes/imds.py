@@ -5,18 +5,21 @@ change without a stop/start (which is a reboot), so the answer is cached in a sm
 kernel's boot id. Off EC2 the endpoint refuses or never answers; that costs at most `timeout_s` and the
 negative answer is cached for `negative_ttl_s` so an on-prem node does not pay it on every job either.
 
-`http.client` is used directly: it is much lighter to import than urllib.request or requests.
+`http.client` is used directly: it is much lighter to import than urllib.request or requests. The cache itself is
+gpuguard.probes.imds_cache: a hook reads it without importing this module (~20 ms of `http.client`) unless it
+misses.
 """
 
 from __future__ import annotations
 
 import http.client
-import json
-import re
 import socket
 import time
-from typing import Any, Optional, Tuple
+from typing import Optional
 from urllib.parse import urlsplit
+
+from gpuguard.probes.imds_cache import (DEFAULT_BOOT_ID_PATH, MAX_BODY, NEGATIVE_TTL_S, cached_instance_type,
+                                        is_valid_instance_type, read_boot_id, write_cache)
 
 TOKEN_PATH = "/latest/api/token"
 INSTANCE_TYPE_PATH = "/latest/meta-data/instance-type"
@@ -24,74 +27,9 @@ TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 TOKEN_TTL_S = 300  # we use the token immediately; a short TTL is enough
 DEFAULT_ENDPOINT = "http://169.254.169.254"
-DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-CACHE_VERSION = 1
-_MAX_BODY = 4096  # a token is ~56 bytes, an instance type < 32; anything bigger is not IMDS
-
-# "p5.48xlarge", "p6-b200.48xlarge", "u-6tb1.metal": lower-case family, a dot, a size.
-_INSTANCE_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*\.[a-z0-9-]+$")
-
 
 class _ImdsError(Exception):
     """The endpoint answered, but not like IMDSv2 (HTTP error, bad body)."""
-
-
-def is_valid_instance_type(value: str) -> bool:
-    return bool(value) and len(value) <= 64 and bool(_INSTANCE_TYPE_RE.match(value))
-
-
-def read_boot_id(boot_id_path: str = DEFAULT_BOOT_ID_PATH) -> Optional[str]:
-    try:
-        with open(boot_id_path, encoding="ascii", errors="replace") as f:
-            boot_id = f.read().strip()
-    except OSError:
-        return None
-    return boot_id or None
-
-
-def parse_cache(text: str, boot_id: str, now: float, negative_ttl_s: float) -> Tuple[bool, Optional[str]]:
-    """(hit, instance_type) from the cache file's text. Pure: a stale, foreign or corrupt cache is a miss."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return False, None
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("boot_id") != boot_id:
-        return False, None
-    itype = data.get("instance_type")
-    if itype is None:
-        # "not EC2" is only believed for a while: a transient IMDS failure on EC2 must not stick all boot.
-        fetched_at = data.get("fetched_at")
-        if isinstance(fetched_at, (int, float)) and 0 <= now - fetched_at < negative_ttl_s:
-            return True, None
-        return False, None
-    if isinstance(itype, str) and is_valid_instance_type(itype):
-        return True, itype
-    return False, None
-
-
-def _read_cache(cache_path: str, boot_id: str, now: float, negative_ttl_s: float) -> Tuple[bool, Optional[str]]:
-    try:
-        with open(cache_path, encoding="utf-8") as f:
-            text = f.read(_MAX_BODY)
-    except OSError:
-        return False, None
-    return parse_cache(text, boot_id, now, negative_ttl_s)
-
-
-def _write_cache(cache_path: str, boot_id: str, instance_type: Optional[str], now: float) -> None:
-    """Atomic replace, so a concurrent prolog and health check never read half a file. Best effort."""
-    payload: dict[str, Any] = {
-        "version": CACHE_VERSION,
-        "boot_id": boot_id,
-        "instance_type": instance_type,
-        "fetched_at": now,
-    }
-    from gpuguard.util.fs import atomic_write
-
-    try:
-        atomic_write(cache_path, json.dumps(payload))
-    except OSError:
-        pass  # a read-only or missing state dir only costs the next run one more IMDS call
 
 
 def _remaining(deadline: float) -> float:
@@ -111,13 +49,13 @@ def _request(host: str, port: int, method: str, path: str, headers: dict[str, st
         # the response object reads from this same socket, so this bound also covers the body read
         conn.sock.settimeout(_remaining(deadline))
         resp = conn.getresponse()
-        body = resp.read(_MAX_BODY + 1)
+        body = resp.read(MAX_BODY + 1)
         _remaining(deadline)  # a server that drips bytes must not stretch the total past the deadline
     finally:
         conn.close()
     if resp.status != 200:
         raise _ImdsError(f"{method} {path}: HTTP {resp.status}")
-    if len(body) > _MAX_BODY:
+    if len(body) > MAX_BODY:
         raise _ImdsError(f"{method} {path}: response too large")
     try:
         return body.decode("ascii").strip()
@@ -148,7 +86,7 @@ def get_instance_type(
     timeout_s: float = 1.0,
     endpoint: str = DEFAULT_ENDPOINT,
     boot_id_path: str = DEFAULT_BOOT_ID_PATH,
-    negative_ttl_s: float = 600.0,
+    negative_ttl_s: float = NEGATIVE_TTL_S,
 ) -> str | None:
     """This EC2 instance's type ("p5.48xlarge"), or None off EC2. Never raises.
 
@@ -160,12 +98,12 @@ def get_instance_type(
         boot_id = read_boot_id(boot_id_path) if cache_path else None
         now = time.time()
         if cache_path and boot_id:
-            hit, cached = _read_cache(cache_path, boot_id, now, negative_ttl_s)
+            hit, cached = cached_instance_type(cache_path, boot_id, now, negative_ttl_s)
             if hit:
                 return cached
         itype = fetch_instance_type(endpoint, timeout_s)
         if cache_path and boot_id:
-            _write_cache(cache_path, boot_id, itype, now)
+            write_cache(cache_path, boot_id, itype, now)
         return itype
     except Exception:  # noqa: BLE001 - a probe must never take the prolog down
         return None
