@@ -1,15 +1,18 @@
 """The torchrun template end to end on a real local Slurm cluster (devtools.devsite: munge, slurmctld, one
 slurmd per node, gpuguard's prolog) with a real torchrun: CPU PyTorch, gloo, 2 nodes x 1 process, a tiny model
 that checkpoints every step (tests/fixtures/templates/tiny_train.py). Faults are injected through files the
-training reads, and through gpuguard's own health check draining a node with simulated Xid 79.
+training reads, and through gpuguard's own health check draining a node with simulated Xid 79. Each job plays
+several scenarios (a torch start on two nodes is the expensive part): the first one the requeue, the node
+exclusions and the private scratch.
 
 What a user would notice is asserted: the job's final state and restart count (scontrol show job), where each
 attempt ran, the ledger in the job directory, the `attempts` table in the user-side store (templates.store_path,
 never the hooks' store), the training output (resumed from which step) and the node-local scratch directory.
 
-These run on the dev cluster as it is by default (every node at 127.0.0.1, this machine's host name); the shutdown
-window on the newest and the oldest supported PyTorch, containers, and the rendezvous on a host laid out like a
-stock Debian node are in test_torchrun_debian.py."""
+These run on the dev cluster as it is by default (every node at 127.0.0.1, this machine's host name); a job that
+needs every node of its partition is in test_torchrun_exclusions.py; the shutdown window on the newest and the
+oldest supported PyTorch, containers, and the rendezvous on a host laid out like a stock Debian node are in
+test_torchrun_debian.py and test_torchrun_oldest.py."""
 
 from __future__ import annotations
 
@@ -22,9 +25,15 @@ from torchjob import NEEDS_TORCH, Job, configure
 
 pytestmark = NEEDS_TORCH
 
-@pytest.mark.slow(40)  # two attempts, each starting torch on two nodes
-def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint_in_private_scratch(site_factory):
-    """Also issue 9: TRITON_CACHE_DIR under a predictable /tmp/gpuguard-<jobid> could be pre-created by another user.
+@pytest.mark.slow(60)  # three attempts, each starting torch on two nodes
+def test_a_failed_node_is_excluded_on_requeue_and_the_job_resumes_from_its_checkpoint_in_private_scratch(
+        site_factory):
+    """gpuguard's health check drains node2 (GPU 3 fell off the bus) and the rank there dies: attempt 1 is
+    requeued without node2. node2 is repaired before attempt 2 starts, which still stays off it; attempt 2 fails
+    too (an application error), and at that requeue node2, healthy again, is no longer excluded. Each attempt
+    resumes from the newest complete checkpoint the previous one left.
+
+    Also issue 9: TRITON_CACHE_DIR under a predictable /tmp/gpuguard-<jobid> could be pre-created by another user.
     Here another user planted gpuguard-1 (this cluster's first job id): each node of each attempt makes a fresh
     private mktemp directory instead (0700, the job user's), gpuguard's epilog removes the job's directories and
     leaves the squatter's alone. (The predictable name itself, when free: the no-retry test below.)"""
@@ -36,35 +45,64 @@ def test_failed_attempt_is_requeued_and_resumes_from_its_checkpoint_in_private_s
     os.chown(squatted, 65534, 65534)
     (squatted / "planted.py").write_text("print('owned')\n")
     t0 = time.monotonic()
-    job = Job(site, max_requeues=2)
+    job = Job(site, steps=12, step_time=0.5, max_requeues=2)
     assert job.id == "1"
-    (job.control / "fail-step-4").touch()  # rank 0 raises at step 4 of the first attempt
+    job.wait_for(lambda: (job.ckpt / "step-000002" / "COMPLETE").exists(), "the first checkpoints")
+    assert job.info()["NodeList"] == "node[1-2]"
+    # GPU 3 of node2 falls off the bus: gpuguard's health check drains node2, the rank there dies
+    site.set_scenario("node2", "xid79")
+    hc = site.run_hook("healthcheck", "node2")
+    assert "DRAIN" in site.cluster.node_flags("node2"), (hc.stdout, hc.stderr)
+    assert site.cluster.node_info("node2")["Reason"].startswith("gpuguard: XID79 gpu.xid")
+    (job.control / "fault-node2").touch()
+    job.wait_for(lambda: len(job.ledger()) >= 1, "attempt 1 to be recorded")
+    first = job.ledger()[0]
+    assert (first["reason"], first["action"], first["excluded"]) == ("node_failure", "requeued", ["node2"]), first
+    assert "gpuguard: XID79 gpu.xid" in first["detail"]
+    job.wait_for(lambda: job.info().get("ExcNodeList") == "node2", "ExcNodeList=node2 on the requeued job")
+    # node2's epilog of attempt 1 is over (it may drain again on what it still sees) before node2 is repaired
+    job.wait_for(lambda: site.log_lines("epilog node=node2 job=1 "), "node2's epilog of attempt 1")
+    # The node is repaired and back before attempt 2 starts: the job still stays off it for this attempt
+    site.set_scenario("node2", "healthy-p5")
+    (job.control / "fault-node2").unlink()
+    site.cluster.resume("node2")
+    # attempt 2 fails too, once both of its ranks run: at that requeue the exclusions are re-evaluated and node2,
+    # healthy again, is dropped
+    job.wait_for(lambda: job.output().count(": attempt 2 training steps") == 2, "attempt 2's ranks to start")
+    (job.control / "fault-node3").touch()
+    job.wait_for(lambda: len(job.ledger()) >= 2, "attempt 2 to be recorded")
+    (job.control / "fault-node3").unlink()
+    second = job.ledger()[1]
+    assert (second["nodes"], second["reason"], second["action"]) == ("node[1,3]", "app_error", "requeued"), second
+    assert second["unexcluded"] == ["node2"] and second["exclusions"] == [], second
     info = job.wait()
     out = job.output()
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job.why(info)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", job.why(info)
+    assert info.get("ExcNodeList") in (None, "(null)", ""), job.why(info)
     ledger = job.ledger()
     assert [(r["attempt"], r["reason"], r["action"]) for r in ledger] == [
-        (1, "app_error", "requeued"), (2, "completed", "finished")], ledger
-    assert ledger[0]["exit_code"] != 0 and ledger[1]["exit_code"] == 0
-    # attempt 2 got the newest complete checkpoint (step 3) on its command line and continued from there
-    assert ledger[1]["resumed_from"].endswith("step-000003")
-    assert "resumed from step 3" in out and "finished 6 steps" in out
-    assert "injected failure at step 4" in out
-    assert (job.ckpt / "DONE").read_text() == "6"
+        (1, "node_failure", "requeued"), (2, "app_error", "requeued"), (3, "completed", "finished")], ledger
+    assert ledger[0]["exit_code"] != 0 and ledger[1]["exit_code"] != 0 and ledger[2]["exit_code"] == 0
+    # each attempt got the newest complete checkpoint the previous one left on its command line, and went on
+    for prev, nxt in zip(ledger, ledger[1:]):
+        step = prev["ckpt_step"]
+        assert nxt["resumed_from"].endswith(f"step-{step:06d}") and f"resumed from step {step} " in out, ledger
+    assert "finished 12 steps" in out and (job.ckpt / "DONE").read_text() == "12"
     rows = job.store_attempts()
     assert [(r["attempt"], r["reason"], r["action"], r["nodes"]) for r in rows] == [
-        (1, "app_error", "requeued", ledger[0]["nodes"]), (2, "completed", "finished", ledger[1]["nodes"])]
-    assert ledger[0]["nodes"] == "node[1-2]" and rows[0]["exit_code"] == ledger[0]["exit_code"]
+        (r["attempt"], r["reason"], r["action"], r["nodes"]) for r in ledger]
+    assert rows[0]["excluded"] == "node2" and rows[0]["exit_code"] == ledger[0]["exit_code"]
     # the scratch: never the squatter's directory, a private one per node and attempt, gone after the job
     assert "is not a private directory" in out
     seen = [line.split("LOCAL_DIR ")[1].split() for line in out.splitlines() if "LOCAL_DIR " in line]
-    assert len(seen) == 4, out[-3000:]  # one line per node and attempt
+    assert len(seen) == 6, out[-3000:]  # one line per node and attempt
     for path, _mode_kw, mode, _uid_kw, uid, *_ in seen:
         assert Path(path).parent == local and Path(path).name.startswith("gpuguard-1.") and mode == "0o700"
         assert uid == str(os.getuid())
+    assert len({p[0] for p in seen}) == 6
     job.wait_for(lambda: not any(Path(p[0]).exists() for p in seen), "the epilog to remove the scratch", 30)
     assert squatted.is_dir() and (squatted / "planted.py").exists()  # someone else's: left alone
-    print(f"fail -> requeue -> resume -> finish: {time.monotonic() - t0:.1f}s")
+    print(f"fail -> exclude -> fail -> unexclude -> resume -> finish: {time.monotonic() - t0:.1f}s")
 
 
 @pytest.mark.slow(18)
