@@ -12,9 +12,8 @@ from pathlib import Path
 from dataclasses import asdict
 from typing import Any, Mapping, Optional
 
-import yaml
-
 from gpuguard.config.schema import load_config
+from gpuguard.config.yamlutil import YamlError, load_yaml_text
 from gpuguard.templates import jobattempt as ja
 from gpuguard.templates.fabric import run_check
 from gpuguard.templates.jobfiles import attempt_dir
@@ -120,8 +119,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
             raise ValueError(f"--set {item!r}: expected KEY=VALUE")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            value = load_yaml_text(raw, f"--set {key}") if raw.strip() else ""
+        except YamlError:
             value = raw  # not YAML: take it as a plain string
         if isinstance(value, (dict, list)) is False and not isinstance(value, (str, int, float, bool)) \
                 and value is not None:
@@ -171,9 +170,9 @@ def _load_values_file(path: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot read: {e}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
+        data = load_yaml_text(text, path)
+    except YamlError as e:
+        raise ValueError(f"not valid YAML: {e}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

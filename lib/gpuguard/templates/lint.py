@@ -14,8 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
+from gpuguard.config.yamlutil import load_yaml_file
 from gpuguard.templates.presets import load_presets
 from gpuguard.templates.shellvars import Assignment, final_environment, parse_assignments
 
@@ -48,7 +47,7 @@ class LintFinding:
 
 @lru_cache(maxsize=1)
 def load_rules() -> list[dict[str, Any]]:
-    data = yaml.safe_load(RULES_PATH.read_text(encoding="utf-8"))
+    data = load_yaml_file(RULES_PATH)
     rules = data.get("rules") if isinstance(data, dict) else None
     if not isinstance(rules, list):
         raise ValueError(f"{RULES_PATH}: expected `rules:` with a list")

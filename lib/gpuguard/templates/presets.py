@@ -14,7 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-import yaml
+from gpuguard.config.yamlutil import load_yaml_file
+
 
 PRESETS_PATH = Path(__file__).resolve().parent / "data" / "presets.yaml"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -66,7 +67,7 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
 
 @lru_cache(maxsize=1)
 def _shipped() -> dict[str, Any]:
-    data = yaml.safe_load(PRESETS_PATH.read_text(encoding="utf-8"))
+    data = load_yaml_file(PRESETS_PATH)
     if not isinstance(data, dict):
         raise PresetError(f"{PRESETS_PATH}: expected a mapping")
     return data

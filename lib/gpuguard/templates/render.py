@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import jinja2
-import yaml
 from markupsafe import Markup
 
+from gpuguard.config.yamlutil import YamlError, load_yaml_text
 from gpuguard.templates.containers import coverage_problem
 from gpuguard.templates.presets import EnvVar, PresetError, job_env, resolve_preset
 from gpuguard.templates.quoting import QuotingError, directive_safe, finalize, shell_word
@@ -134,8 +134,8 @@ def parse_spec(source: str, template: str) -> dict[str, VariableSpec]:
     if not m:
         return {}
     try:
-        raw = yaml.safe_load(m.group(1)) or {}
-    except yaml.YAMLError as e:
+        raw = load_yaml_text(m.group(1), "the gpuguard:variables header") or {}
+    except YamlError as e:
         raise TemplateError(f"{template}: bad gpuguard:variables header: {e}") from None
     specs: dict[str, VariableSpec] = {}
     for name, d in raw.items():
