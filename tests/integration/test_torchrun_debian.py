@@ -38,8 +38,9 @@ def test_a_two_node_job_meets_at_the_rendezvous_and_a_45s_checkpoint_fits_the_wi
     assert resolved[0] == "127.0.1.1"  # as on a stock Debian node
     t0 = time.monotonic()
     # a 3-minute limit: Slurm's timer sends USR1 at 80-110 s, once the training surely runs (on a loaded 2-core
-    # machine torch takes a while to start), and the 45 s checkpoint still ends well before the limit
-    job = Job(site, steps=100000, step_time=0.3, time_limit="3", requeue_grace_s=100, max_failures=0,
+    # machine torch takes a while to start), and the 45 s checkpoint still ends well before the limit. A step a
+    # second: the stop is acted on within a second; faster steps would only cost CPU.
+    job = Job(site, steps=100000, step_time=1.0, time_limit="3", requeue_grace_s=100, max_failures=0,
               save_delay=45)
     _info, out, ledger = checkpoint_across_the_time_limit(site, job)
     assert "rendezvous 192.0.2.11:" in out.splitlines()[0] and ledger[0]["attempt"] == 1

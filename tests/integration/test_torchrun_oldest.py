@@ -56,7 +56,7 @@ def test_the_window_holds_on_the_oldest_pytorch_inside_a_container(site_factory,
     # exercised in test_torchrun_debian.py); sent here once both ranks train, since the CUDA build of the old PyTorch
     # takes a while to start on 2 cores and Slurm's timer could fire before.
     job = Job(site, sbatch_args=[f"--export=ALL,PATH={path},PYXIS_LOG={mounts_log}"], steps=100000,
-              step_time=0.3, time_limit="10", requeue_grace_s=100, max_failures=0, save_delay=45,
+              step_time=1.0, time_limit="10", requeue_grace_s=100, max_failures=0, save_delay=45,
               torchrun="torchrun", container_image=str(image), container_mounts=[f"{jobs}:{jobs}"])
     job.wait_for(lambda: job.output().count("training steps") >= 2, "both ranks to train", timeout=180)
     time.sleep(2)
