@@ -136,6 +136,8 @@ def test_the_hooks_lookup_reads_this_boots_cache_only(tmp_path: Path, boot_id: P
     fetched = json.loads(cache.read_text())["fetched_at"]
     assert lookup(str(cache), str(other), now=fetched + 1) == (True, None)
     assert lookup(str(cache), str(other), now=fetched + 601) == (False, None)
+    cache.write_bytes(b"\xff\xfe{not json")  # a damaged cache is a miss, never an exception on the hooks' path
+    assert lookup(str(cache), str(other), now=fetched + 1) == (False, None)
 
 
 def test_no_cache_path_still_works(boot_id: Path) -> None:

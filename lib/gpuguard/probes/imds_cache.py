@@ -57,11 +57,11 @@ def parse_cache(text: str, boot_id: str, now: float, negative_ttl_s: float) -> T
 
 
 def cached_instance_type(cache_path: str, boot_id: str, now: float, negative_ttl_s: float) -> Tuple[bool, Optional[str]]:
-    """(hit, instance_type) from the cache file of this boot; a missing or unreadable file is a miss."""
+    """(hit, instance_type) from the cache file of this boot; a missing, unreadable or undecodable file is a miss."""
     try:
         with open(cache_path, encoding="utf-8") as f:
             text = f.read(MAX_BODY)
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return False, None
     return parse_cache(text, boot_id, now, negative_ttl_s)
 
