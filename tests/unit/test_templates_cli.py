@@ -51,6 +51,14 @@ def test_render_errors_name_the_variable(tmp_path):
     assert p.returncode == 2 and "templates.defaults.max_requeue: no template declares this variable" in p.stderr
 
 
+def test_a_job_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("nodes: 2\ncommand: [train.py\npreset: p5.48xlarge\n")
+    p = gg("render", "torchrun.sbatch.j2", "-c", str(job))
+    assert p.returncode == 2 and f"not valid YAML: {job}: line 3" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
 def test_render_warns_about_bad_settings_it_was_given():
     p = gg("render", "torchrun.sbatch.j2", "--set", "nodes=2", "--set", "command=[t.py]", "--set",
            "env.NCCL_DEBUG=INFO")

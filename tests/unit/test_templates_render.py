@@ -266,6 +266,13 @@ def test_a_template_cannot_escape_the_quoting(tmp_path):
         Renderer(dirs=[tmp_path]).render("undeclared.sbatch.j2", {})
 
 
+def test_a_broken_variables_header_names_the_template_and_line(tmp_path):
+    (tmp_path / "broken.sbatch.j2").write_text(
+        "{#- gpuguard:variables\nnodes: {type: int, help: n}\n  bad: [1\n-#}\n#!/bin/bash\n")
+    with pytest.raises(TemplateError, match=r"^broken.sbatch.j2 \(gpuguard:variables header\): line \d"):
+        Renderer(dirs=[tmp_path]).render("broken.sbatch.j2", {})
+
+
 def test_site_template_directory_wins(tmp_path):
     (tmp_path / "torchrun.sbatch.j2").write_text(
         "{#- gpuguard:variables\nnodes: {type: int, required: true, help: n}\n-#}\n#!/bin/bash\n# site {{ nodes }}\n")

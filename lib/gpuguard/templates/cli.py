@@ -172,7 +172,7 @@ def _load_values_file(path: str) -> dict[str, Any]:
     try:
         data = load_yaml_text(text, path)
     except YamlError as e:
-        raise ValueError(f"not valid YAML: {e}") from None
+        raise ValueError(f"not valid YAML: {e}") from None  # e names the file and the line
     if data is None:
         return {}
     if not isinstance(data, dict):

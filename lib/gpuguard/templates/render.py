@@ -134,9 +134,9 @@ def parse_spec(source: str, template: str) -> dict[str, VariableSpec]:
     if not m:
         return {}
     try:
-        raw = load_yaml_text(m.group(1), "the gpuguard:variables header") or {}
+        raw = load_yaml_text(m.group(1), f"{template} (gpuguard:variables header)") or {}
     except YamlError as e:
-        raise TemplateError(f"{template}: bad gpuguard:variables header: {e}") from None
+        raise TemplateError(str(e)) from None
     specs: dict[str, VariableSpec] = {}
     for name, d in raw.items():
         if not isinstance(d, dict) or d.get("type") not in TYPES or not d.get("help"):
