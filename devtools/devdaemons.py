@@ -109,15 +109,19 @@ class SlurmDaemons:
                 raise DevClusterError(f"{name} exited with {proc.returncode}\n{self.log_tails()}")
 
     def _wait_for(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
-        """Poll `ready()` with a short, growing interval until true; fail fast if a daemon died."""
-        deadline = time.monotonic() + timeout
+        """Poll `ready()` with a short, growing interval until true; fail fast if a daemon died. The interval
+        reaches 0.25 s, and 1 s once the wait has lasted 5 s (a training job's minute): each poll is an RPC that
+        costs slurmctld, munged and the client about 10 ms of CPU."""
+        start = time.monotonic()
+        deadline = start + timeout
         delay = 0.02
         while not ready_within(ready):
             self._check_alive()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise DevClusterError(f"timed out after {timeout}s waiting for {what}\n{self.log_tails()}")
             time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+            delay = min(delay * 1.5, 0.25 if now - start < 5 else 1.0)
 
 
 def ready_within(ready: Callable[[], bool]) -> bool:
