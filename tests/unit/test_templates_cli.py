@@ -81,3 +81,18 @@ def test_config_section_is_validated():
     assert cfg.templates.store_path.endswith("{node}.db")
     with pytest.raises(ConfigError, match=r"line 2: templates.defaults: expected a mapping"):
         parse_config("templates:\n  defaults: [nodes]\n")
+
+
+def test_the_batch_scripts_bookkeeping_imports_no_renderer():
+    """`gpuguard job-attempt` runs at the start and end of every attempt of every job: it parses and dispatches
+    without Jinja, the renderer or the linter (those are `gpuguard render` / `lint`)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gpuguard.cli.main import build_parser, FEATURE_COMMANDS; "
+            "build_parser(FEATURE_COMMANDS['job-attempt']).parse_args(['job-attempt', 'begin', '--job-dir', 'd', "
+            "'--attempt', '1']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'jinja2' "
+            "or m in ('gpuguard.templates.render', 'gpuguard.templates.lint')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

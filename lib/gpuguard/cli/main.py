@@ -23,7 +23,7 @@ FEATURE_COMMANDS: dict[str, str] = {
     "render": "gpuguard.templates.cli",
     "templates": "gpuguard.templates.cli",
     "lint": "gpuguard.templates.cli",
-    "job-attempt": "gpuguard.templates.cli",
+    "job-attempt": "gpuguard.templates.jobattempt_cli",
     "nccl": "gpuguard.nccl.cli",
     "efa": "gpuguard.nccl.efa_cli",
     "dcgm": "gpuguard.nccl.dcgm_cli",

@@ -1,11 +1,10 @@
-"""Commands: `gpuguard render`, `gpuguard templates {list,show,presets}`, `gpuguard lint`,
-`gpuguard job-attempt {begin,end}` (the last is what rendered batch scripts call)."""
+"""Commands: `gpuguard render`, `gpuguard templates {list,show,presets}`, `gpuguard lint`. (`gpuguard job-attempt`,
+what rendered batch scripts call, is gpuguard.templates.jobattempt_cli: it imports no Jinja.)"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -14,9 +13,6 @@ from typing import Any, Mapping, Optional
 
 from gpuguard.config.schema import load_config
 from gpuguard.config.yamlutil import YamlError, load_yaml_text
-from gpuguard.templates import jobattempt as ja
-from gpuguard.templates.fabric import run_check
-from gpuguard.templates.jobfiles import attempt_dir
 from gpuguard.templates.lint import format_findings, lint
 from gpuguard.templates.config import TemplatesConfig
 from gpuguard.templates.presets import list_presets, resolve_preset
@@ -24,7 +20,7 @@ from gpuguard.templates.render import Renderer, TemplateError
 from gpuguard.util.cliargs import add_config_option
 from gpuguard.util.fs import atomic_write
 
-COMMANDS = ("render", "templates", "lint", "job-attempt")
+COMMANDS = ("render", "templates", "lint")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,7 +31,6 @@ def add_parser(sub: Any) -> None:
     _add_render(sub)
     _add_templates(sub)
     _add_lint(sub)
-    _add_job_attempt(sub)
 
 
 def _add_render(sub: Any) -> None:
@@ -72,40 +67,6 @@ def _add_lint(sub: Any) -> None:
     p.add_argument("--instance-type", help="instance type the job runs on (default: from the script)")
     p.add_argument("--stack", help="software stack (efa, efa-ofi-1.6, efa-ofi-1.5, ib, none)")
     p.add_argument("--json", action="store_true")
-
-
-def _add_job_attempt(sub: Any) -> None:
-    p = sub.add_parser("job-attempt", help="(called by rendered batch scripts) record an attempt, requeue, resume, "
-                                          "check the fabric")
-    _common(p)
-    js = p.add_subparsers(dest="attempt_cmd", metavar="SUBCOMMAND")
-    for name in ("begin", "end", "fabric"):
-        s = js.add_parser(name)
-        _common(s)
-        s.add_argument("--job-dir", required=True)
-        s.add_argument("--attempt", type=int, required=True)
-        if name in ("begin", "end"):
-            s.add_argument("--checkpoint-dir")
-            s.add_argument("--checkpoint-kind", default="glob", choices=("glob", "megatron", "latest"))
-            s.add_argument("--checkpoint-glob", default="*")
-            s.add_argument("--checkpoint-marker")
-        if name == "end":
-            s.add_argument("--exit-code", type=int, required=True)
-            s.add_argument("--event", default="none", choices=("none", "timelimit", "term"))
-            s.add_argument("--max-failures", type=int, default=None,
-                           help="failed attempts requeued in a row (reset when the checkpoint advances)")
-            s.add_argument("--max-requeues", type=int, default=None,
-                           help="old name of --max-failures (scripts rendered before the budgets were split)")
-            s.add_argument("--max-continuations", type=int, default=50, help="time-limit/preemption requeues")
-            s.add_argument("--keep-excluded", action="append", default=[],
-                           help="nodes the job itself excludes (kept on every requeue)")
-            s.add_argument("--no-retry-exit-code", type=int, action="append", default=[])
-            s.add_argument("--no-retry-pattern", action="append", default=[])
-        if name == "fabric":
-            s.add_argument("--expect", required=True, choices=("efa", "ib"))
-            s.add_argument("--ranks", type=int, required=True)
-            s.add_argument("--wait", type=float, default=900.0)
-            s.add_argument("--poll", type=float, default=5.0)
 
 
 # --------------------------------------------------------------------------- value parsing (pure)
@@ -288,44 +249,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
     return worst
 
 
-def cmd_job_attempt(args: argparse.Namespace) -> int:
-    try:
-        cfg = _config(args.config)
-    except Exception as e:  # noqa: BLE001 - a broken config must not stop the bookkeeping
-        print(f"gpuguard job-attempt: config not usable ({e}); using defaults", file=sys.stderr)
-        cfg = None
-    job_dir = Path(args.job_dir)
-    if args.attempt_cmd == "fabric":
-        run_check(attempt_dir(job_dir, args.attempt) / "nccl", args.expect, args.ranks, args.wait, args.poll)
-        return 0
-    ctx = ja.JobContext.from_env(os.environ, cfg)
-    if args.attempt_cmd == "begin":
-        print(ja.begin(ctx, job_dir, args.attempt, args.checkpoint_dir, args.checkpoint_kind, args.checkpoint_glob,
-                       args.checkpoint_marker))
-        return 0
-    if args.attempt_cmd == "end":
-        ja.ignore_term()
-        for p in args.no_retry_pattern:
-            re.compile(p)
-        max_failures = args.max_failures if args.max_failures is not None else \
-            (args.max_requeues if args.max_requeues is not None else 3)
-        d = ja.end(ctx, job_dir, args.attempt, args.exit_code, args.event,
-                   ja.policy_from_args(max_failures, args.no_retry_exit_code, args.no_retry_pattern,
-                                       args.max_continuations),
-                   ja.CheckpointSpec(args.checkpoint_dir, args.checkpoint_kind, args.checkpoint_glob,
-                                     args.checkpoint_marker),
-                   keep_excluded=args.keep_excluded)
-        ja.notify_outcome(cfg, ctx, job_dir, args.attempt, d)
-        print(f"gpuguard: attempt {args.attempt}: {d.reason}: {d.detail} -> {d.action}"
-              + (f" (excluding {','.join(d.exclude)})" if d.exclude else ""), file=sys.stderr)
-        print(f"{d.action} {d.exit_code}")
-        return 0
-    print("usage: gpuguard job-attempt {begin,end,fabric} ...", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
-    handlers = {"render": cmd_render, "templates": cmd_templates, "lint": cmd_lint, "job-attempt": cmd_job_attempt}
+    handlers = {"render": cmd_render, "templates": cmd_templates, "lint": cmd_lint}
     return handlers[args.cmd](args)
 
 
