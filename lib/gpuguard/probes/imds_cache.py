@@ -56,7 +56,8 @@ def parse_cache(text: str, boot_id: str, now: float, negative_ttl_s: float) -> T
     return False, None
 
 
-def cached_instance_type(cache_path: str, boot_id: str, now: float, negative_ttl_s: float) -> Tuple[bool, Optional[str]]:
+def cached_instance_type(cache_path: str, boot_id: str, now: float,
+                         negative_ttl_s: float) -> Tuple[bool, Optional[str]]:
     """(hit, instance_type) from the cache file of this boot; a missing, unreadable or undecodable file is a miss."""
     try:
         with open(cache_path, encoding="utf-8") as f:

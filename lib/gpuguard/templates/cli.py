@@ -23,10 +23,6 @@ from gpuguard.util.fs import atomic_write
 COMMANDS = ("render", "templates", "lint")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    add_config_option(p)
-
-
 def add_parser(sub: Any) -> None:
     _add_render(sub)
     _add_templates(sub)
@@ -35,7 +31,7 @@ def add_parser(sub: Any) -> None:
 
 def _add_render(sub: Any) -> None:
     p = sub.add_parser("render", help="render an sbatch template (torchrun, nccl-tests) from a job YAML")
-    _common(p)
+    add_config_option(p)
     p.add_argument("template", help="template name, e.g. torchrun.sbatch.j2 (gpuguard templates list)")
     p.add_argument("-c", "--values", dest="values_file", metavar="JOB_YAML", help="job variables (YAML mapping)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -46,15 +42,15 @@ def _add_render(sub: Any) -> None:
 
 def _add_templates(sub: Any) -> None:
     p = sub.add_parser("templates", help="list sbatch templates, show a template's variables, list presets")
-    _common(p)
+    add_config_option(p)
     ts = p.add_subparsers(dest="templates_cmd", metavar="SUBCOMMAND")
     s = ts.add_parser("list", help="the templates that can be rendered")
-    _common(s)
+    add_config_option(s)
     s = ts.add_parser("show", help="a template's variables: type, default, help")
-    _common(s)
+    add_config_option(s)
     s.add_argument("name")
     s = ts.add_parser("presets", help="environment presets (instance types and stacks), or one preset's variables")
-    _common(s)
+    add_config_option(s)
     s.add_argument("name", nargs="?", help="instance type / profile")
     s.add_argument("--stack", help="stack name (default: the instance's first), or versions such as "
                                    "aws_ofi_nccl=1.14.0,efa_installer=1.28.0,nccl=2.21.5")
@@ -62,7 +58,7 @@ def _add_templates(sub: Any) -> None:
 
 def _add_lint(sub: Any) -> None:
     p = sub.add_parser("lint", help="flag known-bad NCCL/EFA settings in an sbatch script or environment dump")
-    _common(p)
+    add_config_option(p)
     p.add_argument("files", nargs="+", metavar="FILE", help="script or `env` dump ('-' for stdin)")
     p.add_argument("--instance-type", help="instance type the job runs on (default: from the script)")
     p.add_argument("--stack", help="software stack (efa, efa-ofi-1.6, efa-ofi-1.5, ib, none)")
@@ -141,15 +137,11 @@ def _load_values_file(path: str) -> dict[str, Any]:
     return data
 
 
-def _config(path: Optional[str]) -> Any:
-    return load_config(path)
-
-
 # --------------------------------------------------------------------------- commands
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    cfg = _config(args.config)
+    cfg = load_config(args.config)
     tcfg = cfg.templates
     renderer = Renderer(site_presets=tcfg.presets or None,
                         extra_dirs=[tcfg.dir] if tcfg.dir else None)
@@ -185,7 +177,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_templates(args: argparse.Namespace) -> int:
-    cfg = _config(args.config) if args.config else None
+    cfg = load_config(args.config) if args.config else None
     tcfg = cfg.templates if cfg else TemplatesConfig()
     renderer = Renderer(site_presets=tcfg.presets or None,
                         extra_dirs=[tcfg.dir] if tcfg.dir else None)
