@@ -36,9 +36,12 @@ def test_a_scaffolded_check_is_registered_and_its_fixture_must_be_written(tmp_pa
     assert '<a id="gpu.persistence"></a>' in (copy / "docs" / "runbooks.md").read_text()
     registry_test = next(p for p in (copy / "tests").rglob("test_*.py")
                          if "FAILING: dict[str, list[Case]]" in p.read_text())
+    # its own --basetemp: by default the inner session would number its directory beside this session's under
+    # /tmp/pytest-of-<user> and, keeping only the newest three, delete older runs' trees there (25 s of unlink
+    # and rmdir seen on a machine that had run the suite a few times)
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                          str(registry_test), "-k", "persistence"], cwd=copy, env=env, capture_output=True, text=True,
-                         timeout=300)
+                          "--basetemp", str(tmp_path / "inner-tmp"), str(registry_test), "-k", "persistence"],
+                         cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 1 and "NotImplementedError" in res.stdout, res.stdout[-2000:]
     again = subprocess.run([sys.executable, "-m", "devtools.newcheck", "gpu.persistence", "PERSIST", "--probe",
                             "nvml", "--module", "gpu/identity", "--root", str(copy)], cwd=copy, capture_output=True,
