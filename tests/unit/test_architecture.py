@@ -8,6 +8,7 @@ borrowed private name, exempt ones included (marked), without running pytest."""
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 import subprocess
 import sys
@@ -71,8 +72,19 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+@functools.lru_cache(maxsize=None)
+def _parsed(path: Path, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def parse(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per version of the file (three rules read every module)."""
+    st = path.stat()
+    return _parsed(path, st.st_mtime_ns, st.st_size)
+
+
 def _imports_of(module: str, path: Path, modules: dict[str, Path]) -> ModuleImports:
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path)
     found = ModuleImports()
     aliases: dict[str, str] = {}  # local name -> module it stands for
     is_package = path.name == "__init__.py"
@@ -175,7 +187,7 @@ def long_functions(path: Path) -> list[tuple[str, int]]:
             else:
                 visit(child, prefix)
 
-    visit(ast.parse(path.read_text(), str(path)), "")
+    visit(parse(path), "")
     return found
 
 
