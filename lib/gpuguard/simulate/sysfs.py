@@ -52,16 +52,19 @@ def format_phys_state(value: str) -> str:
     return f"{PHYS_STATES.get(value, 0)}: {value}"
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n", encoding="utf-8")
+def _put(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
 
 
-def _symlink(link: Path, target: Path) -> None:
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(os.path.relpath(target, link.parent))
+def _link(link: str, target: str) -> None:
+    """`link` -> `target`, relative as the kernel's links are, replacing whatever was at `link`."""
+    relative = os.path.relpath(target, os.path.dirname(link))
+    try:
+        os.symlink(relative, link)
+    except FileExistsError:
+        os.unlink(link)
+        os.symlink(relative, link)
 
 
 def write_fake_infiniband(root: Path, devices: Sequence[Mapping[str, Any]]) -> None:
@@ -72,31 +75,40 @@ def write_fake_infiniband(root: Path, devices: Sequence[Mapping[str, Any]]) -> N
     `kind` (efa | ib | roce | other) picks the bound driver and per-port defaults; "driver" overrides the
     driver ("" for none). A device without "ports" gets one ACTIVE/LinkUp port 1. Port keys left out take
     the kind's defaults; a key set to None is not written (a missing sysfs file).
+
+    Plain os calls, one per file, link and directory: a simulated p5 node has 32 EFA devices, and every new or
+    changed scenario writes them all again.
     """
-    root = Path(root)
+    root = os.fspath(root)
+    class_dir = os.path.join(root, "class", "infiniband")
     # the devices of a previous scenario go: a device the new one lacks must look gone, as on a real node
-    for old in (root / "class" / "infiniband", root / "devices" / "pci0000:00"):
+    for old in (class_dir, os.path.join(root, "devices", "pci0000:00")):
         shutil.rmtree(old, ignore_errors=True)
+    if devices:
+        os.makedirs(class_dir)
+    drivers: set[str] = set()
     for index, dev in enumerate(devices):
         name = str(dev["name"])
         kind = str(dev.get("kind", "other"))
         defaults = _DEFAULTS.get(kind, _DEFAULTS["other"])
         driver = dev.get("driver", defaults["driver"])
         bdf = dev.get("pci", f"0000:00:{index + 4:02x}.0")
-        pci_dir = root / "devices" / "pci0000:00" / bdf
-        dev_dir = pci_dir / "infiniband" / name
-        dev_dir.mkdir(parents=True, exist_ok=True)
+        pci_dir = os.path.join(root, "devices", "pci0000:00", bdf)
+        dev_dir = os.path.join(pci_dir, "infiniband", name)
+        os.makedirs(dev_dir, exist_ok=True)
         if driver:
-            drv_dir = root / "bus" / "pci" / "drivers" / str(driver)
-            drv_dir.mkdir(parents=True, exist_ok=True)
-            _symlink(pci_dir / "driver", drv_dir)
-        _symlink(dev_dir / "device", pci_dir)
-        _write(dev_dir / "node_type", "1: CA")
-        _symlink(root / "class" / "infiniband" / name, dev_dir)
+            drv_dir = os.path.join(root, "bus", "pci", "drivers", str(driver))
+            if drv_dir not in drivers:
+                os.makedirs(drv_dir, exist_ok=True)
+                drivers.add(drv_dir)
+            _link(os.path.join(pci_dir, "driver"), drv_dir)
+        _link(os.path.join(dev_dir, "device"), pci_dir)
+        _put(os.path.join(dev_dir, "node_type"), "1: CA")
+        _link(os.path.join(class_dir, name), dev_dir)
         ports = dev.get("ports") or [{"port": 1}]
         for pnum, port in enumerate(ports, start=1):
-            pdir = dev_dir / "ports" / str(port.get("port", pnum))
-            pdir.mkdir(parents=True, exist_ok=True)
+            pdir = os.path.join(dev_dir, "ports", str(port.get("port", pnum)))
+            os.makedirs(pdir, exist_ok=True)
             values = {
                 "state": port.get("state", "ACTIVE"),
                 "phys_state": port.get("phys_state", "LinkUp"),
@@ -110,4 +122,4 @@ def write_fake_infiniband(root: Path, devices: Sequence[Mapping[str, Any]]) -> N
                     value = format_port_state(str(value))
                 elif key == "phys_state":
                     value = format_phys_state(str(value))
-                _write(pdir / key, str(value))
+                _put(os.path.join(pdir, key), str(value))
