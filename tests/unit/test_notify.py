@@ -223,3 +223,36 @@ def test_event_contract_defaults():
     assert (e.severity, e.check_id, e.action, e.reason, e.job_id, e.evidence) == ("warning", None, None, None, None, {})
     assert abs(e.ts - time.time()) < 5
     assert json.dumps(render(e))
+
+
+_CHILD = """
+import json, sys
+from gpuguard.notify.apprise_target import preload, send_apprise
+if sys.argv[2] == "preload":
+    assert preload()
+before = set(sys.modules)
+ok, err = send_apprise(sys.argv[1], "DRAINED node7", "gpu.xid", "critical", "gpuguard/node7/drain", "firing", 2)
+print(json.dumps([ok, err, sorted(m for m in sys.modules if m.startswith("apprise") and m not in before)]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["preload", "cold"])
+def test_after_preload_a_page_costs_only_its_request(hook, mode):
+    """The node agent preloads apprise before it forks a child per hook: a child's drain page then loads nothing
+    (cold, it imports apprise and its ~270 plugin modules, ~0.5 s of CPU, which on a busy node pushed the page past
+    the hook's notification budget into the spool)."""
+    p = subprocess.run([sys.executable, "-c", _CHILD, hook.url("/pages"), mode], capture_output=True, text=True,
+                       timeout=60)
+    ok, err, loaded = json.loads(p.stdout)
+    assert (ok, err) == (True, None) and hook.wait_for(1)[0]["body"]["title"] == "DRAINED node7"
+    if mode == "preload":
+        assert loaded == []
+    else:
+        assert len(loaded) > 100
+
+
+def test_the_node_agent_preloads_apprise_before_it_forks():
+    code = ("import sys; from gpuguard.agent.server import warm; warm(); "
+            "print(sum(m.startswith('apprise.plugins.') for m in sys.modules))")
+    p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and int(p.stdout) > 100, p.stdout + p.stderr

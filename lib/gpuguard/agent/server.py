@@ -36,6 +36,7 @@ from gpuguard.agent.adopt import adopt, mismatch
 from gpuguard.agent.confinement import confinement_issues
 from gpuguard.checks import registry
 from gpuguard.cli import hooks
+from gpuguard.notify.apprise_target import preload as preload_apprise
 from gpuguard.util import nodedirs
 from gpuguard.xid.catalog import load_catalog
 
@@ -89,6 +90,10 @@ def warm() -> None:
             pass
     registry()
     load_catalog()
+    try:
+        preload_apprise()  # a drain page from a child costs only its HTTP request
+    except Exception:  # noqa: BLE001 - see WARM_MODULES
+        pass
 
 
 # --------------------------------------------------------------------------- the listening socket
