@@ -163,10 +163,14 @@ class Running:
     """A WatchDaemon in a thread of this process (signals are tested on the real CLI below)."""
 
     def __init__(self, tmp_path: Path, slurm: FakeSlurm, source: str, watch: Optional[dict[str, Any]] = None,
-                 extra: str = "", once: bool = False) -> None:
-        self.cfg = parse_config(config_text(tmp_path, slurm, source, watch, extra), "test.yaml")
+                 extra: str = "", once: bool = False, config_file: Optional[Path] = None) -> None:
+        """`config_file`: the config is written there and the daemon told its path (as `--config` does)."""
+        text = config_text(tmp_path, slurm, source, watch, extra)
+        if config_file is not None:
+            config_file.write_text(text)
+        self.cfg = parse_config(text, str(config_file or "test.yaml"))
         self.store_path = tmp_path / "state" / "n1.db"
-        self.daemon = WatchDaemon(self.cfg, node="n1", once=once,
+        self.daemon = WatchDaemon(self.cfg, node="n1", once=once, config_path=config_file and str(config_file),
                                   log=HookLog(use_syslog=False, path=str(tmp_path / "gpuguard.log"), stderr=False))
         self.code: Optional[int] = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -792,6 +796,51 @@ def test_a_watch_drain_slurm_did_not_take_makes_the_prolog_refuse_jobs(tmp_path,
                      str(SCENARIOS / "healthy-p5.yaml"), slurm_client=memory)
     assert prolog.exit_code == 1 and prolog.verdict.outcome == "pass"
     assert "XID79" in (memory.reason or "") and [a["outcome"] for a in prolog.applied] == ["done"]
+
+
+def test_an_edit_of_the_config_file_is_followed_without_a_signal(tmp_path, slurm, monkeypatch):
+    """A daemon started before the site made Xid 13 fatal (or set notify.urls) judged by the old config until
+    someone sent SIGHUP, while every hook already used the new one. Now an edit is picked up once it has settled;
+    a broken edit is refused once (not at every check) and the running config stays."""
+    from gpuguard.watch import configfile
+
+    monkeypatch.setattr(configfile, "CHECK_S", 0.2)
+    log, cfg = tmp_path / "kern.log", tmp_path / "config.yaml"
+    log.write_text("")
+    gglog = tmp_path / "gpuguard.log"
+    with Running(tmp_path, slurm, f"file:{log}", config_file=cfg):
+        append(log, xid_line(13, "3b", "Graphics Exception"))
+        time.sleep(0.5)
+        assert slurm.drains() == []  # app-class Xid 13: not a node fault
+        cfg.write_text(config_text(tmp_path, slurm, f"file:{log}", extra="xid: {overrides: {13: {severity: fatal}}}\n"))
+        wait_for(lambda: "configuration reloaded" in gglog.read_text(), what="the reload")
+        assert f"{cfg} changed" in gglog.read_text()
+        append(log, xid_line(13, "86", "Graphics Exception"))
+        wait_for(lambda: slurm.drains(), what="the drain after the reload")
+        assert "XID13" in slurm.reason()
+        cfg.write_text("deadlines: {scontrol_s: soon}\n")
+        wait_for(lambda: "reload failed" in gglog.read_text(), what="the refused reload")
+        time.sleep(1.0)  # five more checks of the unchanged broken file
+        assert gglog.read_text().count("reload failed") == 1
+
+
+def test_an_edit_is_taken_only_once_the_file_stopped_changing(tmp_path):
+    from gpuguard.watch.configfile import ConfigFileWatch
+
+    f = tmp_path / "config.yaml"
+    f.write_text("a: 1\n")
+    w = ConfigFileWatch(str(f), now=0.0, interval_s=1.0)
+    assert not w.settled_change(1.0)  # unchanged
+    f.write_text("a: 1\nb")  # an editor half-way through
+    assert not w.settled_change(1.5)  # not due yet
+    assert not w.settled_change(2.0)  # first sight of the new file
+    f.write_text("a: 1\nb: 2\n")
+    assert not w.settled_change(3.0)  # still changing
+    assert w.settled_change(4.0)  # the same as at the last check: settled
+    w.loading()  # the daemon reads it
+    assert not w.settled_change(5.0) and not w.settled_change(6.0)
+    f.unlink()  # a file that went away is a change too (the reload then fails and keeps the running config)
+    assert not w.settled_change(7.0) and w.settled_change(8.0)
 
 
 # --------------------------------------------------------------------------- the real command: signals, systemd

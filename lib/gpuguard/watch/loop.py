@@ -5,7 +5,8 @@
          +------------------- cursor: only past what is judged and acted on <------+
 
 It only reads and judges; everything that can be slow happens in the worker (gpuguard.watch.worker).
-SIGTERM/SIGINT stop cleanly (exit 0), SIGHUP reloads the config.
+SIGTERM/SIGINT stop cleanly (exit 0), SIGHUP reloads the config, and so does an edit of the config file
+(gpuguard.watch.configfile).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Optional
 
 from gpuguard.agent.supervise import AgentProcess
 from gpuguard.config.schema import Config, ConfigError, load_config
+from gpuguard.config.schema import config_path as resolve_config_path
 from gpuguard.kernellog.base import FollowError, KernelLogSource, StoredCursor, read_boot_id
 from gpuguard.kernellog.cursor import describe as describe_cursor
 from gpuguard.kernellog.sources import make_follower
@@ -28,6 +30,7 @@ from gpuguard.pipeline.journal import Journal, runtime_dir
 from gpuguard.simulate.sources import resolve_sources
 from gpuguard.store.sqlite import Store
 from gpuguard.util.log import HookLog
+from gpuguard.watch.configfile import ConfigFileWatch
 from gpuguard.watch.judge import WatchJudge, xid_line_spans
 from gpuguard.watch.settings import WatchSettings, cursor_name, make_log, store_path
 from gpuguard.watch.systemd import sd_notify, watchdog_interval
@@ -73,6 +76,7 @@ class WatchDaemon:
         self.ready = threading.Event()
         self._stop = False
         self._reload = False
+        self.config_file = None if once else ConfigFileWatch(resolve_config_path(config_path)[0], time.monotonic())
         self._cursor: Optional[Cursor] = None
         self._cursor_dirty = False
         self._cursor_sent = 0.0
@@ -175,6 +179,9 @@ class WatchDaemon:
                 self._flush_cursor(now)
                 self._report_forged(now)
                 self.heartbeat.beat(self.cfg, now, self.log, self._pending_drains())
+                if self.config_file is not None and self.config_file.settled_change(now):
+                    self.log.info(f"watch {self.node}: {self.config_file.path} changed")
+                    self._do_reload()
                 if wd is not None and now >= wd_next:
                     sd_notify("WATCHDOG=1")
                     wd_next = now + wd
@@ -213,6 +220,8 @@ class WatchDaemon:
             due.append(beat)
         if self.once:
             due.append(0.05)
+        if self.config_file is not None:
+            due.append(max(0.0, self.config_file.next_check - now))
         return min(due) if due else None  # None: sleep until the kernel log or a signal wakes us
 
     def _wait(self, timeout: Optional[float], follower: bool = True) -> None:
@@ -311,6 +320,8 @@ class WatchDaemon:
     # ---------------------------------------------------------------- reload and shutdown
     def _do_reload(self) -> None:
         self._reload = False
+        if self.config_file is not None:
+            self.config_file.loading()
         try:
             cfg = load_config(self.config_path)
         except ConfigError as e:
