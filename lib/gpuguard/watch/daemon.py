@@ -12,8 +12,9 @@
   A failed attempt is retried with exponential back-off until it resolves (done / already / foreign).
 - The cursor (`watch:<node>` in the store) only moves past a fatal Xid once its drain resolved: a restart
   re-judges an Xid whose drain never happened, and never re-drains for one that was acted on.
-- SIGTERM/SIGINT stop cleanly (exit 0), SIGHUP reloads the config (as does an edit of the file, within ~10 s). With $NOTIFY_SOCKET (systemd Type=notify)
-  it reports READY/STOPPING and pings the watchdog (gpuguard.watch.systemd).
+- SIGTERM/SIGINT stop cleanly (exit 0), SIGHUP reloads the config (as does an edit of the file, within ~10 s).
+  With $NOTIFY_SOCKET (systemd Type=notify) it reports READY/STOPPING and pings the watchdog
+  (gpuguard.watch.systemd).
 
 This module is the entry point: `gpuguard watch` and `python -m gpuguard.watch.daemon` (what the systemd unit
 runs). The settings come from gpuguard.watch.settings.
