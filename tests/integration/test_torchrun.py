@@ -1,8 +1,11 @@
 """The torchrun template end to end on a real local Slurm cluster (devtools.devsite: munge, slurmctld, one
-slurmd per node, gpuguard's prolog) with a real torchrun: CPU PyTorch, gloo, 2 nodes x 1 process, a tiny model
-that checkpoints every step (tests/fixtures/templates/tiny_train.py). Faults are injected through files the
-training reads, and through gpuguard's own health check draining a node with simulated Xid 79. Each job plays
-several scenarios (a torch start on two nodes is the expensive part): the first one the requeue, the node
+slurmd per node, gpuguard's prolog) with a real torchrun (CPU PyTorch, its c10d rendezvous, 2 nodes x 1 process).
+What is under test here is the template's orchestration, so the workers are a torch-free stand-in that checkpoints
+every step (tests/fixtures/templates/stand_in_train.py: the command line, control files and output of
+tiny_train.py, without its ~2.4 s of CPU per rank and attempt for importing torch); workers that really train
+together over gloo are in test_torchrun_debian.py and test_torchrun_oldest.py. Faults are injected through files
+the training reads, and through gpuguard's own health check draining a node with simulated Xid 79. Each job plays
+several scenarios (a torchrun start on two nodes is the expensive part): the first one the requeue, the node
 exclusions and the private scratch.
 
 What a user would notice is asserted: the job's final state and restart count (scontrol show job), where each
@@ -21,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from torchjob import NEEDS_TORCH, Job, configure
+from torchjob import NEEDS_TORCH, STAND_IN, Job, configure
 
 pytestmark = NEEDS_TORCH
 
@@ -45,7 +48,7 @@ def test_a_failed_node_is_excluded_on_requeue_and_the_job_resumes_from_its_check
     os.chown(squatted, 65534, 65534)
     (squatted / "planted.py").write_text("print('owned')\n")
     t0 = time.monotonic()
-    job = Job(site, steps=12, step_time=0.5, max_requeues=2)
+    job = Job(site, train=STAND_IN, steps=12, step_time=0.5, max_requeues=2)
     assert job.id == "1"
     job.wait_for(lambda: (job.ckpt / "step-000002" / "COMPLETE").exists(), "the first checkpoints")
     assert job.info()["NodeList"] == "node[1-2]"
@@ -114,7 +117,7 @@ def test_a_worker_exit_code_in_the_no_retry_list_is_not_retried(site_factory):
     epilog after the job."""
     site = site_factory(nodes=2, epilog=True)
     local = configure(site)
-    job = Job(site, max_failures=3, no_retry_exit_codes=[3])
+    job = Job(site, train=STAND_IN, max_failures=3, no_retry_exit_codes=[3])
     (job.control / "exit-3-rank-1").touch()
     info = job.wait()
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", job.why(info)

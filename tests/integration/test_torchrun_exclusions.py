@@ -1,14 +1,14 @@
 """The torchrun template's node exclusions end to end on a real local Slurm cluster (see test_torchrun.py for the
-setup, and for a node excluded on requeue and dropped again once healthy): a job that needs every node of its
-partition is never excluded from it (issue 16). A file of its own so that pytest-xdist can run it beside the other
-torchrun tests."""
+setup and its torch-free stand-in worker, and for a node excluded on requeue and dropped again once healthy): a
+job that needs every node of its partition is never excluded from it (issue 16). A file of its own so that
+pytest-xdist can run it beside the other torchrun tests."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-from torchjob import NEEDS_TORCH, Job
+from torchjob import NEEDS_TORCH, STAND_IN, Job
 
 pytestmark = NEEDS_TORCH
 
@@ -19,7 +19,7 @@ def test_a_job_that_needs_every_node_is_not_excluded_from_its_own_partition(site
     left the job pending forever (BadConstraints), even after node2 was repaired. Now node2 is not excluded (it is
     drained: Slurm does not use it meanwhile), and the job starts by itself once node2 is resumed."""
     site = site_factory(nodes=2)
-    job = Job(site, steps=12, step_time=0.5, max_failures=2)
+    job = Job(site, train=STAND_IN, steps=12, step_time=0.5, max_failures=2)
     job.wait_for(lambda: (job.ckpt / "step-000002" / "COMPLETE").exists(), "the first checkpoints")
     site.set_scenario("node2", "xid79")
     hc = site.run_hook("healthcheck", "node2")

@@ -3,7 +3,9 @@ test_torchrun_debian.py (issue 16). Its torchrun cannot be told the window (no -
 the stop themselves, so a 45 s checkpoint survives where torchrun would SIGKILL it after 30 s; the job is requeued
 and resumes at the right step. The container is a stand-in for pyxis' `srun --container-image` that runs the node's
 part with the image's programs (the old PyTorch's venv) first on PATH, so the version check really happens inside
-the image."""
+the image. What is old here is torchrun (the CUDA build of 2.1 takes ~3 s of CPU to import here, per process): the
+workers are test_torchrun.py's torch-free stand-in, run by the image's Python beside its torch; workers that train
+over gloo through the whole window are in test_torchrun_debian.py."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ import shutil
 import time
 
 import pytest
-from torchjob import (NEEDS_HOST_VIEW, NEEDS_TORCH, OLDEST_TORCH, Job, checkpoint_across_the_time_limit, debian_site,
-                      oldest_torch_venv)
+from torchjob import (NEEDS_HOST_VIEW, NEEDS_TORCH, OLDEST_TORCH, STAND_IN, Job, checkpoint_across_the_time_limit,
+                      debian_site, oldest_torch_venv)
 
 pytestmark = [NEEDS_TORCH, NEEDS_HOST_VIEW]
 
@@ -55,7 +57,7 @@ def test_the_window_holds_on_the_oldest_pytorch_inside_a_container(site_factory,
     # The stop request comes through the batch script's USR1 trap, as Slurm's time-limit warning does (that timer is
     # exercised in test_torchrun_debian.py); sent here once both ranks train, since the CUDA build of the old PyTorch
     # takes a while to start on 2 cores and Slurm's timer could fire before.
-    job = Job(site, sbatch_args=[f"--export=ALL,PATH={path},PYXIS_LOG={mounts_log}"], steps=100000,
+    job = Job(site, sbatch_args=[f"--export=ALL,PATH={path},PYXIS_LOG={mounts_log}"], train=STAND_IN, steps=100000,
               step_time=1.0, time_limit="10", requeue_grace_s=100, max_failures=0, save_delay=45,
               torchrun="torchrun", container_image=str(image), container_mounts=[f"{jobs}:{jobs}"])
     job.wait_for(lambda: job.output().count("training steps") >= 2, "both ranks to train", timeout=180)
@@ -63,7 +65,7 @@ def test_the_window_holds_on_the_oldest_pytorch_inside_a_container(site_factory,
     assert site.cluster.run(["scancel", "--batch", "--signal=USR1", job.id]).returncode == 0
     _info, out, _ledger = checkpoint_across_the_time_limit(site, job)
     assert "this torchrun has no --shutdown-timeout" in out, out[-4000:]
-    assert f"torch {OLDEST_TORCH}" in out  # the training itself reports the PyTorch it runs on
+    assert f"beside torch {OLDEST_TORCH}" in out  # the workers report the PyTorch of the image they run in
     # the job directory, the node-local scratch root and the checkpoint's file system were mounted
     mounts = mounts_log.read_text().split()
     assert mounts and all(f"{jobs}:{jobs}" in m and f"{site.workdir / 'local'}:" in m for m in mounts), mounts

@@ -21,6 +21,8 @@ from devtools.devhost import DebianHostView, missing_host_view_requirements
 from gpuguard.templates import render_template
 
 TRAIN = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "tiny_train.py"
+# the same command line and control files without torch, for the tests of the template's orchestration alone
+STAND_IN = TRAIN.with_name("stand_in_train.py")
 
 NEEDS_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="CPU PyTorch not installed (make torch): torchrun e2e tests")
@@ -52,7 +54,7 @@ def configure(site, **extra):
 class Job:
     """A rendered torchrun job submitted to a DevSite, with what it leaves behind."""
 
-    def __init__(self, site, sbatch_args=(), **values):
+    def __init__(self, site, sbatch_args=(), train=TRAIN, **values):
         self.site = site
         if "templates" not in site.config:
             configure(site)
@@ -69,7 +71,7 @@ class Job:
         save_delay = values.pop("save_delay", 0)
         base = {
             "nodes": 2, "gpus_per_node": 0, "nproc_per_node": 1, "exclusive": False, "torchrun": newest_torchrun(),
-            "command": [str(TRAIN), "--ckpt-dir", str(self.ckpt), "--steps", str(steps), "--step-time",
+            "command": [str(train), "--ckpt-dir", str(self.ckpt), "--steps", str(steps), "--step-time",
                         str(step_time), "--control", str(self.control)] + (["--save-delay", str(save_delay)]
                                                                           if save_delay else []),
             "checkpoint_dir": str(self.ckpt), "checkpoint_glob": "step-*", "checkpoint_marker": "COMPLETE",
