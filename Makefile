@@ -82,11 +82,12 @@ demo: deps venv fakenvml
 	@$(PY) -m devtools.demo $(DEMO_ARGS)
 
 # Whole files per worker (a module's Slurm cluster or PostgreSQL server stays in one process), longest first
-# (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). Five workers on CI's 2 cores: the
+# (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). Six workers on CI's 2 cores: the
 # end-to-end tests spend most of their time waiting (Slurm's requeue delay, time limits, checkpoints), so the
-# long ones run side by side while the others fill the gaps (four left both cores ~40 % idle in the first minute,
-# while the four torchrun files waited; 322 s with four, 294 s with five on this machine).
-PYTEST_PAR ?= -n 5 --dist loadfile --no-loadscope-reorder
+# long ones run side by side while the others fill the gaps. Measured on this machine (whole-machine idle CPU over
+# the run): four workers left both cores ~40 % idle in the first minute; five, 36 CPU-s idle, most of it in the
+# first two minutes while the five longest files (all of them waiting ones) had a worker each; six, 18 CPU-s.
+PYTEST_PAR ?= -n 6 --dist loadfile --no-loadscope-reorder
 # One collection first writes the assert-rewritten test modules' cache, which every worker then reads (2 s of CPU
 # each instead of 7).
 PYTEST_WARM = $(PY) -m pytest -q --collect-only -p no:cacheprovider

@@ -28,7 +28,7 @@ from torchjob import NEEDS_TORCH, STAND_IN, Job, configure
 
 pytestmark = NEEDS_TORCH
 
-@pytest.mark.slow(60)  # three attempts, each starting torch on two nodes
+@pytest.mark.slow(45)  # three attempts, each starting torchrun on two nodes
 def test_a_failed_node_is_excluded_on_requeue_and_the_job_resumes_from_its_checkpoint_in_private_scratch(
         site_factory):
     """gpuguard's health check drains node2 (GPU 3 fell off the bus) and the rank there dies: attempt 1 is

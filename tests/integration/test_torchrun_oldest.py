@@ -39,7 +39,7 @@ exec REAL_SRUN "${args[@]}"
 """
 
 
-@pytest.mark.slow(110)  # the old PyTorch's start, a 45 s checkpoint, a second attempt
+@pytest.mark.slow(80)  # the old torchrun's start, a 45 s checkpoint, a second attempt
 def test_the_window_holds_on_the_oldest_pytorch_inside_a_container(site_factory, tmp_path):
     """Issue 16: the oldest supported PyTorch's torchrun has no --shutdown-timeout, and with container_image set the
     check used to be skipped (it ran outside the image). The node's wrapper checks the torchrun inside the image,
