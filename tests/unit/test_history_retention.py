@@ -9,6 +9,7 @@ import time
 from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg
 
 from gpuguard.model import Finding, Severity
+from gpuguard.store.retention import RETENTION_CURSOR, prune_due
 from gpuguard.store.schema import SCHEMA_VERSION
 from gpuguard.store.sqlite import Store
 
@@ -96,6 +97,45 @@ def test_health_check_prunes_after_its_verdict_never_below_the_reboot_window(tmp
     assert ages[1:-2] == [float(a) for a in range(1, 30)] and ages[-2:] == [100.5, 150.5] and ages[0] <= 0
     ages = healthcheck()
     assert ages[-1] == 100.5 and len(ages) == 29 + 2 + 1
+
+
+def test_pruning_waits_an_hour_once_a_batch_found_nothing_and_goes_on_at_once_while_one_did(tmp_path):
+    """Every health check pruning cost every node a batch query (and loading the shipping code) every few minutes:
+    now a batch runs once an hour, and at the next run again as long as the last one still removed rows."""
+    cfg = make_cfg(tmp_path, store={"retention_days": 1}, reboot={"window_days": 30})
+    path = str(tmp_path / "state" / "n1.db")
+    build(path)
+    from simnode import run_sim
+
+    def healthcheck():
+        res = run_sim(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
+                      slurm_client=MemorySlurm())
+        assert res.verdict.outcome in ("pass", "warn") and not res.store_errors
+        with Store(path) as st:
+            return st.get_cursor(RETENTION_CURSOR)
+
+    assert healthcheck()["removed"] > 0  # the backlog, in batches
+    while healthcheck()["removed"]:
+        pass
+    done = healthcheck()
+    assert done["removed"] == 0 and time.time() - done["ts"] < 60
+    with Store(path) as st:
+        run(st, "n1", 45)  # a run that has just passed the window
+    assert healthcheck() == done  # within the hour: no batch
+    assert counts(path)[0] == 29 + 2 + 1 + 3 + 1  # ... and the old run is still there
+    with Store(path) as st:
+        st.set_cursor(RETENTION_CURSOR, {**done, "ts": done["ts"] - 3601})
+    assert healthcheck()["removed"] == 1  # an hour later it goes
+    assert counts(path)[0] == 29 + 2 + 1 + 4
+
+
+def test_the_pruning_schedule():
+    assert prune_due(None, NOW)
+    assert prune_due({"ts": NOW - 10, "removed": 3}, NOW)  # a backlog: again at once
+    assert not prune_due({"ts": NOW - 10, "removed": 0}, NOW)
+    assert prune_due({"ts": NOW - 3600, "removed": 0}, NOW)
+    assert prune_due({"ts": NOW + 7200, "removed": 0}, NOW)  # the clock went back: not stuck for two hours
+    assert prune_due({"ts": "garbage"}, NOW)
 
 
 def test_no_retention_no_pruning(tmp_path):

@@ -16,8 +16,9 @@ racing, send rows twice and store them once. When the database is down nothing m
 and the next ship sends the backlog. A ship with nothing waiting opens no connection; the watch daemon and
 `fleet ship` reuse theirs (`ConnectionKeeper`).
 
-Retention (`store.retention_days`) prunes the store in bounded batches from the health check; never rows that
-are not shipped yet when a url is configured, never less than `reboot.window_days` (escalation reads that far).
+Retention (`store.retention_days`) prunes the store in bounded batches from the health check, once an hour and
+again at once while a batch still removed rows (gpuguard.store.retention); never rows that are not shipped yet
+when a url is configured, never less than `reboot.window_days` (escalation reads that far).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gpuguard.fleet.pg import FleetDBError, clean_error
 from gpuguard.fleet.schema import open_fleet_db
 from gpuguard.fleet.shipbatch import execute, plan_drains, plan_runs
 from gpuguard.fleet.url import db_fingerprint, redact_url
+from gpuguard.store.retention import RETENTION_CURSOR
 from gpuguard.store.sqlite import Store
 
 ORIGIN_CURSOR = "fleet:origin"
@@ -218,6 +220,7 @@ def ship_path(cfg: Any, path: str, budget_s: float, *, prune: bool = False,
     try:
         if prune and scfg.retention_days:
             res.pruned = prune_store(cfg, store)
+            store.set_cursor(RETENTION_CURSOR, {"ts": time.time(), "removed": sum(res.pruned.values())})
         if not url:
             return res
         db = db_fingerprint(url)
@@ -269,12 +272,14 @@ def prune_store(cfg: Any, store: Any, now: Optional[float] = None, batch: int = 
 # --------------------------------------------------------------------------- callers
 
 
-def ship_after_run(cfg: Any, result: Any, deadline: Any) -> Optional[ShipResult]:
-    """The health check, after its verdict is recorded: prune a batch and ship, for at most store.ship_budget_s
-    (and never into the last second of the run's deadline). The work runs in a daemon thread: a database that
-    hangs costs the health check the budget, not its deadline. Problems become notes in the run's log line."""
+def ship_after_run(cfg: Any, result: Any, deadline: Any, prune: bool = True) -> Optional[ShipResult]:
+    """The health check, after its verdict is recorded: prune a batch (when `prune`: the caller asked
+    gpuguard.store.retention) and ship, for at most store.ship_budget_s (and never into the last second of the
+    run's deadline). The work runs in a daemon thread: a database that hangs costs the health check the budget,
+    not its deadline. Problems become notes in the run's log line."""
     scfg = cfg.store
-    if not scfg.url and not scfg.retention_days:
+    prune = prune and bool(scfg.retention_days)
+    if not scfg.url and not prune:
         return None
     budget = min(float(scfg.ship_budget_s), deadline.remaining() - 1.0)
     if budget < 0.2:
@@ -283,7 +288,7 @@ def ship_after_run(cfg: Any, result: Any, deadline: Any) -> Optional[ShipResult]
     box: dict[str, ShipResult] = {}
 
     def work() -> None:
-        box["result"] = ship_path(cfg, path, budget, prune=True)
+        box["result"] = ship_path(cfg, path, budget, prune=prune)
 
     t = threading.Thread(target=work, name="gpuguard-fleet-ship", daemon=True)
     t.start()

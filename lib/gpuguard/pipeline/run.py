@@ -38,6 +38,7 @@ from gpuguard.probes.system import read_driver_fingerprint
 from gpuguard.profiles import Profile
 from gpuguard.slurm.client import SlurmError
 from gpuguard.store.guarded import GuardedStore, Store
+from gpuguard.store.retention import RETENTION_CURSOR, prune_due
 
 
 def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = False,
@@ -309,12 +310,13 @@ class Run:
 
     def _ship(self, result: RunResult) -> None:
         scfg = self.cfg.store
-        if not scfg.url and not scfg.retention_days:
+        prune = bool(scfg.retention_days) and prune_due(self.store.get_cursor(RETENTION_CURSOR), self.clock())
+        if not scfg.url and not prune:
             return  # nothing to ship or prune (gpuguard.fleet.ship.ship_after_run's own test, without the import)
         try:  # central history + retention, bounded by store.ship_budget_s; never on a prolog's path
-            from gpuguard.fleet.ship import ship_after_run  # cold path: only where store.url or retention is set
+            from gpuguard.fleet.ship import ship_after_run  # cold path: only where store.url is set or pruning is due
 
-            ship_after_run(self.cfg, result, self.budget.total)
+            ship_after_run(self.cfg, result, self.budget.total, prune=prune)
         except Exception as e:  # noqa: BLE001 - shipping history must never change what the run decided
             result.notes.append(f"central history: {type(e).__name__}: {e}"[:300])
 
