@@ -63,8 +63,11 @@ def test_a_failed_node_is_excluded_on_requeue_and_the_job_resumes_from_its_check
     assert (first["reason"], first["action"], first["excluded"]) == ("node_failure", "requeued", ["node2"]), first
     assert "gpuguard: XID79 gpu.xid" in first["detail"]
     job.wait_for(lambda: job.info().get("ExcNodeList") == "node2", "ExcNodeList=node2 on the requeued job")
-    # node2's epilog of attempt 1 is over (it may drain again on what it still sees) before node2 is repaired
-    job.wait_for(lambda: site.log_lines("epilog node=node2 job=1 "), "node2's epilog of attempt 1")
+    # node2's epilog of attempt 1 is over (it may drain again on what it still sees) before node2 is repaired, as
+    # slurmctld sees it: the epilog logs its verdict before it exits, and its non-zero exit (it drained) makes
+    # slurmctld drain the node ("Epilog error") when it hears of it. A resume in between was undone by that drain.
+    job.wait_for(lambda: site.log_lines("epilog node=node2 job=1 ")
+                 and "COMPLETING" not in site.cluster.node_flags("node2"), "node2's epilog of attempt 1 to be over")
     # The node is repaired and back before attempt 2 starts: the job still stays off it for this attempt
     site.set_scenario("node2", "healthy-p5")
     (job.control / "fault-node2").unlink()
