@@ -6,7 +6,8 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg
+import pytest
+from simnode import SCENARIOS, MemorySlurm, ctx, make_cfg, run_sim
 
 from gpuguard.model import Finding, Severity
 from gpuguard.store.retention import RETENTION_CURSOR, prune_due
@@ -78,16 +79,26 @@ def test_prune_never_touches_unshipped_rows_nor_the_newest_row(tmp_path):
         assert max(ids) == 202 and len(st.drains()) == 1
 
 
-def test_health_check_prunes_after_its_verdict_never_below_the_reboot_window(tmp_path):
+def healthy_health_check(cfg) -> None:
+    """A health check of n1 (a healthy simulated p5) with `cfg`, through the whole pipeline."""
+    res = run_sim(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=MemorySlurm())
+    assert res.verdict.outcome in ("pass", "warn") and not res.store_errors
+
+
+@pytest.fixture
+def one_day_kept(tmp_path):
+    """retention_days 1 under a 30-day reboot window, over n1's store from `build`: (config, store path)."""
     cfg = make_cfg(tmp_path, store={"retention_days": 1}, reboot={"window_days": 30})
     path = str(tmp_path / "state" / "n1.db")
     build(path)
-    from simnode import run_sim
+    return cfg, path
+
+
+def test_health_check_prunes_after_its_verdict_never_below_the_reboot_window(one_day_kept):
+    cfg, path = one_day_kept
 
     def healthcheck():
-        res = run_sim(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
-                      slurm_client=MemorySlurm())
-        assert res.verdict.outcome in ("pass", "warn") and not res.store_errors
+        healthy_health_check(cfg)
         with Store(path) as st:
             return sorted(round((NOW - r["started"]) / DAY, 1) for r in st.runs(node="n1", limit=1000))
 
@@ -99,18 +110,13 @@ def test_health_check_prunes_after_its_verdict_never_below_the_reboot_window(tmp
     assert ages[-1] == 100.5 and len(ages) == 29 + 2 + 1
 
 
-def test_pruning_waits_an_hour_once_a_batch_found_nothing_and_goes_on_at_once_while_one_did(tmp_path):
+def test_pruning_waits_an_hour_once_a_batch_found_nothing_and_goes_on_at_once_while_one_did(one_day_kept):
     """Every health check pruning cost every node a batch query (and loading the shipping code) every few minutes:
     now a batch runs once an hour, and at the next run again as long as the last one still removed rows."""
-    cfg = make_cfg(tmp_path, store={"retention_days": 1}, reboot={"window_days": 30})
-    path = str(tmp_path / "state" / "n1.db")
-    build(path)
-    from simnode import run_sim
+    cfg, path = one_day_kept
 
     def healthcheck():
-        res = run_sim(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"),
-                      slurm_client=MemorySlurm())
-        assert res.verdict.outcome in ("pass", "warn") and not res.store_errors
+        healthy_health_check(cfg)
         with Store(path) as st:
             return st.get_cursor(RETENTION_CURSOR)
 
@@ -142,9 +148,7 @@ def test_no_retention_no_pruning(tmp_path):
     cfg = make_cfg(tmp_path, store={"retention_days": None})
     path = str(tmp_path / "state" / "n1.db")
     build(path)
-    from simnode import run_sim
-
-    run_sim(ctx("healthcheck"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=MemorySlurm())
+    healthy_health_check(cfg)
     assert counts(path)[0] == 203
 
 
