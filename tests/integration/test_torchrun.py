@@ -3,7 +3,7 @@ slurmd per node, gpuguard's prolog) with a real torchrun (CPU PyTorch, its c10d 
 What is under test here is the template's orchestration, so the workers are a torch-free stand-in that checkpoints
 every step (tests/fixtures/templates/stand_in_train.py: the command line, control files and output of
 tiny_train.py, without its ~2.4 s of CPU per rank and attempt for importing torch); workers that really train
-together over gloo are in test_torchrun_debian.py and test_torchrun_oldest.py. Faults are injected through files
+together over gloo are in test_torchrun_debian.py and test_example_train.py. Faults are injected through files
 the training reads, and through gpuguard's own health check draining a node with simulated Xid 79. Each job plays
 several scenarios (a torchrun start on two nodes is the expensive part): the first one the requeue, the node
 exclusions and the private scratch.
