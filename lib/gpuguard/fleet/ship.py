@@ -34,7 +34,7 @@ from gpuguard.fleet.pg import FleetDBError, clean_error
 from gpuguard.fleet.schema import open_fleet_db
 from gpuguard.fleet.shipbatch import execute, plan_drains, plan_runs
 from gpuguard.fleet.url import db_fingerprint, redact_url
-from gpuguard.store.retention import RETENTION_CURSOR
+from gpuguard.store.retention import RETENTION_CURSOR, batch_record
 from gpuguard.store.sqlite import Store
 
 ORIGIN_CURSOR = "fleet:origin"
@@ -220,7 +220,7 @@ def ship_path(cfg: Any, path: str, budget_s: float, *, prune: bool = False,
     try:
         if prune and scfg.retention_days:
             res.pruned = prune_store(cfg, store)
-            store.set_cursor(RETENTION_CURSOR, {"ts": time.time(), "removed": sum(res.pruned.values())})
+            store.set_cursor(RETENTION_CURSOR, batch_record(time.time(), res.pruned))
         if not url:
             return res
         db = db_fingerprint(url)
@@ -272,13 +272,12 @@ def prune_store(cfg: Any, store: Any, now: Optional[float] = None, batch: int = 
 # --------------------------------------------------------------------------- callers
 
 
-def ship_after_run(cfg: Any, result: Any, deadline: Any, prune: bool = True) -> Optional[ShipResult]:
-    """The health check, after its verdict is recorded: prune a batch (when `prune`: the caller asked
-    gpuguard.store.retention) and ship, for at most store.ship_budget_s (and never into the last second of the
-    run's deadline). The work runs in a daemon thread: a database that hangs costs the health check the budget,
-    not its deadline. Problems become notes in the run's log line."""
+def ship_after_run(cfg: Any, result: Any, deadline: Any, *, prune: bool) -> Optional[ShipResult]:
+    """The health check, after its verdict is recorded: prune a batch (`prune`: retention is set and a batch is
+    due, gpuguard.store.retention) and ship, for at most store.ship_budget_s (and never into the last second of
+    the run's deadline). The work runs in a daemon thread: a database that hangs costs the health check the
+    budget, not its deadline. Problems become notes in the run's log line."""
     scfg = cfg.store
-    prune = prune and bool(scfg.retention_days)
     if not scfg.url and not prune:
         return None
     budget = min(float(scfg.ship_budget_s), deadline.remaining() - 1.0)

@@ -12,9 +12,14 @@ RETENTION_CURSOR = "retention:last"
 PRUNE_EVERY_S = 3600.0
 
 
+def batch_record(now: float, removed: dict[str, int]) -> dict[str, Any]:
+    """What a batch leaves in RETENTION_CURSOR: when it ran and how many rows it removed (per table)."""
+    return {"ts": now, "removed": sum(removed.values())}
+
+
 def prune_due(last: Optional[dict[str, Any]], now: float, every_s: float = PRUNE_EVERY_S) -> bool:
-    """`last`: the cursor the last batch left ({"ts": when, "removed": rows}), None when none ran yet (or the store
-    could not be read: then pruning is tried, and fails or not on its own)."""
+    """`last`: the cursor the last batch left (batch_record), None when none ran yet (or the store could not be
+    read: then pruning is tried, and fails or not on its own)."""
     if not last:
         return True
     try:
