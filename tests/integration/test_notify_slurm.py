@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 
 import pytest
@@ -132,6 +133,33 @@ def test_a_prolog_drain_reaches_alertmanager_and_the_health_check_ends_it(site, 
         assert pages_at(hook, "/am/page", lambda b: b["status"] == "resolved")
     finally:
         am.stop()
+
+
+def test_a_drain_page_the_prolog_could_not_finish_is_delivered_after_it_exits(site):
+    """A receiver slower than the hook's 2 s notification budget (or a node too busy to import apprise in that
+    time): the prolog exits on time, and the page it had not finished leaves from a process of its own within
+    seconds, instead of waiting in the spool for the next health check (none runs here)."""
+    slow = WebhookServer()
+    slow.delay_s = 4.0  # every answer: the prolog's delivery thread never gets one before its budget is spent
+    try:
+        site.write_config({"notify": {"urls": [slow.url("/slow")]}})
+        site.set_scenario("node1", "ecc-dbe")
+        t0 = time.monotonic()
+        p = site.run_hook("prolog", "node1", SLURM_JOB_ID="4711", SLURM_JOB_GPUS="0,1,2,3,4,5,6,7")
+        took = time.monotonic() - t0
+        assert p.returncode == 1 and "drain=done" in p.stderr, p.stderr
+        assert took < 4.0, took  # it did not wait for the receiver
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not site.log_lines("a hook had left to its delivery thread"):
+            time.sleep(0.2)
+        with sqlite3.connect(site.workdir / "state" / "node1.db") as db:
+            spool = db.execute("SELECT kind, status FROM notify_spool WHERE node='node1'").fetchall()
+        assert spool == [("drain", "sent")], (spool, site.log_lines("node1"))
+        assert any("DRAINED node1" in r["body"]["title"] for r in slow.requests)
+    finally:
+        slow.close()
+        site.set_scenario("node1", "healthy-p5")
+        site.cluster.resume("node1", wait=False)
 
 
 def pages_at(hook, path: str, pred, timeout: float = 30.0) -> list[dict]:

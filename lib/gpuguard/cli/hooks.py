@@ -5,7 +5,7 @@ log what happened. Nothing here is imported by any other command.
 This is the prolog's hot path (it runs before every job): the hook scripts run gpuguard.agent.client, which has the
 node agent (gpuguard.agent) run `run_hook` in a pre-imported child, or calls `main` here. It parses its two options by
 hand (no argparse) and imports only what a hook run needs; what only a failing run needs (notifications, a traceback)
-is imported where it is used. tests/unit/test_hook_hot_path.py keeps it that way.
+is imported where it is used. tests/unit/test_agent_wire.py keeps it that way.
 """
 
 from __future__ import annotations
@@ -104,9 +104,22 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     """Run one hook; returns its exit code. `started`: when the hook process started (time.monotonic(); the
     deadline counts from there). `report(code, deadline_s)`: told the exit code the hook would end with if it were
     stopped now, whenever that changes (the node agent's client, gpuguard.agent). `exit_process`: how the watchdog
-    ends the process. `via`: who runs it, for the log line (`agent`)."""
-    t0 = time.monotonic() if started is None else started
+    ends the process. `via`: who runs it, for the log line (`agent`). The caller exits right after: notifications
+    still being delivered then are handed to a process of their own (gpuguard.notify.handoff)."""
     ctx = context_from_env(kind, os.environ)
+    code = _run(kind, ctx, config_path, simulate, started, report, exit_process, via)
+    delivery = sys.modules.get("gpuguard.notify.delivery")  # not imported: this run notified nobody
+    if delivery is not None and delivery.unfinished():
+        from gpuguard.notify.handoff import hand_off  # cold path: a page that missed the hook's budget
+
+        hand_off(config_path, ctx.node)
+    return code
+
+
+def _run(kind: str, ctx: Any, config_path: Optional[str], simulate: Optional[str], started: Optional[float],
+         report: Optional[Callable[[int, float], None]], exit_process: Callable[[int], Any],
+         via: Optional[str]) -> int:
+    t0 = time.monotonic() if started is None else started
     cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
     lg = cfg.logging
     log = HookLog(lg.syslog, lg.file, lg.level, stderr=kind != "healthcheck")

@@ -135,16 +135,17 @@ def _prepare_flush(conn: Any, ncfg: NotifyConfig, targets: dict[str, delivery.Ta
 
 
 def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None,
-          now: Optional[float] = None) -> int:
+          now: Optional[float] = None, node: Optional[str] = None) -> int:
     """Retry spooled messages, send the digest of rate-limited ones, keep firing Alertmanager alerts alive.
-    Returns how many spooled messages were delivered within `budget_s`. Never raises."""
+    Returns how many spooled messages were delivered within `budget_s`. Never raises. `node`: whose hooks' state
+    (default: this node's)."""
     try:
         ncfg = enabled(cfg)
         if ncfg is None:
             return 0
         start = time.monotonic()
         now = time.time() if now is None else now
-        conn, path, why = _open(cfg, ncfg, None, state_path, max(0.2, min(1.0, budget_s / 4)))
+        conn, path, why = _open(cfg, ncfg, node, state_path, max(0.2, min(1.0, budget_s / 4)))
         if conn is None:
             log_warning(f"not using notification state ({why}); nothing flushed")
             return 0

@@ -142,6 +142,7 @@ def _work(job: Job, done: dict[int, bool]) -> None:
     try:
         for row in job.rows:
             done[row.id] = _deliver_row(conn, row, job)
+            _UNFINISHED.discard(row.id)
         _keepalive(conn, job)
     except Exception as e:  # noqa: BLE001 - a daemon thread's exception would only reach stderr
         log_warning(f"delivery: {type(e).__name__}: {e}")
@@ -149,16 +150,29 @@ def _work(job: Job, done: dict[int, bool]) -> None:
         conn.close()
 
 
+# Spooled rows whose delivery was still under way when its caller's budget ran out, in this process. A process
+# that exits (a hook) ends that worker thread with it: gpuguard.notify.handoff passes them to a process of their own.
+_UNFINISHED: set[int] = set()
+
+
 def deliver(job: Job, budget_s: float) -> dict[int, bool]:
-    """Run `job` in a worker thread for at most `budget_s`; {row id: delivered} of what finished by then (the
-    rest goes on in the background and is recorded in the spool)."""
+    """Run `job` in a worker thread for at most `budget_s`; {row id: delivered} of what finished by then. The rest
+    goes on in the worker thread while this process lives (recorded in the spool as it goes); `unfinished()`
+    names it."""
     done: dict[int, bool] = {}
     if not job.rows and not job.keepalive:
         return done
     t = threading.Thread(target=_work, args=(job, done), name="gpuguard-notify", daemon=True)
     t.start()
     t.join(max(0.0, budget_s))
+    if t.is_alive():
+        _UNFINISHED.update(r.id for r in job.rows if r.id not in done)
     return dict(done)
+
+
+def unfinished() -> list[int]:
+    """The spool rows this process left to a worker thread still running past its budget."""
+    return sorted(_UNFINISHED)
 
 
 def deliver_direct(ncfg: NotifyConfig, event: Event, title: str, body: str, key: str, now: float, ttl: float,

@@ -1,0 +1,65 @@
+"""A hook's notifications outlive the hook: what its delivery thread had not finished when the hook's budget ran
+out is delivered by a process of its own, instead of waiting in the spool for the next health check.
+
+A hook gives notifications at most 2 s (`pipeline.tell`). On a node whose CPUs a job keeps busy, importing apprise
+alone can take that long, and a hook process that exits ends its delivery thread with it: the drain's page then
+waited for the next flush (the health check, every HealthCheckInterval). `hand_off` starts
+`python -I -m gpuguard.notify.handoff` in a session of its own (slurmd does not wait for it, and no kill of the
+hook's process group reaches it); it flushes that node's spool within `BUDGET_S` and exits. A message the hook's
+thread was sending at the moment the hook exited may arrive twice: a duplicate page is better than a late one,
+and every receiver gets the same dedupe key for both.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Optional, Sequence
+
+from gpuguard.config.lastgood import load_guarded
+from gpuguard.notify.api import flush
+from gpuguard.notify.delivery import unfinished
+from gpuguard.util.log import HookLog
+
+BUDGET_S = 30.0  # the flush's own budget; the process ends a few seconds after it whatever hangs
+
+
+def hand_off(config_path: Optional[str], node: str) -> bool:
+    """Start the delivery process when this process leaves spooled messages undelivered. Never raises."""
+    if not unfinished():
+        return False
+    argv = [sys.executable, "-I", "-m", "gpuguard.notify.handoff", "--node", node]
+    if config_path:
+        argv += ["--config", config_path]
+    try:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True)
+    except OSError:
+        return False  # the spool still has them: the next flush delivers them
+    return True
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`--node NODE [--config FILE]`: flush NODE's hooks' spool once, within BUDGET_S."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    opts = dict(zip(args[::2], args[1::2]))
+    node = opts.get("--node")
+    if not node or set(opts) - {"--node", "--config"} or len(args) % 2:
+        print("usage: python -m gpuguard.notify.handoff --node NODE [--config FILE]", file=sys.stderr)
+        return 2
+    timer = threading.Timer(BUDGET_S + 5.0, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
+    cfg = load_guarded(opts.get("--config"))
+    sent = flush(cfg, budget_s=BUDGET_S, node=node)
+    log = HookLog(cfg.logging.syslog, cfg.logging.file, cfg.logging.level, stderr=False)
+    log.info(f"notify on {node}: delivered {sent} message(s) a hook had left to its delivery thread")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # never wait for a delivery thread stuck on a receiver
