@@ -4,6 +4,7 @@ Real files, real ownership (the tests chown to other uids when they run as root,
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,22 @@ def test_deep_trees_are_removed_without_recursion(tmproot):
     (d / "leaf").write_text("x")
     res = remove_job_scratch("3", uid, [str(tmproot)])
     assert res.removed == [str(top)] and not top.exists()
+
+
+@ROOT_ONLY
+def test_a_scratch_removed_at_the_same_time_by_the_other_nodes_epilog_is_gone_without_errors(tmproot):
+    """A scratch root shared by the job's nodes (a shared /scratch, or simulated nodes on one host): every node's
+    epilog removes the same directory at the same moment. What another remover took first is gone, not an error
+    that leaves the rest in place (seen in a CI-like run: both epilogs stopped on ENOENT and left gpuguard-1)."""
+    mine = _tree(tmproot / "gpuguard-77", USER)
+    calls = []
+
+    def clock() -> float:  # the emptier asks the time before each step: the other epilog wins the race at step 3
+        calls.append(1)
+        if len(calls) == 3:
+            shutil.rmtree(mine)
+        return 0.0
+
+    res = remove_job_scratch("77", USER, [str(tmproot)], clock=clock)
+    assert len(calls) > 3 and res.errors == [] and not res.incomplete
+    assert res.removed == [str(mine)] and not mine.exists()

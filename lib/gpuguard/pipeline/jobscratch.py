@@ -112,9 +112,12 @@ def _remove_in_root(root: str, root_fd: int, pattern: re.Pattern[str], uid: int,
             continue
         try:
             os.rmdir(name, dir_fd=root_fd)
-            out.removed.append(path)
+        except FileNotFoundError:
+            pass  # removed at the same time by another epilog (a scratch root shared by the job's nodes): gone
         except OSError as e:
             out.errors.append(f"{path}: {e.strerror or e}")
+            continue
+        out.removed.append(path)
 
 
 def _empty_dir(top_fd: int, top_path: str, dev: int, uid: int, deadline: float, clock: Callable[[], float],
@@ -179,6 +182,8 @@ class _TreeEmptier:
             return
         try:
             os.rmdir(os.path.basename(done.path), dir_fd=parent.fd)
+        except FileNotFoundError:
+            pass  # another remover took it first: gone is what was wanted
         except OSError as e:
             self._error(parent, f"{done.path}: {e.strerror or e}")
 
@@ -217,6 +222,8 @@ class _TreeEmptier:
     def _enter(self, parent: _OpenDir, name: str, child: str, st: os.stat_result) -> None:
         try:
             cfd = os.open(name, _DIR_FLAGS, dir_fd=parent.fd)
+        except FileNotFoundError:
+            return  # removed since it was looked at (another remover)
         except OSError as e:
             self._error(parent, f"{child}: {e.strerror or e}")
             return
