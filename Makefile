@@ -1,6 +1,13 @@
 # gpuguard — `make demo` and `make test` are all a new user needs (Debian 12, as root).
 SHELL := /bin/bash
-PYTHON ?= python3
+# The interpreter of the venv (and of `make install`'s): the distribution's own /usr/bin/python3 when it can make a
+# venv, else python3 from PATH; PYTHON=... chooses another. Debian and Ubuntu build theirs with profile-guided
+# optimisation and LTO: on the 2-core CI machine the whole suite took ~20% less CPU with it than with a plain source
+# build (pyenv's, first on that PATH), and it is the Python a compute node's own packages run on.
+ifndef PYTHON
+PYTHON := $(shell for p in /usr/bin/python3 python3; do $$p -c 'import sys, venv, ensurepip; \
+  sys.exit(sys.version_info < (3, 9))' >/dev/null 2>&1 && { echo $$p; exit 0; }; done; echo python3)
+endif
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PREFIX ?= /usr/local
@@ -54,7 +61,7 @@ deps:
 	fi
 
 $(VENV)/.installed: setup.cfg pyproject.toml
-	@echo ">> python venv in $(VENV)"
+	@echo ">> python venv in $(VENV) ($(PYTHON))"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PY) -c 'import gpuguard, pynvml, yaml, psutil, pytest, xdist, hypothesis, apprise, prometheus_client, psycopg, hostlist'
