@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Mapping, Optional
+
+from gpuguard.util.record import Frozen, field, record
 
 KINDS = ("prolog", "epilog", "healthcheck", "manual")
 
@@ -19,8 +20,8 @@ _USER_RE = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,31}\$?$")
 _UID_RE = re.compile(r"^\d{1,10}$")
 
 
-@dataclass(frozen=True)
-class RunContext:
+@record
+class RunContext(Frozen):
     kind: str  # prolog | epilog | healthcheck | manual
     node: str
     job_id: Optional[str] = None

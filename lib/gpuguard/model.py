@@ -7,8 +7,9 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
+
+from gpuguard.util.record import Frozen, Record, as_dict, field, field_names, record
 
 
 class Severity(str, enum.Enum):
@@ -51,8 +52,8 @@ class Action(str, enum.Enum):
 _ACTION_RANK = {Action.NONE: 0, Action.DRAIN: 1, Action.RESET: 2, Action.REBOOT: 3, Action.REPLACE: 4}
 
 
-@dataclass
-class Finding:
+@record
+class Finding(Record):
     """One conclusion of one check, with what to do about it and the evidence behind it."""
 
     check_id: str
@@ -65,14 +66,14 @@ class Finding:
     gpu: Optional[int] = None  # GPU index the finding is about, when it is about one
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = as_dict(self)
         d["severity"] = self.severity.value
         d["action"] = self.action.value
         return d
 
 
-@dataclass
-class ProbeStatus:
+@record
+class ProbeStatus(Record):
     """How a probe went: `complete` False means its observation is partial or empty."""
 
     complete: bool = True
@@ -84,15 +85,15 @@ class ProbeStatus:
 # --------------------------------------------------------------------------- NVML
 
 
-@dataclass
-class GpuProcess:
+@record
+class GpuProcess(Record):
     pid: int
     used_memory_mib: Optional[int] = None
     name: Optional[str] = None  # filled from /proc when the pid is visible
 
 
-@dataclass
-class GpuInfo:
+@record
+class GpuInfo(Record):
     """One GPU as NVML reports it. None = not supported / not readable (see `errors`)."""
 
     index: int
@@ -152,8 +153,8 @@ class GpuInfo:
     fatal_error: Optional[str] = None
 
 
-@dataclass
-class NvmlObservation:
+@record
+class NvmlObservation(Record):
     status: ProbeStatus = field(default_factory=ProbeStatus)
     init_error: Optional[str] = None  # NVML error name when nvmlInit failed, or "TIMEOUT"
     init_duration_s: Optional[float] = None  # how long nvmlInit took (seconds; slow without persistence mode)
@@ -166,8 +167,8 @@ class NvmlObservation:
 # --------------------------------------------------------------------------- kernel log
 
 
-@dataclass(frozen=True)
-class XidEvent:
+@record
+class XidEvent(Frozen):
     """One `NVRM: Xid (PCI:...): <code>, ...` kernel message."""
 
     code: int
@@ -181,8 +182,8 @@ class XidEvent:
     raw: str = ""
 
 
-@dataclass
-class KernelLogObservation:
+@record
+class KernelLogObservation(Record):
     status: ProbeStatus = field(default_factory=ProbeStatus)
     source: str = ""
     events: list[XidEvent] = field(default_factory=list)
@@ -195,8 +196,8 @@ class KernelLogObservation:
 # --------------------------------------------------------------------------- fabric
 
 
-@dataclass
-class RdmaPort:
+@record
+class RdmaPort(Record):
     port: int
     state: Optional[str] = None  # "ACTIVE", "DOWN", "INIT", ...
     phys_state: Optional[str] = None  # "LinkUp", "Polling", ...
@@ -204,15 +205,15 @@ class RdmaPort:
     link_layer: Optional[str] = None  # "InfiniBand", "Ethernet", "Unspecified" (EFA)
 
 
-@dataclass
-class RdmaDevice:
+@record
+class RdmaDevice(Record):
     name: str  # "rdmap16s27", "mlx5_0", "efa_0"
     kind: str  # "efa" | "ib" | "roce" | "other"
     ports: list[RdmaPort] = field(default_factory=list)
 
 
-@dataclass
-class FiInfo:
+@record
+class FiInfo(Record):
     """What `fi_info -p efa` said."""
 
     ran: bool = False
@@ -222,8 +223,8 @@ class FiInfo:
     error: Optional[str] = None
 
 
-@dataclass
-class FabricObservation:
+@record
+class FabricObservation(Record):
     status: ProbeStatus = field(default_factory=ProbeStatus)
     devices: list[RdmaDevice] = field(default_factory=list)
     fi_info: Optional[FiInfo] = None
@@ -238,8 +239,8 @@ class FabricObservation:
 # --------------------------------------------------------------------------- system
 
 
-@dataclass
-class DiskUsage:
+@record
+class DiskUsage(Record):
     path: str
     total_mib: Optional[int] = None
     free_mib: Optional[int] = None
@@ -248,8 +249,8 @@ class DiskUsage:
     world_writable: Optional[bool] = None  # the path's mode lets every user write (S_IWOTH, e.g. /tmp's 1777)
 
 
-@dataclass
-class SystemObservation:
+@record
+class SystemObservation(Record):
     status: ProbeStatus = field(default_factory=ProbeStatus)
     cpus_online: Optional[int] = None
     cpus_offline: Optional[str] = None  # the kernel's cpulist of present-but-offline CPUs ("" = none)
@@ -260,8 +261,8 @@ class SystemObservation:
     disks: list[DiskUsage] = field(default_factory=list)
 
 
-@dataclass
-class JobCleanup:
+@record
+class JobCleanup(Record):
     """What the epilog found and did about processes left on the job's GPUs."""
 
     job_id: Optional[str] = None
@@ -273,8 +274,8 @@ class JobCleanup:
     error: Optional[str] = None
 
 
-@dataclass
-class Observations:
+@record
+class Observations(Record):
     """Everything gathered for one run. A probe that was not planned leaves its field None."""
 
     nvml: Optional[NvmlObservation] = None
@@ -295,8 +296,8 @@ class Observations:
 # --------------------------------------------------------------------------- verdicts and run results
 
 
-@dataclass
-class Verdict:
+@record
+class Verdict(Record):
     """What a run decided for the node (gpuguard.pipeline.policy.decide)."""
 
     outcome: str  # "pass" | "warn" | "drain"
@@ -313,8 +314,8 @@ class Verdict:
         return self.outcome != "drain"
 
 
-@dataclass
-class PendingDrain:
+@record
+class PendingDrain(Record):
     """A drain (or a reboot request) gpuguard decided but Slurm has not taken yet. It stands until applied: kept in
     the node's verdict journal (gpuguard.pipeline.journal), retried first by every later run and the watch daemon,
     and while it is pending the prolog refuses jobs."""
@@ -332,16 +333,16 @@ class PendingDrain:
     run_id: Optional[int] = None  # the store's run that decided it, when the store could record it
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return as_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PendingDrain":
-        names = {f for f in cls.__dataclass_fields__}
+        names = set(field_names(cls))
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-@dataclass
-class RunResult:
+@record
+class RunResult(Record):
     """One run, end to end: what was seen, concluded, decided and done. `context` is a gpuguard.context.RunContext,
     `profile` a gpuguard.profiles.Profile (typed loosely here: this module imports nothing of gpuguard's)."""
 

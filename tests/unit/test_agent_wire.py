@@ -324,10 +324,10 @@ def test_the_hook_client_imports_nothing_of_the_pipeline():
     assert not mods & {"pynvml", "sqlite3", "yaml", "json", "typing", "socket", "argparse", "re"}
 
 
-def test_the_in_process_hook_imports_no_yaml_argparse_or_notifications():
+def test_the_in_process_hook_imports_no_yaml_argparse_dataclasses_or_notifications():
     mods = _modules_after("import gpuguard.cli.hooks")
     assert not mods & {"yaml", "argparse", "psycopg", "apprise", "prometheus_client", "uuid", "traceback", "jinja2",
-                        "difflib"}
+                        "difflib", "dataclasses", "inspect"}  # plain data is a @record (gpuguard.util.record)
     features = {m for m in mods if m.startswith(("gpuguard.notify", "gpuguard.fleet.ship", "gpuguard.metrics",
                                                  "gpuguard.watch", "gpuguard.templates", "gpuguard.nccl.sweep"))}
     # only each feature's config section (gpuguard.<feature>.config: one dataclass), loaded with the config

@@ -89,7 +89,7 @@ def test_a_feature_section_module_imports_nothing_but_the_field_helpers():
         out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
         package = cls.__module__.rsplit(".", 1)[0]
         assert set(eval(out.stdout)) <= {"gpuguard", "gpuguard.config", "gpuguard.config.fields", package,
-                                         cls.__module__, "gpuguard.util", "gpuguard.util.nodedirs"}, name
+                                         cls.__module__, "gpuguard.util", "gpuguard.util.nodedirs", "gpuguard.util.record"}, name
 
 
 def test_the_default_store_lives_in_the_nodes_state_directory(monkeypatch, tmp_path):

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 from gpuguard.model import Action, Finding, GpuInfo, NvmlObservation, Observations, Severity
+from gpuguard.util.record import Frozen, field, record
 
 if TYPE_CHECKING:
     from gpuguard.checks.spec import CheckInput, CheckSpec
@@ -129,8 +129,8 @@ def unread_finding(spec: "CheckSpec", g: GpuInfo, unread: dict[str, str]) -> Fin
 # --------------------------------------------------------------------------- the GPUs an NVML check judges
 
 
-@dataclass(frozen=True)
-class NvmlGpus:
+@record
+class NvmlGpus(Frozen):
     """What an NVML check judges: the job's GPUs NVML answered for (`gpus`), beside every GPU it reported (`peers`:
     a value one GPU lacks while a peer reports it was not read, it is not absent). `stand_in`: the finding that
     replaces the check's own when NVML gave no usable data (then there is nothing to judge)."""

@@ -7,10 +7,10 @@ package, so the registry can import them without an import cycle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from gpuguard.model import Finding, Observations
+from gpuguard.util.record import Frozen, field, record, replace
 
 if TYPE_CHECKING:
     from gpuguard.profiles import Profile
@@ -27,8 +27,8 @@ IDLE_ONLY = frozenset({"prolog", "healthcheck", "manual"})
 TIER = frozenset({"tier"})
 
 
-@dataclass(frozen=True)
-class CheckInput:
+@record
+class CheckInput(Frozen):
     profile: "Profile"
     params: Mapping[str, Any] = field(default_factory=dict)
     job_gpus: Optional[tuple[int, ...]] = None  # None = all GPUs on the node
@@ -44,8 +44,8 @@ CheckFn = Callable[[Observations, CheckInput], list[Finding]]
 ProbeOptionsFn = Callable[[Mapping[str, Any], "Profile"], Mapping[str, Any]]
 
 
-@dataclass(frozen=True)
-class CheckSpec:
+@record
+class CheckSpec(Frozen):
     id: str
     keywords: tuple[str, ...]  # drain keywords it may emit; the first is the default (XID covers XID79, ...)
     needs: str  # probe: nvml | kernel_log | fabric | system | nccl | dcgm | efa_counters

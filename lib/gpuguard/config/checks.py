@@ -5,10 +5,10 @@ set for them, and the validators those names stand for.
 
 from __future__ import annotations
 
-from dataclasses import field
 from typing import Any, Mapping
 
 from gpuguard.config.fields import Section, Validator, boolean, choice, integer, number, section, str_list, string
+from gpuguard.util.record import field
 
 
 def disk_paths(x: Any) -> Any:

@@ -7,13 +7,13 @@ builds it from the compiled last good copy (gpuguard.config.lastgood) with no YA
 
 from __future__ import annotations
 
-from dataclasses import field, replace
 from typing import Any, Mapping, Optional
 
 from gpuguard.config.checks import ChecksConfig
 from gpuguard.config.core import (DeadlinesConfig, EpilogConfig, LockingConfig, LoggingConfig, NodeConfig,
                                   PolicyConfig, RebootConfig, SourcesConfig, UndrainConfig)
 from gpuguard.config.fields import Frozen, Record, Section, record
+from gpuguard.util.record import field, replace
 from gpuguard.metrics.config import MetricsConfig
 from gpuguard.monitor.config import MonitorConfig
 from gpuguard.nccl.config import NcclConfig
@@ -112,7 +112,7 @@ class Config(Record):
 
 
 # section name -> its dataclass, in the file's documented order (`checks:` is validated against the registry)
-SECTIONS: dict[str, type[Section]] = {name: factory for name, _, factory in Config._defaults
+SECTIONS: dict[str, type[Section]] = {name: factory for name, _, factory, _ in Config._fields
                                       if isinstance(factory, type) and issubclass(factory, Section) and name != "checks"}
 
 

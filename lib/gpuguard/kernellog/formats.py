@@ -31,10 +31,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
-from dataclasses import dataclass
 from typing import Optional
 
 from gpuguard.model import XidEvent
+from gpuguard.util.record import Frozen, record
 
 NEEDLE = b"NVRM: Xid"
 _NEEDLE_STR = NEEDLE.decode()
@@ -120,8 +120,8 @@ class Verdict:
     OTHER = "other"  # no Xid in it
 
 
-@dataclass(frozen=True)
-class LineResult:
+@record
+class LineResult(Frozen):
     verdict: str
     event: Optional[XidEvent] = None
     fmt: str = ""  # detected format, e.g. "kmsg", "dmesg", "dmesg-ctime", "syslog", "journal-json"

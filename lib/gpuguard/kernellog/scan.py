@@ -9,19 +9,19 @@ for `NVRM: Xid` (gpuguard.kernellog.find) and only the lines holding it are deco
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from gpuguard.kernellog.chunks import DEFAULT_CHUNK_SIZE, LineChunker, ReadInto
 from gpuguard.kernellog.find import Buffer, candidate_lines
 from gpuguard.kernellog.formats import MAX_LINE_BYTES, LineResult, Verdict, parse_kernel_log_line
 from gpuguard.model import KernelLogObservation, ProbeStatus, XidEvent
+from gpuguard.util.record import Record, field, record
 
 DEFAULT_MAX_EVENTS = 10_000
 
 
-@dataclass
-class ScanResult:
+@record
+class ScanResult(Record):
     events: list[XidEvent] = field(default_factory=list)
     lines_scanned: int = 0  # not counted by a bulk scan that was asked not to (counting costs as much as finding)
     malformed: int = 0

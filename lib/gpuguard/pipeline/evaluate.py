@@ -4,7 +4,6 @@ names from /proc for the report."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any
 
 from gpuguard.checks import CheckInput, CheckSpec, param_defaults, run_check
@@ -13,6 +12,7 @@ from gpuguard.context import RunContext
 from gpuguard.model import Finding, Observations
 from gpuguard.pipeline.gpumap import resolve_job_gpus
 from gpuguard.profiles import Profile
+from gpuguard.util.record import replace
 from gpuguard.xid.catalog import load_catalog
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from gpuguard.checks import CheckSpec, probe_options
@@ -27,10 +26,11 @@ from gpuguard.probes.fabric import read_fabric
 from gpuguard.probes.nvml import read_nvml
 from gpuguard.probes.system import read_system
 from gpuguard.profiles import Profile
+from gpuguard.util.record import Record, record
 
 
-@dataclass
-class Probe:
+@record
+class Probe(Record):
     name: str
     fn: Callable[[], Any]
     timeout_s: float

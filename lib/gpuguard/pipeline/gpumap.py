@@ -14,14 +14,14 @@ Slurm's own GRES table: they are reported as unmapped, never guessed, and never 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from gpuguard.model import GpuInfo
+from gpuguard.util.record import Frozen, field, record
 
 
-@dataclass(frozen=True)
-class GpuMapping:
+@record
+class GpuMapping(Frozen):
     indices: tuple[int, ...]  # NVML indices of the job's (parent) GPUs
     unmapped: tuple[str, ...] = ()  # Slurm identifiers that match no GPU NVML reports
     notes: tuple[str, ...] = field(default_factory=tuple)

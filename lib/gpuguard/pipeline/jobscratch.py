@@ -18,15 +18,16 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
+
+from gpuguard.util.record import Record, field, record
 
 MAX_DEPTH = 128
 _JOB_ID = re.compile(r"^\d{1,20}$")
 
 
-@dataclass
-class ScratchResult:
+@record
+class ScratchResult(Record):
     removed: list[str] = field(default_factory=list)   # directories removed (full paths)
     skipped: list[str] = field(default_factory=list)   # "path: why" for matching names left alone
     errors: list[str] = field(default_factory=list)
@@ -127,8 +128,8 @@ def _empty_dir(top_fd: int, top_path: str, dev: int, uid: int, deadline: float, 
     return _TreeEmptier(dev, uid, deadline, clock, out).run(top_fd, top_path)
 
 
-@dataclass
-class _OpenDir:
+@record
+class _OpenDir(Record):
     """A directory being emptied: its descriptor, its path, the names still to look at, whether all went so far."""
 
     fd: int

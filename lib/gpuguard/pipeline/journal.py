@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.util.fs import atomic_write
 from gpuguard.util.nodedirs import runtime_dir_from_env
 from gpuguard.model import PendingDrain
+from gpuguard.util.record import Record, field, record
 
 VERSION = 1
 
@@ -40,8 +40,8 @@ def journal_path(runtime_dir: str, node: str, part: str = "journal") -> str:
     return os.path.join(runtime_dir, f"{node}.{part}.json")
 
 
-@dataclass
-class Journal:
+@record
+class Journal(Record):
     path: str
     node: str
     positions: dict[str, Any] = field(default_factory=dict)  # consumer -> kernel-log cursor

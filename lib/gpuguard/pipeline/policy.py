@@ -7,12 +7,12 @@ for `incomplete_escalate_after` consecutive runs (a node whose fi_info hangs eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from gpuguard.checks import check_priority, priority_of
 from gpuguard.model import Action, Finding, Severity, Verdict
 from gpuguard.slurm.reason import format_reason, is_ours, parse_reason, safe_keyword
+from gpuguard.util.record import Record, record
 
 
 def __getattr__(name: str) -> object:
@@ -123,8 +123,8 @@ def decide(
 # --------------------------------------------------------------------------- undrain
 
 
-@dataclass
-class UndrainDecision:
+@record
+class UndrainDecision(Record):
     action: str  # undrain | wait | flapping | admin | closed
     detail: str
 

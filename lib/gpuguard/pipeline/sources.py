@@ -4,14 +4,14 @@ other sources. The pipeline never imports the simulator: the entry points hand i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.config.core import SourcesConfig
+from gpuguard.util.record import Record, field, record
 
 
-@dataclass
-class Sources:
+@record
+class Sources(Record):
     kernel_log: str = "auto"
     boot_id_path: str = "/proc/sys/kernel/random/boot_id"
     boot_id: Optional[str] = None

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuguard.model import ProbeStatus
+from gpuguard.util.record import Record, field, record
 
 # Counters whose growth points at trouble (the check has a threshold parameter for each group).
 ERROR_COUNTERS = ("rx_drops", "retrans_pkts", "retrans_timeout_events", "unresponsive_remote_events",
@@ -35,8 +35,8 @@ def cursor_name(node: str) -> str:
     return f"{CURSOR_PREFIX}{node}"
 
 
-@dataclass
-class EfaPortCounters:
+@record
+class EfaPortCounters(Record):
     device: str
     port: int
     values: dict[str, int] = field(default_factory=dict)
@@ -46,8 +46,8 @@ class EfaPortCounters:
         return f"{self.device}/{self.port}"
 
 
-@dataclass
-class EfaCounterObservation:
+@record
+class EfaCounterObservation(Record):
     status: ProbeStatus = field(default_factory=ProbeStatus)
     ports: list[EfaPortCounters] = field(default_factory=list)
     # "dev/port" -> counter -> growth since the previous run; None on the first run (nothing to compare)

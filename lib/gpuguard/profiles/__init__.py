@@ -7,17 +7,17 @@ Profiles are data (`<name>.yaml` beside this file, or in a site directory). A fi
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuguard.config.compiled import copy_path, read_copy, source_digest, write_copy
+from gpuguard.util.record import Frozen, field, field_names, record
 
 PROFILE_DIR = Path(__file__).resolve().parent
 
 
-@dataclass(frozen=True)
-class Profile:
+@record
+class Profile(Frozen):
     name: str
     description: str = ""
     instance_types: tuple[str, ...] = ()  # EC2 instance types this profile describes
@@ -44,7 +44,7 @@ class Profile:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-PROFILE_FIELDS = {f.name: f for f in fields(Profile)}
+PROFILE_FIELDS = field_names(Profile)  # in declaration order
 
 
 class ProfileError(ValueError):

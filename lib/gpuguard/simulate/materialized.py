@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuguard.config.compiled import source_digest
 from gpuguard.profiles import Profile, ProfileError, load_profile
+from gpuguard.util.record import Record, field, record
 
 RECORD = ".materialized.json"
 RECORD_VERSION = 1
@@ -24,8 +24,8 @@ class ScenarioError(ValueError):
     pass
 
 
-@dataclass
-class SimSources:
+@record
+class SimSources(Record):
     """Where the probes must read for this simulated node."""
 
     profile: Profile

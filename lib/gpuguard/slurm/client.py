@@ -14,7 +14,6 @@ import importlib.util
 import os
 import re
 import threading
-from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from gpuguard.slurm.config import SlurmConfig
@@ -22,6 +21,7 @@ from gpuguard.slurm.parse import (SINFO_CENSUS_FORMAT, NodeRow, NodeState, node_
                                   parse_sinfo_census)
 from gpuguard.slurm.reason import is_ours
 from gpuguard.util.toolrun import run_tool
+from gpuguard.util.record import Record, record
 
 # NodeState and NodeRow (gpuguard.slurm.parse) are what the clients return: importers may take them from here.
 
@@ -235,8 +235,8 @@ def request_reboot(client: SlurmClient, node: str, reason: str) -> dict[str, str
     return {"outcome": "requested", "detail": "scontrol reboot ASAP nextstate=RESUME"}
 
 
-@dataclass
-class DrainOutcome:
+@record
+class DrainOutcome(Record):
     outcome: str  # done | already | foreign | failed | skipped
     detail: str = ""
     previous_reason: Optional[str] = None

@@ -4,13 +4,14 @@ NodeState / NodeRow and {key: value} dicts. Tested on recorded outputs (tests/un
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Optional
 
+from gpuguard.util.record import Frozen, Record, field, record
 
-@dataclass
-class NodeState:
+
+@record
+class NodeState(Record):
     name: str
     states: frozenset[str] = frozenset()  # {"IDLE", "DRAIN", ...} from State=IDLE+DRAIN
     reason: Optional[str] = None  # the reason text without Slurm's " [user@time]" suffix
@@ -149,8 +150,8 @@ def node_state_from_fields(f: dict[str, str]) -> NodeState:
                      boot_time=f.get("BootTime"), fields=f)
 
 
-@dataclass(frozen=True)
-class NodeRow:
+@record
+class NodeRow(Frozen):
     """One node in one partition, as `sinfo -N` lists it: what the drain-storm guard counts."""
 
     node: str

@@ -16,8 +16,9 @@ keep lifting those drains.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Optional
+
+from gpuguard.util.record import Frozen, record
 
 PREFIX = "gpuguard:"
 MAX_LEN = 120
@@ -113,8 +114,8 @@ def is_ours(reason: Optional[str]) -> bool:
     return bool(reason) and reason.lstrip().startswith(PREFIX)  # type: ignore[union-attr]
 
 
-@dataclass(frozen=True)
-class ParsedReason:
+@record
+class ParsedReason(Frozen):
     check_id: str
     keyword: str
     detail: str

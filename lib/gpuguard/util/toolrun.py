@@ -8,15 +8,16 @@ import os
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass
 from typing import Mapping, Optional
+
+from gpuguard.util.record import Record, record
 
 # slurmd runs hooks without PATH
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-@dataclass
-class ToolRun:
+@record
+class ToolRun(Record):
     rc: Optional[int]
     stdout: bytes
     stderr: bytes

@@ -4,8 +4,9 @@ the per-message rules of Xid 154 and the NVLink5 Xids 144-150, `explain`). Loade
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional
+
+from gpuguard.util.record import Frozen, field, record, replace
 
 NVIDIA_CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
@@ -54,8 +55,8 @@ class XidCatalogError(ValueError):
     """The catalog file or a site override is invalid. The message names the code and the key."""
 
 
-@dataclass(frozen=True)
-class XidInfo:
+@record
+class XidInfo(Frozen):
     """One Xid code: NVIDIA's description and recommended action, and gpuguard's severity and node action."""
 
     code: int
@@ -76,8 +77,8 @@ class XidInfo:
         return self.severity == "fatal"
 
 
-@dataclass(frozen=True)
-class XidCatalog:
+@record
+class XidCatalog(Frozen):
     """Immutable code -> XidInfo map with the `unknown` fallback. Build it with `load_catalog`."""
 
     entries: Mapping[int, XidInfo]

@@ -3,10 +3,10 @@ loaded catalog, severity and action kept coherent, every mistake an XidCatalogEr
 
 from __future__ import annotations
 
-from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping, Union
 
+from gpuguard.util.record import replace
 from gpuguard.xid.entries import ACTIONS, OVERRIDE_KEYS, SEVERITIES, XidCatalog, XidCatalogError, XidInfo
 from gpuguard.xid.validate import check_choice, check_coherent
 
