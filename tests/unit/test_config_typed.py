@@ -19,7 +19,7 @@ from gpuguard.config.checks import PARAM_VALIDATORS
 from gpuguard.config.fields import key_names, validator_of
 from gpuguard.config.lastgood import cache_path, load_guarded
 from gpuguard.config.parse import removed_keys
-from gpuguard.config.schema import SECTIONS, Config, ConfigError, default_config, parse_config
+from gpuguard.config.schema import SECTIONS, ConfigError, default_config, parse_config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "config"
 BEFORE = json.loads((FIXTURES / "schema-before-typed-config.json").read_text())

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gpuguard.config.schema import parse_config
-from gpuguard.config.lastgood import cache_path, check_file, describe, load_guarded, read_last_good
+from gpuguard.config.lastgood import cache_path, describe, load_guarded, read_last_good
 
 GOOD = """\
 deadlines:

@@ -5,7 +5,6 @@ the container, that it sees the batch script's marker in checkpoint_dir before s
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 
