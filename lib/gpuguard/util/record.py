@@ -23,7 +23,13 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import Any, Callable, Mapping, Optional, TypeVar, dataclass_transform
+from typing import Any, Callable, Mapping, Optional, TypeVar
+
+try:
+    from typing import dataclass_transform
+except ImportError:  # Python 3.9/3.10 (Ubuntu 22.04, DGX OS 6): only type checkers read it
+    def dataclass_transform(**_: Any) -> Callable[[T], T]:  # type: ignore[no-redef]
+        return lambda f: f
 
 T = TypeVar("T")
 R = TypeVar("R", bound="Record")
