@@ -134,6 +134,12 @@ def _keepalive(conn: Any, job: Job) -> None:
             log_warning(f"keeping {len(job.keepalive)} alert(s) alive: {scrub(err, [t.url])}")
 
 
+# Spooled rows whose delivery was still under way when its caller's budget ran out, in this process. A process
+# that exits (a hook) ends that worker thread with it: gpuguard.notify.handoff passes them to a process of their own.
+_UNFINISHED: set[int] = set()
+_UNFINISHED_LOCK = threading.Lock()
+
+
 def _work(job: Job, done: dict[int, bool]) -> None:
     """Worker thread: its own connection (the caller may have returned already); progress recorded per row."""
     import sqlite3  # only when there is something to deliver: nothing configured imports no SQLite
@@ -141,18 +147,15 @@ def _work(job: Job, done: dict[int, bool]) -> None:
     conn = sqlite3.connect(job.path, timeout=5.0, isolation_level=None)
     try:
         for row in job.rows:
-            done[row.id] = _deliver_row(conn, row, job)
-            _UNFINISHED.discard(row.id)
+            ok = _deliver_row(conn, row, job)
+            with _UNFINISHED_LOCK:
+                done[row.id] = ok
+                _UNFINISHED.discard(row.id)
         _keepalive(conn, job)
     except Exception as e:  # noqa: BLE001 - a daemon thread's exception would only reach stderr
         log_warning(f"delivery: {type(e).__name__}: {e}")
     finally:
         conn.close()
-
-
-# Spooled rows whose delivery was still under way when its caller's budget ran out, in this process. A process
-# that exits (a hook) ends that worker thread with it: gpuguard.notify.handoff passes them to a process of their own.
-_UNFINISHED: set[int] = set()
 
 
 def deliver(job: Job, budget_s: float) -> dict[int, bool]:
@@ -165,14 +168,16 @@ def deliver(job: Job, budget_s: float) -> dict[int, bool]:
     t = threading.Thread(target=_work, args=(job, done), name="gpuguard-notify", daemon=True)
     t.start()
     t.join(max(0.0, budget_s))
-    if t.is_alive():
-        _UNFINISHED.update(r.id for r in job.rows if r.id not in done)
-    return dict(done)
+    with _UNFINISHED_LOCK:
+        if t.is_alive():
+            _UNFINISHED.update(r.id for r in job.rows if r.id not in done)
+        return dict(done)
 
 
 def unfinished() -> list[int]:
     """The spool rows this process left to a worker thread still running past its budget."""
-    return sorted(_UNFINISHED)
+    with _UNFINISHED_LOCK:
+        return sorted(_UNFINISHED)
 
 
 def deliver_direct(ncfg: NotifyConfig, event: Event, title: str, body: str, key: str, now: float, ttl: float,
