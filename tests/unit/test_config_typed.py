@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from gpuguard.config.checks import PARAM_VALIDATORS
-from gpuguard.config.fields import key_names, validator_of
+from gpuguard.config.fields import validator_of
 from gpuguard.config.lastgood import cache_path, load_guarded
 from gpuguard.config.parse import removed_keys
 from gpuguard.config.schema import SECTIONS, ConfigError, default_config, parse_config
+from gpuguard.util.record import field_names
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "config"
 BEFORE = json.loads((FIXTURES / "schema-before-typed-config.json").read_text())
@@ -47,9 +48,9 @@ def test_every_section_of_the_file_is_a_frozen_dataclass_attribute_of_config():
     for name, cls in SECTIONS.items():
         section = getattr(cfg, name)
         assert type(section) is cls and dataclasses.is_dataclass(section)
-        assert key_names(cls) == tuple(f.name for f in dataclasses.fields(cls))
+        assert field_names(cls) == tuple(f.name for f in dataclasses.fields(cls))
         with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(section, key_names(cls)[0], None)
+            setattr(section, field_names(cls)[0], None)
         assert dataclasses.replace(section) == section
     assert not hasattr(cfg, "sections"), "features read typed attributes, never a mapping of sections"
 
@@ -58,7 +59,7 @@ def test_every_key_and_default_is_the_one_of_the_schema_before(monkeypatch):
     monkeypatch.delenv("GPUGUARD_STATE_DIR", raising=False)  # a node whose gpuguard.env names no state directory
     cfg = default_config()
     for name, keys in BEFORE["sections"].items():
-        assert list(key_names(SECTIONS[name])) == list(keys), f"{name}: keys and their order"
+        assert list(field_names(SECTIONS[name])) == list(keys), f"{name}: keys and their order"
         assert cfg.as_mapping()[name] == {k: v["default"] for k, v in keys.items()}, name
 
 

@@ -15,7 +15,7 @@ import copy
 import math
 from typing import Any, Callable, Optional
 
-from gpuguard.util.record import Frozen, Record, field, field_names, record
+from gpuguard.util.record import Frozen, field, field_names, record
 
 Validator = Callable[[Any], Any]  # returns the normalised value or raises ValueError(msg)
 
@@ -35,10 +35,6 @@ def key(validator: Validator, default: Any = None, default_factory: Optional[Cal
 def validator_of(f: Any) -> Validator:
     """The validator of a section's field (a `dataclasses.Field` of the section, once it is a dataclass)."""
     return f.metadata["validate"]  # type: ignore[no-any-return]
-
-
-key_names = field_names  # a section's keys in declaration order, without the dataclass machinery
-__all__ = ["Frozen", "Record", "Section", "Validator", "key", "key_names", "record", "section", "validator_of"]
 
 
 class Section(Frozen):

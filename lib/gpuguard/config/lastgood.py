@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuguard.config.compiled import read_trusted_json
-from gpuguard.config.fields import key_names
 from gpuguard.config.schema import (SECTIONS, Config, ConfigError, ConfigIssue, config_from_mapping, config_path,
                                     default_config, parse_config)
 from gpuguard.util.fs import atomic_write
 from gpuguard.util.nodedirs import state_dir
+from gpuguard.util.record import field_names
 
 CACHE_VERSION = 1
 
@@ -172,7 +172,7 @@ def _merge_last_good(cfg: Config, last: Optional[Config]) -> Config:
 
 def _keys_of(section: str) -> tuple[str, ...]:
     cls = SECTIONS.get(section)
-    return key_names(cls) if cls is not None else ()
+    return field_names(cls) if cls is not None else ()
 
 
 def check_file(path: str) -> list[ConfigIssue]:

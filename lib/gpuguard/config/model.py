@@ -12,8 +12,7 @@ from typing import Any, Mapping, Optional
 from gpuguard.config.checks import ChecksConfig
 from gpuguard.config.core import (DeadlinesConfig, EpilogConfig, LockingConfig, LoggingConfig, NodeConfig,
                                   PolicyConfig, RebootConfig, SourcesConfig, UndrainConfig)
-from gpuguard.config.fields import Frozen, Record, Section, record
-from gpuguard.util.record import field, replace
+from gpuguard.config.fields import Section
 from gpuguard.metrics.config import MetricsConfig
 from gpuguard.monitor.config import MonitorConfig
 from gpuguard.nccl.config import NcclConfig
@@ -22,8 +21,9 @@ from gpuguard.simulate.config import SimulationConfig
 from gpuguard.slurm.config import SlurmConfig
 from gpuguard.store.config import StoreConfig
 from gpuguard.templates.config import TemplatesConfig
-from gpuguard.watch.config import WatchConfig
+from gpuguard.util.record import Frozen, Record, field, record, replace
 from gpuguard.util.redact import redact_notify_url, redact_url
+from gpuguard.watch.config import WatchConfig
 from gpuguard.xid.config import XidConfig
 
 DEFAULT_CONFIG_PATH = "/etc/gpuguard/config.yaml"
