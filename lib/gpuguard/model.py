@@ -365,3 +365,6 @@ class RunResult(Record):
     applied: list[dict[str, Any]] = field(default_factory=list)  # earlier pending drains this run got applied
     config_issues: list[str] = field(default_factory=list)  # config errors this run worked around (last good)
     events: list[Any] = field(default_factory=list)  # extra notifications decided by the run (storm guard, ...)
+    conditions: list[Any] = field(default_factory=list)  # the node's conditions after this run (pipeline.conditions)
+    agreement: dict[str, Any] = field(default_factory=dict)  # what making Slurm agree with them did (reconcile)
+    refused: bool = False  # exit 1 for a condition or drain decided earlier, while this run's own verdict was not

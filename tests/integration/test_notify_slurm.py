@@ -80,9 +80,7 @@ def test_a_hung_three_node_job_pages_once_and_resolves_once(site, hook, tmp_path
 
 
 def test_a_prolog_drain_names_the_gpu_and_an_admin_resume_resolves_it(site, hook):
-    # undrain.resync_s 0: the health check reads the node's state from Slurm every run (by default at most hourly:
-    # a node gpuguard keeps drained costs slurmctld nothing per run), so it sees the admin's resume at once
-    site.write_config({"notify": {"urls": [hook.url("/pages")]}, "undrain": {"resync_s": 0}})
+    site.write_config({"notify": {"urls": [hook.url("/pages")]}})
     site.set_scenario("node2", "ecc-dbe")
     job = site.cluster.sbatch("#!/bin/sh\ntrue\n", "-N1", "-w", "node2", "--gres=gpu:8")
     try:
@@ -93,8 +91,10 @@ def test_a_prolog_drain_names_the_gpu_and_an_admin_resume_resolves_it(site, hook
     page = drained[0]
     assert page["dedup_key"] == "gpuguard/node2/drain" and page["status"] == "firing"
     assert "gpu:      GPU 5 uuid=GPU-" in page["message"] and " serial=" in page["message"]
+    # the admin reset the GPU (its volatile ECC counters read 0 again: reset evidence, the conditions clear) and
+    # resumed the node by hand (no need to wait until it is schedulable)
     site.set_scenario("node2", "healthy-p5")
-    site.cluster.resume("node2", wait=False)  # the admin, by hand (no need to wait until it is schedulable)
+    site.cluster.resume("node2", wait=False)
     hc = site.run_hook("healthcheck", "node2")
     assert hc.returncode == 0, hc.stderr
     resolved = pages(hook, "RESOLVED undrained node2", 1)
@@ -105,8 +105,7 @@ def test_a_prolog_drain_names_the_gpu_and_an_admin_resume_resolves_it(site, hook
 def test_a_prolog_drain_reaches_alertmanager_and_the_health_check_ends_it(site, hook, tmp_path):
     am = Alertmanager(tmp_path / "am", routed_config(f"http://127.0.0.1:{hook.port}/am"))
     try:
-        # undrain.resync_s 0: the health check reads Slurm every run, so it sees the admin's resume at once
-        site.write_config({"notify": {"alertmanager_urls": [am.url], "cluster": "dev"}, "undrain": {"resync_s": 0}})
+        site.write_config({"notify": {"alertmanager_urls": [am.url], "cluster": "dev"}})
         site.set_scenario("node3", "ecc-dbe")
         job = site.cluster.sbatch("#!/bin/sh\ntrue\n", "-N1", "-w", "node3", "--gres=gpu:8")
         try:
@@ -122,7 +121,7 @@ def test_a_prolog_drain_reaches_alertmanager_and_the_health_check_ends_it(site, 
         assert alerts[0]["annotations"]["reason"] in reason  # the drain reason, as Slurm shows it
         page = pages_at(hook, "/am/page", lambda b: b["status"] == "firing")
         assert page and page[0]["alerts"][0]["labels"]["node"] == "node3"
-        site.set_scenario("node3", "healthy-p5")
+        site.set_scenario("node3", "healthy-p5")  # the GPU reset: its ECC counters read 0 again (reset evidence)
         site.cluster.resume("node3", wait=False)  # the admin, by hand
         hc = site.run_hook("healthcheck", "node3")
         assert hc.returncode == 0, hc.stderr

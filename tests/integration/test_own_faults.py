@@ -153,16 +153,17 @@ def test_a_corrupt_store_skips_no_evidence(site_factory):
     assert drained(site, "node1") and reason(site, "node1").keyword == "XID119"
 
 
-def test_a_read_only_store_does_not_re_drain_after_an_admin_resume(site_factory, tmp_path):
-    """Store on a read-only filesystem: the Xid is judged and drained once; after the admin resumed the node the
-    next prolog does not drain it again for the same Xid."""
+def test_a_read_only_store_does_not_re_drain_after_an_admin_undrain(site_factory, tmp_path):
+    """Store on a read-only filesystem: the Xid is judged and drained once; after the admin's recorded undrain
+    (`gpuguard undrain --force`: the condition clears) the next prolog does not drain it again for the same Xid."""
     site = site_factory(nodes=1)
     assert hook(site, "healthcheck", "node1").returncode == 0
     add_kernel_lines(site, "node1", XID119)
     with read_only(site.workdir / "state"):
         hook(site, "healthcheck", "node1")
         assert drained(site, "node1")
-        site.cluster.resume("node1")
+        forced = site.gpuguard("undrain", "node1", "--force")
+        assert forced.returncode == 0, forced.stdout + forced.stderr
         p = hook(site, "prolog", "node1", job="401")
         assert p.returncode == 0, p.stderr
         assert not drained(site, "node1")

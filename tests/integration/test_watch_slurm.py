@@ -147,13 +147,17 @@ def test_restarted_watch_resumes_from_its_cursor_and_does_not_redrain(site_facto
     w.append_kernel(XID79)
     wait_for(lambda: drained(site, "node1"), what="the first drain")
     assert w.stop() == 0
-    site.cluster.resume("node1")  # the admin fixed it
+    # the admin fixed it and returned it as gpuguard says (a plain resume would be drained again: the Xid 79 stands
+    # as a condition until a reboot or an admin's recorded undrain)
+    forced = site.gpuguard("undrain", "node1", "--force")
+    assert forced.returncode == 0 and not drained(site, "node1"), forced.stdout + forced.stderr
     w2 = watch_factory(site)
     w2.append_kernel(XID13)  # proves the new daemon judged everything up to here
     wait_for(lambda: [r for r in site.runs("node1", "watch") if r["findings"][0]["keyword"] == "XID13"],
              what="the Xid 13 record")
     log = "\n".join(site.log_lines("watch node1"))
     assert not drained(site, "node1"), log
-    assert [d["outcome"] for d in site.store("node1").drains("node1")] == ["done"], log
+    assert [(d["op"], d["outcome"]) for d in site.store("node1").drains("node1")] == \
+        [("undrain", "done"), ("drain", "done")], log
     assert [r["findings"][0]["keyword"] for r in site.runs("node1", "watch")] == ["XID13", "XID79"], log
     assert w2.stop() == 0

@@ -214,7 +214,7 @@ def test_a_hardware_drain_names_the_gpu_by_uuid_and_serial(tmp_path, hook):
 
     from simnode import run_sim
 
-    cfg = sim_cfg(tmp_path, notify={"urls": [hook.url("/pages")]}, undrain={"resync_s": 0})
+    cfg = sim_cfg(tmp_path, notify={"urls": [hook.url("/pages")]})
     slurm = MemorySlurm()
     result = run_sim(ctx("prolog", "n1"), cfg, simulate=str(SCENARIOS / "ecc-dbe.yaml"), slurm_client=slurm)
     assert result.drain and result.drain["outcome"] == "done"
@@ -223,8 +223,12 @@ def test_a_hardware_drain_names_the_gpu_by_uuid_and_serial(tmp_path, hook):
     page = bodies(hook, 1)[0]
     assert page["status"] == "firing" and page["dedup_key"] == "gpuguard/n1/drain"
     assert f"gpu:      GPU 5 uuid={gpu5.uuid} serial={gpu5.serial} pci={gpu5.pci_bus_id}" in page["message"]
-    slurm.reason = None  # an admin ran `scontrol update nodename=n1 state=resume`
-    result = run_sim(ctx("healthcheck", "n1"), cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm)
+    # the node was rebooted (a reboot clears the reset-class Xid 48) and an admin resumed it by hand
+    rebooted = tmp_path / "rebooted.yaml"
+    rebooted.write_text(yaml.safe_dump({**yaml.safe_load((SCENARIOS / "healthy-p5.yaml").read_text()),
+                                        "boot_id": "6f1e2d3c-0000-4000-8000-00000000c0de"}))
+    slurm.reason = None  # `scontrol update nodename=n1 state=resume`
+    result = run_sim(ctx("healthcheck", "n1"), cfg, simulate=str(rebooted), slurm_client=slurm)
     assert result.undrain and result.undrain["outcome"] == "gone"
     resolved = bodies(hook, 2)[1]
     assert (resolved["status"], resolved["type"], resolved["dedup_key"]) == ("resolved", "success", page["dedup_key"])

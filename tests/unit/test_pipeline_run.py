@@ -40,6 +40,18 @@ class FlakySlurm(MemorySlurm):
         super().drain(name, reason)
 
 
+class CensusSlurm(FlakySlurm):
+    """... that also answers the drain-storm guard's census (counting them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.censuses = 0
+
+    def census(self) -> list:
+        self.censuses += 1
+        return []
+
+
 def scenario(tmp_path, *lines: str, base: str = "healthy-p5") -> str:
     data = yaml.safe_load((SCENARIOS / f"{base}.yaml").read_text())
     data["kernel_log"] = list(data.get("kernel_log") or []) + list(lines)
@@ -85,22 +97,23 @@ def test_without_a_writable_journal_the_position_waits_for_the_drain(tmp_path):
     assert first.drain["outcome"] == "failed" and any("could not be written" in n for n in first.notes), first.notes
     slurm.down = False
     again = run_sim(ctx("healthcheck"), cfg, scenario(tmp_path, XID119), slurm_client=slurm)
-    assert again.drain["outcome"] == "done" and "XID119" in slurm.reason
+    # judged again (the store's position stayed before it); its condition, kept in the durable copy, is applied
+    assert again.verdict.outcome == "drain" and again.agreement["outcome"] == "applied"
+    assert "XID119" in slurm.reason and "standing" not in slurm.reason
 
 
-def test_a_node_gpuguard_keeps_drained_costs_slurmctld_nothing(tmp_path):
-    cfg = make_cfg(tmp_path)
-    slurm = FlakySlurm()
+def test_a_node_gpuguard_keeps_drained_costs_one_read_of_its_own_state(tmp_path):
+    """Issue 27 item 12: while a condition stands each health check reads this one node's state (one single-node
+    RPC: Slurm's truth now, never "known from the store"), and nothing else: no drain, no census of the cluster."""
+    cfg = make_cfg(tmp_path, policy={"storm_min_nodes": 1})
+    slurm = CensusSlurm()
     first = run_sim(ctx("healthcheck"), cfg, str(SCENARIOS / "missing-gpu.yaml"), slurm_client=slurm)
     assert first.drain["outcome"] == "done"
-    before = slurm.rpcs
+    before, censuses = slurm.rpcs, slurm.censuses
     for _ in range(3):
         r = run_sim(ctx("healthcheck"), cfg, str(SCENARIOS / "missing-gpu.yaml"), slurm_client=slurm)
-        assert r.drain["outcome"] == "kept" and r.verdict.outcome == "drain"
-    assert slurm.rpcs == before, "still failing, still drained: no scontrol call"
-    resync = make_cfg(tmp_path, undrain={"resync_s": 0})
-    run_sim(ctx("healthcheck"), resync, str(SCENARIOS / "missing-gpu.yaml"), slurm_client=slurm)
-    assert slurm.rpcs > before, "re-reads Slurm every undrain.resync_s"
+        assert r.drain["outcome"] == "kept" and r.verdict.outcome == "drain" and r.agreement["outcome"] == "agreed"
+    assert slurm.rpcs - before == 3 and slurm.censuses == censuses, (slurm.rpcs - before, slurm.censuses)
 
 
 def test_the_health_check_hook_exits_0_and_a_manual_check_says_1(tmp_path):

@@ -49,8 +49,6 @@ def test_healthy_node_is_drained():
 
 @pytest.mark.parametrize("state,reason,outcome", [
     ("IDLE+DRAIN", "admin: replacing PSU [ticket 42]", "foreign"),
-    ("MIXED+DRAIN", "Prolog error", "foreign"),
-    ("DOWN", "Not responding", "foreign"),
     ("DOWN+DRAIN", "admin: dead dimm", "foreign"),
     ("IDLE+MAINTENANCE+RESERVED", None, "foreign"),
     ("IDLE+DRAIN+MAINTENANCE+RESERVED", "admin: bad dimm", "foreign"),
@@ -62,6 +60,17 @@ def test_never_touches_what_is_not_ours(state, reason, outcome):
     out = drain_node(c, "n1", format_reason("gpu.ecc", "ECC", "x", "prolog"))
     assert out.outcome == outcome and c.calls == []
     assert out.previous_reason == reason
+
+
+@pytest.mark.parametrize("state,reason", [("MIXED+DRAIN", "Prolog error"), ("DOWN", "Not responding"),
+                                          ("IDLE+DRAIN", "Kill task failed"), ("DOWN+DRAIN", "Epilog error")])
+def test_slurms_own_reason_is_nobodys_and_gpuguards_replaces_it(state, reason):
+    """Issue 27: Slurm's generic reasons are not an admin's. gpuguard holds the evidence, so its reason replaces
+    them (a DOWN node gets the drain flag too, so it does not return to service by itself)."""
+    c = RecordingClient(node(state, reason))
+    out = drain_node(c, "n1", OURS)
+    assert out.outcome == "done" and c.calls == [("drain", OURS)] and out.previous_reason == reason
+    assert reason in out.detail
 
 
 def test_user_reservation_does_not_protect_a_broken_node():

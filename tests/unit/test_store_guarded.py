@@ -201,13 +201,18 @@ def _with_kernel_lines(tmp_path, *lines):
 
 def test_a_damaged_store_skips_no_evidence_and_repeats_none(tmp_path):
     """The store replaced by garbage: the verdict journal still knows how far the kernel log was judged. The Xid
-    acted on before (the admin has resumed the node since) is not acted on again; one logged since is judged."""
+    acted on before (the admin has cleared its condition since) is not acted on again; one logged since is judged."""
     path = tmp_path / "state.db"
     cfg = make_cfg(tmp_path, store_path=str(path))
     slurm = MemorySlurm()
     first = run_sim(ctx("healthcheck", "n1"), cfg, simulate=_with_kernel_lines(tmp_path, XID119), slurm_client=slurm)
     assert first.drain["outcome"] == "done" and "XID119" in slurm.reason
-    slurm.reason = None  # the admin reset the GPU and resumed the node
+    # the admin reset the GPU and returned the node (`gpuguard undrain --force`: the condition clears, recorded)
+    from gpuguard.pipeline.admin import record_admin_clear
+    from gpuguard.util.log import HookLog
+
+    record_admin_clear(cfg, "n1", "admin --force", HookLog(use_syslog=False))
+    slurm.reason = None
     path.write_bytes(b"garbage, not a database" * 200)
     again = run_sim(ctx("prolog", "n1"), cfg, simulate=_with_kernel_lines(tmp_path, XID119), slurm_client=slurm)
     assert again.verdict.outcome == "pass" and slurm.reason is None, again.findings

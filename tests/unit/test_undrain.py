@@ -72,20 +72,25 @@ def test_first_fingerprint_is_never_taken_for_a_reload(tmp_path):
 def test_reset_evidence_needs_a_value_read_as_clear():
     """Only a check that failed at drain time and now reads clear (every finding ok) is evidence of a reset; a value
     NVML could not read (incomplete, whether an error or NOT_SUPPORTED) never is."""
+    from gpuguard.checks import cleared_only_by_reset
     from gpuguard.model import Finding, Severity
-    from gpuguard.pipeline.undrain import reset_evidence
+    from gpuguard.pipeline.conditions import Condition, clearing_evidence
 
-    class NoRuns:
-        def findings_for(self, run_id):
-            return []
+    c = Condition(id="1", check_id="gpu.recovery_action", keyword="RECOVERY", action="reset", reason="gpuguard: x",
+                  message="GPU 2 needs a reset", first_seen=1000.0, last_seen=1000.0, origin="healthcheck",
+                  boot_id="b1")
 
-    drain = {"check_id": "gpu.recovery_action", "ts": 1000.0, "run_id": None}
+    def evidence(findings, boot="b1"):
+        return clearing_evidence(c, boot_id=boot, findings=findings, driver_since=None, failing_then=set(),
+                                 reset_only=cleared_only_by_reset(), undrain_replace=False)
+
     clear = [Finding("gpu.recovery_action", Severity.OK, "recovery action NONE on every GPU")]
-    assert reset_evidence(drain, NoRuns(), clear, False, None) == "the recovery action back to NONE"
+    assert evidence(clear) == "the recovery action back to NONE"
     unknown = [Finding("gpu.recovery_action", Severity.INCOMPLETE, "GPU 2: NVML could not read recovery_action "
                        "(NOT_SUPPORTED)", evidence={"unsupported": True})]
-    assert reset_evidence(drain, NoRuns(), unknown, False, None) is None
-    assert reset_evidence(drain, NoRuns(), [], False, None) is None  # the check did not even run
+    assert evidence(unknown) is None
+    assert evidence([]) is None  # the check did not even run
+    assert evidence([], boot="b2") == "a reboot"
 
 
 def test_recovery_action_unreadable_keeps_the_reset_drain(tmp_path):

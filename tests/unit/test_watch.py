@@ -581,7 +581,11 @@ def test_restart_resumes_from_the_cursor_and_never_redrains_an_old_xid(tmp_path,
     with Running(tmp_path, slurm, f"kmsg:{kmsg}"):
         append(kmsg, kmsg_record(2, "NVRM: Xid (PCI:0000:86:00): 79, pid=<unknown>, name=<unknown>, off the bus"))
         wait_for(lambda: slurm.drains(), what="the first drain")
-    slurm.set("state", text="IDLE")  # an admin repaired and resumed the node
+    # an admin repaired the node and returned it with `gpuguard undrain --force` (recorded: the condition clears)
+    from gpuguard.pipeline.admin import record_admin_clear
+
+    record_admin_clear(Running(tmp_path, slurm, f"kmsg:{kmsg}").cfg, "n1", "admin --force", HookLog(use_syslog=False))
+    slurm.set("state", text="IDLE")
     slurm.set("reason", on=False)
     with Running(tmp_path, slurm, f"kmsg:{kmsg}") as w:
         append(kmsg, kmsg_record(3, "NVRM: Xid (PCI:0000:86:00): 13, pid=7, name=python, Graphics Exception"))
@@ -590,6 +594,23 @@ def test_restart_resumes_from_the_cursor_and_never_redrains_an_old_xid(tmp_path,
     assert len(slurm.drains()) == 1  # the old Xid 79 was not judged again
     assert w.daemon.judge.counts.events == 1
     assert w.cursor()["seq"] == 3
+
+
+def test_a_plain_resume_while_a_condition_stands_is_drained_again_by_the_watch(tmp_path, slurm):
+    """Issue 27: the fatal Xid 79 is a condition of the node (reboot-class). An admin's plain `scontrol update
+    state=resume` does not clear it: the running watch drains the node again within watch.agree_s, with a reason
+    that says how to clear it; the Xid itself is not judged a second time."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(kmsg_record(1, "NVRM: Xid (PCI:0000:86:00): 79, pid=<unknown>, name=<unknown>, off the bus"))
+    with Running(tmp_path, slurm, f"kmsg:{kmsg}", watch={"agree_s": 0.3}) as w:
+        wait_for(lambda: slurm.drains(), what="the first drain")
+        (c,) = w.journal().conditions
+        assert (c.keyword, c.check_id, c.action, c.origin) == ("XID79", "gpu.xid", "reboot", "watch")
+        slurm.set("state", text="IDLE")  # scontrol update nodename=n1 state=resume
+        slurm.set("reason", on=False)
+        wait_for(lambda: len(slurm.drains()) == 2, what="the drain after the resume", timeout=15)
+    assert "[standing reboot]" in slurm.reason() and "reboot the node" in slurm.reason()
+    assert w.daemon.judge.counts.events == 1
 
 
 def test_xid13_flood_costs_little_and_drains_nothing(tmp_path, slurm):

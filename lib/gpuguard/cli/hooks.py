@@ -158,13 +158,20 @@ def _run(kind: str, ctx: Any, config_path: Optional[str], simulate: Optional[str
 
 def _log_result(kind: str, ctx: Any, result: Any, log: Any, via: Optional[str] = None) -> None:
     v = result.verdict
-    msg = (f"{kind} node={ctx.node} job={ctx.job_id} verdict={v.outcome} took={result.duration_s:.3f}s"
+    outcome = "refused" if getattr(result, "refused", False) else v.outcome
+    msg = (f"{kind} node={ctx.node} job={ctx.job_id} verdict={outcome} took={result.duration_s:.3f}s"
            + (f" via={via}" if via else "")
            + (f" reason={v.reason!r} drain={result.drain['outcome'] if result.drain else 'n/a'}" if v.reason else ""))
     bad = [f"{f.check_id}:{f.severity.value}:{f.message}" for f in result.findings
            if f.severity.value in ("fail", "warn", "incomplete")]
-    log.log("error" if v.outcome == "drain" else ("warning" if v.outcome == "warn" else "info"),
+    standing = [c for c in getattr(result, "conditions", []) if c.standing]
+    if standing:
+        msg += f" conditions={_conditions_text(standing)!r} slurm={(result.agreement or {}).get('outcome', '-')}"
+    log.log("error" if v.outcome == "drain" or outcome == "refused" else ("warning" if v.outcome == "warn" else "info"),
             msg + (" findings=" + " ; ".join(bad) if bad else ""))
+    agreement = result.agreement or {}
+    if agreement.get("outcome") in ("redrained", "replaced"):
+        log.error(f"{kind} on {ctx.node}: {agreement.get('detail')}: {agreement.get('reason')}")
     for a in result.applied:
         log.error(f"{kind} on {ctx.node}: pending {a['pending'].op} applied ({a['outcome']}) after "
                   f"{a['pending'].attempts + 1} attempt(s): {a['pending'].reason}")
@@ -177,6 +184,10 @@ def _log_result(kind: str, ctx: Any, result: Any, log: Any, via: Optional[str] =
                 f"{kind} on {ctx.node}: undrain {u['outcome']} ({u.get('check_id') or '-'}): {u.get('detail', '')}")
     if result.notes:
         log.warning(f"{kind} on {ctx.node}: " + " | ".join(result.notes))
+
+
+def _conditions_text(conds: list[Any]) -> str:
+    return "; ".join(f"{c.keyword} {c.check_id} {c.action} since {_iso(c.first_seen)}" for c in conds)[:300]
 
 
 def _iso(ts: float) -> str:

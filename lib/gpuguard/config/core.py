@@ -93,8 +93,8 @@ class UndrainConfig(Section):
     replace: bool = key(boolean, False)  # auto-undrain hardware-inspection faults too (default: an admin does)
     max_undrains: int = key(integer(0), 3)  # more undrains than this within window_h: stays drained as FLAPPING
     window_h: float = key(number(), 24.0)
-    # a node gpuguard keeps drained costs slurmctld nothing per health check; its state is read again at most
-    # this often (an admin may have resumed it)
+    # no longer used (kept so that existing configs stay valid): while a condition of the node stands, every hook
+    # reads the node's own state from Slurm (gpuguard.pipeline.reconcile), never "known from the store"
     resync_s: float = key(number(0, strict=False), 3600.0)
 
 

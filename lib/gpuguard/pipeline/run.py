@@ -1,13 +1,15 @@
-"""One run, end to end: retry what is pending -> plan -> gather -> evaluate -> decide -> commit -> act -> record.
+"""One run, end to end: conditions -> plan -> gather -> evaluate -> decide -> commit -> act -> record.
 
 Used by the prolog, the epilog, the health check and `gpuguard check`; the watch daemon and `gpuguard undrain`
-use the same stages (gpuguard.pipeline.event, gpuguard.pipeline.admin). The order is what makes verdicts durable:
+use the same stages (gpuguard.watch, gpuguard.pipeline.admin). The order is what makes verdicts durable:
 
-1. drains decided earlier and not applied yet (slurmctld was down) are retried first; while one is pending the
-   prolog and epilog refuse (exit 1) whatever this run finds;
+1. the node's standing conditions come first (gpuguard.pipeline.conditions): while one stands the prolog and
+   epilog refuse (exit 1) whatever this run finds, and Slurm is made to agree (gpuguard.pipeline.reconcile: one
+   read of this node's state; a plain resume is drained again, Slurm's own "Prolog error" replaced by gpuguard's
+   reason); drains decided earlier and not applied yet (slurmctld was down) are retried;
 2. gathering may use the deadline only up to the act stage's reserve (gpuguard.pipeline.budget);
-3. a drain verdict is written to the verdict journal as pending in the same write that moves the kernel-log
-   position past its evidence (commit), before Slurm is asked; once Slurm took it, it is resolved;
+3. a drain verdict becomes conditions of the node, written to the verdict journal (with a pending drain) in the
+   same write that moves the kernel-log position past its evidence (commit), before Slurm is asked;
 4. the history store records all of it, and nothing it fails to do changes the verdict.
 """
 
@@ -20,20 +22,24 @@ from gpuguard.checks import CheckSpec
 from gpuguard.config.lastgood import describe
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
-from gpuguard.model import Observations, PendingDrain, RunResult, Severity, Verdict
+from gpuguard.model import Finding, Observations, PendingDrain, RunResult, Severity, Verdict
 from gpuguard.pipeline.act import SlurmHandle, apply_drain, new_pending, retry_pending
 from gpuguard.pipeline.budget import StageBudget
 from gpuguard.pipeline.cleanup import epilog_cleanup
 from gpuguard.pipeline.decide import is_unambiguous, judge
 from gpuguard.pipeline.evaluate import evaluate, map_job_gpus, name_processes, observations_from
 from gpuguard.pipeline.gather import build_probes, gather
+from gpuguard.pipeline.conditions import (Condition, conditions_from_verdict, mark_applied, merge, standing,
+                                          summary)
 from gpuguard.pipeline.journal import Journal, runtime_dir
+from gpuguard.pipeline.positions import hook_position
+from gpuguard.pipeline.reconcile import agree, clear_by_reboot
 from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.pipeline.plan import plan_checks, resolve_profile
 from gpuguard.pipeline.record import job_cursor, node_cursor, record_drains, record_run, save_cursors
 from gpuguard.pipeline.sources import Sources, read_boot_id
 from gpuguard.pipeline.tell import tell_humans
-from gpuguard.pipeline.undrain import driver_seen, maybe_undrain, slurm_seen_cursor
+from gpuguard.pipeline.undrain import adopt_store_drain, clear_by_evidence, driver_seen, lift_conditions
 from gpuguard.probes.system import read_driver_fingerprint
 from gpuguard.profiles import Profile
 from gpuguard.slurm.client import SlurmError
@@ -68,6 +74,9 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
             store.close()
 
 
+# what making Slurm agree may have done: the node is drained for its conditions (or the drain is pending), so a
+# drain verdict only adds to them
+SLURM_SHOWS_IT = ("agreed", "applied", "replaced", "redrained", "admin", "pending")
 STORM_SETTLE_S = 2.0  # how long a storm-guarded drain waits for the rest of its health-check round to land
 
 
@@ -80,7 +89,7 @@ class Run:
         self.store, self.journal, self.budget, self.slurm = store, journal, budget, slurm
         self.dry_run = dry_run
         self.hook = hook
-        self.kept = False  # the verdict confirms a drain gpuguard already has in place: Slurm is not asked
+        self.kept = False  # the verdict adds to conditions Slurm already shows (or has pending): Slurm is not asked
         self.read_only = dry_run or not locked
         self.on_verdict = on_verdict
         self.log = log
@@ -91,16 +100,21 @@ class Run:
         self.applied: list[dict[str, Any]] = []
         self.events: list[Any] = []
         self.pending: Optional[PendingDrain] = None
+        self.agreement: dict[str, Any] = {"outcome": "none"}  # what making Slurm agree with the conditions did
+        self.new_conditions: list[Condition] = []
 
     # ------------------------------------------------------------------ the stages, in order
     def execute(self) -> RunResult:
-        self.retry()
+        self.conditions_first()
         specs, obs, mapping = self.gather()
         findings = evaluate(specs, obs, self.cfg, self.ctx, self.profile, mapping)
         findings, verdict = judge(findings, self.ctx, self.cfg, self.store, self.boot_id, self.clock(),
                                   restricted=self.cfg.restricted)
+        self.clear_by_evidence(findings)
+        self.make_slurm_agree()
         if verdict.outcome == "drain" and not self.dry_run:
-            self.kept = self.known_drained(verdict)
+            # conditions Slurm already shows (or a drain already pending): the new ones join them, Slurm is not asked
+            self.kept = self.agreement["outcome"] in SLURM_SHOWS_IT
             if not self.kept:
                 self.storm_check(verdict, drained_self=False)
         result = RunResult(self.ctx, self.profile, obs, findings, verdict, self.exit_code(verdict), 0.0,
@@ -113,32 +127,55 @@ class Run:
         self.record(result, specs, obs, position)
         return result
 
+    def refuses(self) -> bool:
+        """A prolog or epilog refuses its job while a condition stands or a drain is pending (or was only now
+        applied), whatever this run's own checks found."""
+        return self.ctx.kind in ("prolog", "epilog") and (
+            bool(standing(self.journal.conditions)) or bool(self.journal.pending)
+            or any(a["outcome"] in ("done", "already") for a in self.applied))
+
     def exit_code(self, verdict: Verdict) -> int:
-        """1 when the node must not run the job: a drain verdict, or (prolog, epilog) a drain that is still
-        pending or was only now applied."""
+        """1 when the node must not run the job: a drain verdict, a standing condition, a pending drain."""
         if self.hook and self.ctx.kind == "healthcheck":
             return 0  # slurmd only logs a HealthCheckProgram's exit code; gpuguard drained the node itself
-        refuse = self.ctx.kind in ("prolog", "epilog") and (
-            bool(self.journal.pending) or any(a["outcome"] in ("done", "already") for a in self.applied))
-        return 1 if verdict.outcome == "drain" or refuse else 0
+        return 1 if verdict.outcome == "drain" or self.refuses() else 0
 
-    def known_drained(self, verdict: Verdict) -> bool:
-        """A health check confirming the drain gpuguard already has in place (the store says so for the same
-        check, and Slurm's state was seen within undrain.resync_s) costs slurmctld nothing."""
-        if self.ctx.kind != "healthcheck" or verdict.primary is None:
-            return False
-        active = self.store.active_drain(self.ctx.node)
-        if not active or active.get("check_id") != verdict.primary.check_id:
-            return False
-        seen = self.store.get_cursor(slurm_seen_cursor(self.ctx.node)) or {}
-        return self.clock() - float(seen.get("ts") or 0) < self.cfg.undrain.resync_s
-
-    def retry(self) -> None:
-        if self.dry_run or not self.journal.pending:
+    def conditions_first(self) -> None:
+        """Standing conditions (and pending drains) before anything else: the job is refused at once, a reboot
+        clears what it clears, a drain from before conditions existed is adopted."""
+        if self.dry_run:
             return
-        if self.ctx.kind in ("prolog", "epilog") and self.on_verdict is not None:
-            self.on_verdict(1)  # a pending drain: this job must not start, whatever happens next
-        self.applied = retry_pending(self.journal, self.slurm, self.ctx.node, self.cfg.reboot.auto, now=self.clock())
+        j, now = self.journal, self.clock()
+        if not self.read_only:
+            cleared = clear_by_reboot(j, self.boot_id, now)
+            if cleared:
+                self.notes.append(f"cleared by a reboot: {summary(cleared)}")
+        if self.ctx.kind == "healthcheck" and not j.conditions and not self.read_only:
+            self.agreement = adopt_store_drain(j, self.store, self.slurm, self.ctx.node, now)
+        if (standing(j.conditions) or j.pending) and self.ctx.kind in ("prolog", "epilog") \
+                and self.on_verdict is not None:
+            self.on_verdict(1)  # a standing condition: this job must not start, whatever happens next
+
+    def clear_by_evidence(self, findings: list[Finding]) -> None:
+        """A health check judges every GPU: what it saw may clear conditions (a reset, the check passing again)."""
+        if self.ctx.kind != "healthcheck" or self.read_only or self.dry_run or not standing(self.journal.conditions):
+            return
+        driver = driver_seen(self.store, self.ctx.node, read_driver_fingerprint(self.sources.sysfs_root),
+                             self.read_only)
+        cleared = clear_by_evidence(self.journal, self.store, findings, self.boot_id, self.cfg, driver, self.clock())
+        if cleared:
+            self.notes.append(f"cleared: {summary(cleared)}")
+
+    def make_slurm_agree(self) -> None:
+        """While a condition stands Slurm is made to agree (one read of this node); pending drains are retried."""
+        j, now = self.journal, self.clock()
+        if self.dry_run or not (standing(j.conditions) or j.pending):
+            return
+        if standing(j.conditions) and self.agreement["outcome"] == "none":
+            self.agreement = agree(j, self.slurm, self.ctx.node, now)
+            self.applied = list(self.agreement.get("applied") or [])
+        if j.pending and self.agreement["outcome"] != "pending":  # reboot requests; drains from before conditions
+            self.applied += retry_pending(j, self.slurm, self.ctx.node, self.cfg.reboot.auto, now=now)
         if not self.read_only:
             self._save_journal()
 
@@ -167,7 +204,8 @@ class Run:
             cursor = self.store.get_cursor(jc)
             if cursor:
                 return cursor
-        position = self.journal.positions.get("kernel_log") or self.store.get_cursor(node_cursor(self.ctx.node))
+        position = hook_position(self.journal, self.cfg, self.ctx.node) or \
+            self.store.get_cursor(node_cursor(self.ctx.node))
         if position is None and (self.store.recreated_from or not self.store.available):
             self.notes.append("kernel-log position lost (history store "
                               + (f"damaged, moved to {self.store.recreated_from}" if self.store.recreated_from
@@ -228,10 +266,14 @@ class Run:
         kl = obs.kernel_log
         position = kl.cursor if (kl is not None and kl.cursor is not None and kl.status.complete
                                  and not self.read_only) else None
-        if verdict.outcome == "drain" and verdict.reason and not self.dry_run and not self.kept:
-            self.pending = new_pending(verdict, self.ctx.kind, self.clock())
+        if verdict.outcome == "drain" and verdict.reason and not self.dry_run:
+            found = conditions_from_verdict(verdict, self.ctx.kind, self.clock(), self.boot_id)
             if not self.read_only:
-                self.journal.add_pending(self.pending)
+                self.journal.conditions, self.new_conditions = merge(self.journal.conditions, found)
+            if not self.kept:
+                self.pending = new_pending(verdict, self.ctx.kind, self.clock())
+                if not self.read_only:
+                    self.journal.add_pending(self.pending)
         if self.read_only:
             return None
         if position is not None and self.ctx.kind != "epilog":
@@ -246,6 +288,8 @@ class Run:
         if self.pending is not None:
             result.drain = apply_drain(v, self.pending, self.journal, self.slurm, self.ctx.node,
                                        self.cfg.reboot.auto, now=self.clock())
+            if result.drain["outcome"] in ("done", "already", "foreign"):
+                mark_applied(self.new_conditions)
             if result.drain["outcome"] == "done" and not self.storm_exempt(v):
                 # the nodes of one health-check round drain within a second or so of each other: let them land,
                 # so that every node ranks the same set of drains (gpuguard.pipeline.storm)
@@ -253,18 +297,23 @@ class Run:
                 self.storm_check(v, drained_self=True)
                 if v.held_by:
                     result.drain = self._undo_own_drain(result.drain)
+                    self.journal.conditions = [c for c in self.journal.conditions if c not in self.new_conditions]
             if not self.read_only:
                 self._save_journal()
         elif v.outcome == "drain" and v.reason and self.dry_run:
             result.drain = {"outcome": "skipped", "detail": "dry run", "reason": v.reason}
         elif self.kept:
-            result.drain = {"outcome": "kept", "detail": "still drained by gpuguard for this check (slurmctld not "
-                            "asked: known from the store)", "reason": v.reason}
+            result.drain = {"outcome": "kept", "reason": v.reason,
+                            "detail": f"a condition of the node (Slurm: {self.agreement['outcome']}): "
+                                      + summary(standing(self.journal.conditions))}
         result.pending = list(self.journal.pending)
         result.applied = self.applied
         result.events = self.events
         result.config_issues = [str(i) for i in self.cfg.issues]
         result.exit_code = self.exit_code(v)
+        result.conditions = list(self.journal.conditions)
+        result.agreement = {k: val for k, val in self.agreement.items() if k != "state"}
+        result.refused = result.exit_code == 1 and v.outcome != "drain"
         if self.on_verdict is not None:
             self.on_verdict(result.exit_code)
 
@@ -284,12 +333,11 @@ class Run:
         result.run_id = record_run(self.store, result)
         record_drains(self.store, result)
         if not self.read_only:
-            asked = bool(result.drain and result.drain["outcome"] in ("done", "already"))
-            save_cursors(self.store, self.ctx, specs, obs, self.boot_id, position, slurm_seen=asked,
-                         profile=self.profile)
-        if result.drain is None and self.ctx.kind == "healthcheck" and not self.read_only \
-                and self.cfg.undrain.enabled:
+            save_cursors(self.store, self.ctx, specs, obs, self.boot_id, position, profile=self.profile)
+        if self.ctx.kind == "healthcheck" and not self.read_only and not self.dry_run and self.cfg.undrain.enabled \
+                and (result.drain is None or result.drain["outcome"] == "kept"):
             result.undrain = self.undrain(result)
+            result.conditions = list(self.journal.conditions)
         if self.journal.error:
             result.notes.append(self.journal.error)
         if not self.dry_run:
@@ -303,10 +351,13 @@ class Run:
                                 + "; ".join(self.store.errors)[:400])
 
     def undrain(self, result: RunResult) -> Optional[dict[str, Any]]:
-        driver = driver_seen(self.store, self.ctx.node, read_driver_fingerprint(self.sources.sysfs_root),
-                             self.read_only)
-        return maybe_undrain(self.store, self.slurm, self.ctx.node, result.verdict.outcome, self.boot_id, self.cfg,
-                             result.run_id, result.findings, driver, self.clock())
+        """gpuguard's drain lifted once every condition has cleared (gpuguard.pipeline.undrain)."""
+        if not self.journal.conditions:
+            return None
+        out = lift_conditions(self.journal, self.store, self.slurm, self.ctx.node, result, self.cfg,
+                              self.agreement.get("state"), self.clock())
+        self._save_journal()
+        return out
 
     def _ship(self, result: RunResult) -> None:
         scfg = self.cfg.store

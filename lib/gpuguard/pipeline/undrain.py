@@ -1,9 +1,8 @@
-"""Lifting gpuguard's own drains: automatically from the health check once the cause has cleared, or by an admin
-(`gpuguard undrain`, which re-runs the checks that drained the node first).
+"""Lifting gpuguard's own drains: automatically from the health check once every condition of the node has
+cleared (gpuguard.pipeline.conditions: reset evidence for reset-class faults, a reboot for reboot-class ones, the
+check passing again for the others), or by an admin (`gpuguard undrain`, gpuguard.pipeline.admin).
 
 Ownership first (DESIGN §3): only a node still drained with a gpuguard reason; never one an admin took over.
-A node gpuguard keeps drained costs slurmctld nothing per health check: Slurm is asked only when the store says
-the drain could be lifted now, or every `undrain.resync_s` (an admin may have resumed or re-drained it).
 """
 
 from __future__ import annotations
@@ -13,15 +12,13 @@ from typing import Any, Optional
 
 from gpuguard.checks import cleared_only_by_reset
 from gpuguard.config.schema import Config
-from gpuguard.model import Finding, Severity
+from gpuguard.model import Action, Finding, RunResult
 from gpuguard.pipeline.act import SlurmHandle
+from gpuguard.pipeline.conditions import CLEARS, Condition, clear, clearing_evidence, new_id, standing
+from gpuguard.pipeline.journal import Journal
 from gpuguard.pipeline.policy import UndrainDecision, decide_undrain
-from gpuguard.slurm.reason import format_reason, parse_reason
+from gpuguard.slurm.reason import format_reason, is_ours, parse_reason
 from gpuguard.slurm.client import NodeState, SlurmError
-
-def slurm_seen_cursor(node: str) -> str:
-    return f"slurm_seen:{node}"
-
 
 def driver_seen(store: Any, node: str, fingerprint: Optional[str], read_only: bool,
                 now: Optional[float] = None) -> Optional[dict[str, Any]]:
@@ -43,23 +40,13 @@ def driver_seen(store: Any, node: str, fingerprint: Optional[str], read_only: bo
     return seen
 
 
-def reset_evidence(drain: dict[str, Any], store: Any, findings: list[Finding], boot_changed: bool,
-                   driver: Optional[dict[str, Any]]) -> Optional[str]:
-    """What shows that the GPUs were reset since a reset-class drain."""
-    if boot_changed:
-        return "a reboot"
-    if driver and float(driver.get("since") or 0) > float(drain["ts"]):
-        return "a driver reload"
-    drained_for = {drain.get("check_id")}
-    if drain.get("run_id") is not None:
-        drained_for |= {f["check_id"] for f in store.findings_for(drain["run_id"]) if f["severity"] == "fail"}
-    # States only a reset clears: one that failed when the node was drained and reads clear now shows the GPU was
-    # reset. "Clear" means read and OK: a value NVML could not read is incomplete, never evidence of a reset.
-    for check_id, what in cleared_only_by_reset().items():
-        now = [f for f in findings if f.check_id == check_id]
-        if check_id in drained_for and now and all(f.severity is Severity.OK for f in now):
-            return what
-    return None
+def failing_then(store: Any, c: Condition) -> set[str]:
+    """The checks that failed in the run that found `c` (a reset-only state among them clears it when it reads
+    clear again)."""
+    then = set(c.failing_with)
+    if c.run_id is not None:
+        then |= {f["check_id"] for f in store.findings_for(c.run_id) if f["severity"] == "fail"}
+    return then
 
 
 def own_undrains(store: Any, node: str, check_id: Optional[str], since: float) -> int:
@@ -68,41 +55,85 @@ def own_undrains(store: Any, node: str, check_id: Optional[str], since: float) -
     return int(store.count_ops(node, "undrain", since, check_id=check_id, exclude_admin=True))
 
 
-def maybe_undrain(store: Any, slurm: SlurmHandle, node: str, verdict: str, boot_id: Optional[str], cfg: Config,
-                  run_id: Optional[int], findings: list[Finding], driver: Optional[dict[str, Any]],
-                  now: float) -> Optional[dict[str, Any]]:
-    """The health check's part: lift a drain gpuguard put on this node once its cause has cleared."""
+def adopt_store_drain(journal: Journal, store: Any, slurm: SlurmHandle, node: str, now: float) -> dict[str, Any]:
+    """A node drained by a gpuguard from before conditions (or whose conditions were lost with the journal and its
+    copy): the store's record of the drain in place becomes a condition, if Slurm still shows it."""
     drain = store.active_drain(node)
     if drain is None:
-        return None
-    ucfg = cfg.undrain
-    window = now - ucfg.window_h * 3600
-    passes = store.consecutive_passes(node, drain["check_id"] or "", since=drain["ts"]) if drain["check_id"] else 0
-    boot_changed = bool(boot_id and drain["boot_id"] and boot_id != drain["boot_id"])
-    evidence = reset_evidence(drain, store, findings, boot_changed, driver)
-
-    def decision_for(state: NodeState) -> UndrainDecision:
-        return decide_undrain(
-            drain_action=drain["action"] or "drain", node_drained=state.drained, node_reason=state.reason,
-            node_down=state.down, node_maintenance=state.maintenance, verdict=verdict, passes=passes,
-            required_passes=ucfg.passes, boot_changed=boot_changed,
-            undrains_in_window=own_undrains(store, node, drain["check_id"], window), max_undrains=ucfg.max_undrains,
-            undrain_replace=ucfg.replace, reset_evidence=evidence)
-
-    # As the store knows it: still drained with gpuguard's reason. While that says "wait", Slurm is not asked.
-    assumed = decision_for(NodeState(name=node, states=frozenset({"DRAIN"}), reason=drain["reason"]))
-    seen = store.get_cursor(slurm_seen_cursor(node)) or {}
-    resync_due = now - float(seen.get("ts") or 0) >= ucfg.resync_s
-    if assumed.action in ("wait", "admin") and not resync_due:
-        return {"decision": assumed.action, "outcome": assumed.action, "detail": assumed.detail, "asked_slurm": False}
+        return {"outcome": "none"}
     try:
         state = slurm.client().get_node(node)
     except SlurmError as e:
-        return {"outcome": "failed", "detail": f"reading node state: {e}"}
-    store.set_cursor(slurm_seen_cursor(node), {"ts": now})
+        return {"outcome": "none", "detail": f"reading node state: {e}"}
+    if state is None or not (state.drained and is_ours(state.reason)):
+        store.record_drain(node=node, op="undrain", outcome="gone", reason=state.reason if state else None,
+                           check_id=drain["check_id"], action=drain["action"], run_id=None,
+                           detail="no longer drained by gpuguard (seen when adopting the store's drain)")
+        return {"outcome": "none", "state": state}
+    parsed = parse_reason(state.reason or "")
+    journal.conditions.append(Condition(
+        id=new_id(), check_id=drain["check_id"] or (parsed.check_id if parsed else "unknown"),
+        keyword=parsed.keyword if parsed else "INTERNAL", action=drain["action"] or "drain",
+        reason=state.reason or drain["reason"], message=parsed.detail if parsed else (drain["reason"] or ""),
+        first_seen=float(drain["ts"]), last_seen=float(drain["ts"]), origin="store", boot_id=drain.get("boot_id"),
+        run_id=drain.get("run_id")))
+    return {"outcome": "agreed", "detail": "the store's drain adopted as a condition", "state": state}
+
+
+def clear_by_evidence(journal: Journal, store: Any, findings: list[Finding], boot_id: Optional[str], cfg: Config,
+                      driver: Optional[dict[str, Any]], now: float) -> list[Condition]:
+    """The health check's part (every GPU judged): the conditions what it saw clears (returned, cleared)."""
+    reset_only = cleared_only_by_reset()
+    out = []
+    for c in standing(journal.conditions):
+        why = clearing_evidence(c, boot_id=boot_id, findings=findings,
+                                driver_since=float((driver or {}).get("since") or 0) or None,
+                                failing_then=failing_then(store, c), reset_only=reset_only,
+                                undrain_replace=cfg.undrain.replace)
+        if why:
+            clear(c, why, now)
+            out.append(c)
+    return out
+
+
+def lift_conditions(journal: Journal, store: Any, slurm: SlurmHandle, node: str, result: RunResult, cfg: Config,
+                    state: Optional[NodeState], now: float) -> dict[str, Any]:
+    """Once no condition stands, lift gpuguard's drain (ownership, passes and flapping rules:
+    gpuguard.pipeline.policy). `state`: the node as this run read it already, if it did."""
+    still = standing(journal.conditions)
+    if still:
+        waits = "; ".join(f"{c.keyword} {c.check_id} waits for {CLEARS[c.action]}" for c in still)
+        return {"decision": "wait", "outcome": "wait", "detail": waits, "check_id": still[0].check_id}
     if state is None:
-        return {"outcome": "failed", "detail": "node unknown to Slurm"}
-    return _carry_out(decision_for(state), store, slurm, node, drain, state, run_id, cfg, now)
+        try:
+            state = slurm.client().get_node(node)
+        except SlurmError as e:
+            return {"outcome": "failed", "detail": f"reading node state: {e}"}
+        if state is None:
+            return {"outcome": "failed", "detail": "node unknown to Slurm"}
+    return _lift(journal, store, slurm, node, result, cfg, state, now)
+
+
+def _lift(journal: Journal, store: Any, slurm: SlurmHandle, node: str, result: RunResult, cfg: Config,
+          state: NodeState, now: float) -> dict[str, Any]:
+    cleared = sorted(journal.conditions, key=lambda c: c.first_seen)
+    top = max(cleared, key=lambda c: Action(c.action).rank)
+    ucfg = cfg.undrain
+    passes = min(store.consecutive_passes(node, c.check_id, since=c.first_seen) for c in cleared)
+    decision = decide_undrain(
+        drain_action="drain", node_drained=state.drained, node_reason=state.reason, node_down=state.down,
+        node_maintenance=state.maintenance, verdict=result.verdict.outcome, passes=passes,
+        required_passes=ucfg.passes, boot_changed=False,
+        undrains_in_window=own_undrains(store, node, top.check_id, now - ucfg.window_h * 3600),
+        max_undrains=ucfg.max_undrains, undrain_replace=ucfg.replace)
+    evidence = ", ".join(sorted({c.cleared_by or "" for c in cleared}))
+    detail = f"{decision.detail} after {evidence}" if decision.action == "undrain" else decision.detail
+    drain = {"check_id": top.check_id, "action": top.action}
+    out = _carry_out(UndrainDecision(decision.action, detail), store, slurm, node, drain, state, result.run_id, cfg,
+                     now)
+    if out.get("outcome") in ("done", "gone"):
+        journal.conditions = []  # lifted (or someone else resumed the node after they cleared): over
+    return out
 
 
 def _carry_out(decision: UndrainDecision, store: Any, slurm: SlurmHandle, node: str, drain: dict[str, Any],

@@ -19,7 +19,7 @@ from typing import Optional, Protocol
 from gpuguard.slurm.config import SlurmConfig
 from gpuguard.slurm.parse import (SINFO_CENSUS_FORMAT, NodeRow, NodeState, node_state_from_fields, parse_node_line,
                                   parse_sinfo_census)
-from gpuguard.slurm.reason import is_ours
+from gpuguard.slurm.reason import is_ours, is_slurm_generic
 from gpuguard.util.toolrun import run_tool
 from gpuguard.util.record import Record, record
 
@@ -42,6 +42,8 @@ class SlurmClient(Protocol):
     def undrain(self, name: str) -> None: ...
 
     def set_reason(self, name: str, reason: str) -> None: ...
+
+    def set_comment(self, name: str, comment: str) -> None: ...
 
     def reboot(self, name: str, reason: str) -> None: ...
 
@@ -106,6 +108,9 @@ class CliSlurmClient:
 
     def set_reason(self, name: str, reason: str) -> None:
         self.run(["update", f"NodeName={name}", f"Reason={reason}"])
+
+    def set_comment(self, name: str, comment: str) -> None:
+        self.run(["update", f"NodeName={name}", f"Comment={comment}"])
 
     def reboot(self, name: str, reason: str) -> None:
         # ASAP: drain now, reboot once idle; nextstate=RESUME: back in service after the reboot, where the
@@ -172,6 +177,9 @@ class PyslurmClient:
         import pyslurm  # optional dependency
 
         self._bounded(lambda: pyslurm.Node(name).modify(reason=reason))
+
+    def set_comment(self, name: str, comment: str) -> None:
+        CliSlurmClient(timeout_s=self.timeout_s).set_comment(name, comment)
 
     def reboot(self, name: str, reason: str) -> None:
         # pyslurm has no stable reboot API across releases; scontrol is always there
@@ -242,20 +250,25 @@ class DrainOutcome(Record):
     previous_reason: Optional[str] = None
 
 
-def drain_node(client: SlurmClient, node: str, reason: str) -> DrainOutcome:
-    """Drain `node` with `reason` unless someone else owns its state. Never raises."""
-    try:
-        state = client.get_node(node)
-    except SlurmError as e:
-        return DrainOutcome("failed", f"reading node state: {e}")
+def drain_node(client: SlurmClient, node: str, reason: str, state: Optional[NodeState] = None) -> DrainOutcome:
+    """Drain `node` with `reason` unless someone else owns its state. Never raises. `state`: the node as the caller
+    just read it (saves the RPC). A reason Slurm wrote itself (`Prolog error`, `Not responding`, ...) is nobody's:
+    gpuguard holds the evidence, so its own reason replaces it (and a DOWN node gets the drain flag, so that it
+    does not return to service by itself)."""
+    if state is None:
+        try:
+            state = client.get_node(node)
+        except SlurmError as e:
+            return DrainOutcome("failed", f"reading node state: {e}")
     if state is None:
         return DrainOutcome("failed", f"node {node} unknown to Slurm")
     if state.maintenance:
         return DrainOutcome("foreign", f"node in maintenance/reboot ({'+'.join(sorted(state.states))}); not touched",
                             state.reason)
-    if state.down:  # whoever or whatever downed it (slurmctld, an admin) owns it now
+    generic = is_slurm_generic(state.reason)
+    if state.down and not generic:  # whoever or whatever downed it (slurmctld, an admin) owns it now
         return DrainOutcome("foreign", "node is DOWN; not touched", state.reason)
-    if state.drained:
+    if state.drained and not generic:
         if is_ours(state.reason):
             return DrainOutcome("already", "already drained by gpuguard; first reason kept", state.reason)
         if state.reason:
@@ -264,4 +277,4 @@ def drain_node(client: SlurmClient, node: str, reason: str) -> DrainOutcome:
         client.drain(node, reason)
     except SlurmError as e:
         return DrainOutcome("failed", str(e), state.reason)
-    return DrainOutcome("done", "", state.reason)
+    return DrainOutcome("done", f"replaced Slurm's own reason {state.reason!r}" if generic else "", state.reason)

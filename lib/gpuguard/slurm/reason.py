@@ -109,6 +109,21 @@ def format_reason(check_id: str, keyword: str, detail: str, context: str, action
     return head + body + tail
 
 
+# What slurmctld and slurmd write themselves when something fails (Slurm 22.05-25.x): not an admin's words, so where
+# gpuguard holds the evidence (a standing condition) its own reason replaces them (DESIGN §3). Matched as prefixes,
+# case-insensitively: several carry details ("Low RealMemory (reported:1 < 100.00% of configured:2)").
+SLURM_GENERIC_REASONS = ("prolog error", "epilog error", "kill task failed", "not responding",
+                         "batch job complete failure", "node unexpectedly rebooted", "no network address found",
+                         "low realmemory", "low tmpdisk", "low socket*core*thread count", "low cpus",
+                         "gres/gpu count", "gres/gpu:", "health check failed", "job credential expired")
+
+
+def is_slurm_generic(reason: Optional[str]) -> bool:
+    """A reason Slurm wrote itself (not an admin's, not gpuguard's)."""
+    text = (reason or "").strip().lower()
+    return bool(text) and text.startswith(SLURM_GENERIC_REASONS)
+
+
 def is_ours(reason: Optional[str]) -> bool:
     """Written by gpuguard (either grammar): the only reasons gpuguard may replace or lift."""
     return bool(reason) and reason.lstrip().startswith(PREFIX)  # type: ignore[union-attr]

@@ -22,3 +22,6 @@ class WatchConfig(Section):
     retry_initial_s: float = key(number(), 1.0)  # a drain that failed (scontrol down) is retried after this, doubling
     retry_max_s: float = key(number(), 60.0)  # ... up to this, until it goes through
     record_non_fatal: bool = key(boolean, True)  # record app/warn-class Xids (folded by the dedupe window) in history
+    # while a condition of the node stands: how often the daemon makes Slurm agree (one read of this node's state;
+    # a plain `scontrol update state=resume` is drained again within this)
+    agree_s: float = key(number(), 10.0)

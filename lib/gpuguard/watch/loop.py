@@ -27,6 +27,7 @@ from gpuguard.kernellog.cursor import describe as describe_cursor
 from gpuguard.kernellog.sources import make_follower
 from gpuguard.metrics.heartbeat import WatchHeartbeat
 from gpuguard.pipeline.journal import Journal, runtime_dir
+from gpuguard.pipeline.positions import watch_start
 from gpuguard.simulate.sources import resolve_sources
 from gpuguard.store.sqlite import Store
 from gpuguard.util.log import HookLog
@@ -122,6 +123,11 @@ class WatchDaemon:
         return spec, sources.boot_id or read_boot_id(sources.boot_id_path)
 
     def _stored_cursor(self) -> Optional[Cursor]:
+        """The node's one kernel-log position (gpuguard.pipeline.positions): a first start begins where the hooks
+        got to, so the Xids they judged (and an admin may have cleared since) are not judged again."""
+        return watch_start(self.cfg, self.node, self._own_cursor())
+
+    def _own_cursor(self) -> Optional[Cursor]:
         try:
             part = Journal.load(runtime_dir(self.cfg), self.node, part="watch")
             if part.positions.get("watch"):

@@ -18,6 +18,7 @@ class WatchSettings:
     poll_interval_s: float
     retry_initial_s: float
     retry_max_s: float
+    agree_s: float
     record_non_fatal: bool
     scontrol_s: float
     on_failure: str
@@ -27,7 +28,7 @@ class WatchSettings:
         w = cfg.watch
         return cls(source=w.source, start_at=w.start_at, dedupe_window_s=float(w.dedupe_window_s),
                    poll_interval_s=float(w.poll_interval_s), retry_initial_s=float(w.retry_initial_s),
-                   retry_max_s=float(w.retry_max_s), record_non_fatal=bool(w.record_non_fatal),
+                   retry_max_s=float(w.retry_max_s), agree_s=float(w.agree_s), record_non_fatal=bool(w.record_non_fatal),
                    scontrol_s=float(cfg.deadlines.scontrol_s),
                    on_failure=cfg.policy.on_failure)
 

@@ -20,7 +20,9 @@ from gpuguard.fleet.ship import ship_in_background
 from gpuguard.kernellog.base import StoredCursor
 from gpuguard.model import Action, Finding
 from gpuguard.pipeline.act import SlurmHandle, new_pending, retry_pending
+from gpuguard.pipeline.conditions import conditions_from_verdict, mark_applied, merge, standing
 from gpuguard.pipeline.journal import Journal, runtime_dir
+from gpuguard.pipeline.reconcile import agree
 from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.pipeline.policy import escalate_recurring
 from gpuguard.slurm.client import DrainOutcome, SlurmError, client_from_config, drain_node, request_reboot
@@ -63,6 +65,7 @@ class DrainWorker(HistoryWrites, threading.Thread):
         self._next_flush = time.monotonic() + NOTIFY_FLUSH_S
         self._next_ship = time.monotonic() + 5.0  # central history (store.url): gpuguard.fleet.ship
         self._next_peek = time.monotonic()  # drains the hooks could not apply: the watch retries them too
+        self._next_agree = time.monotonic()  # standing conditions: Slurm is made to agree every watch.agree_s
         self.journal_pending = 0  # pending drains in the node's verdict journal (any writer), last seen
         self.peeked = threading.Event()  # the journal was looked at once since the start (--once waits for it)
 
@@ -195,6 +198,9 @@ class DrainWorker(HistoryWrites, threading.Thread):
             with self._shared_journal() as j:
                 if j is None:
                     return
+                # the Xid becomes a condition of the node in the same write: it stands until what clears it is seen
+                j.conditions, _ = merge(j.conditions, conditions_from_verdict(verdict, "watch", seen_wall,
+                                                                              self.boot_id))
                 entry = j.add_pending(new_pending(verdict, "watch", seen_wall))
                 if j.save() is None:
                     p.pending_id, p.journaled = entry.id, True
@@ -203,7 +209,7 @@ class DrainWorker(HistoryWrites, threading.Thread):
 
     def _peek_journal(self) -> None:
         """Drains a hook decided but could not apply (slurmctld was down) are retried here as well."""
-        self._next_peek = time.monotonic() + max(self.settings.retry_initial_s, 5.0)
+        self._next_peek = time.monotonic() + max(self.settings.retry_initial_s, min(5.0, self.settings.agree_s))
         try:
             j = Journal.load(runtime_dir(self.cfg), self.node)
         except Exception:  # noqa: BLE001
@@ -211,6 +217,23 @@ class DrainWorker(HistoryWrites, threading.Thread):
         self.journal_pending = len(j.pending)
         if j.pending:
             self._attempt_journal()
+        elif standing(j.conditions) and time.monotonic() >= self._next_agree:
+            self._agree()
+
+    def _agree(self) -> None:
+        """While a condition stands, Slurm is made to agree every watch.agree_s (gpuguard.pipeline.reconcile): a
+        plain resume is drained again within that, without waiting for the next health check or prolog."""
+        self._next_agree = time.monotonic() + self.settings.agree_s
+        with self._shared_journal() as j:
+            if j is None:
+                return
+            out = agree(j, SlurmHandle(self.cfg, None, self._client_or_error()), self.node, time.time())
+            j.save()
+        if out["outcome"] in ("applied", "redrained", "replaced", "cleared"):
+            self.log.error(f"watch {self.node}: {out.get('detail')}" + (f": {out['reason']}" if out.get("reason")
+                                                                         else ""))
+        elif out["outcome"] == "pending":
+            self.log.error(f"watch {self.node}: a condition stands and Slurm cannot be told: {out.get('detail')}")
 
     def _escalated(self, finding: Finding) -> Finding:
         """As the prolog and health check do: a reboot/reset-class Xid that already drained this node in
@@ -250,6 +273,8 @@ class DrainWorker(HistoryWrites, threading.Thread):
                 return
             handle = SlurmHandle(self.cfg, None, self._client_or_error())
             applied = retry_pending(j, handle, self.node, self.cfg.reboot.auto)
+            if any(a["outcome"] in ("done", "already", "foreign") for a in applied):
+                mark_applied(j.conditions)
             j.save()
             self.journal_pending = len(j.pending)
             still = {p.id for p in j.pending}
