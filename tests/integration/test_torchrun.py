@@ -68,8 +68,10 @@ def test_a_failed_node_is_excluded_on_requeue_and_the_job_resumes_from_its_check
     # slurmctld drain the node ("Epilog error") when it hears of it. A resume in between was undone by that drain.
     job.wait_for(lambda: site.log_lines("epilog node=node2 job=1 ")
                  and "COMPLETING" not in site.cluster.node_flags("node2"), "node2's epilog of attempt 1 to be over")
-    # The node is repaired and back before attempt 2 starts: the job still stays off it for this attempt
-    site.set_scenario("node2", "healthy-p5")
+    # The node is repaired (a GPU that fell off the bus needs a reboot: the scenario's new boot id is that reboot;
+    # a plain resume without it would be re-drained, issue 27) and back before attempt 2 starts: the job still
+    # stays off it for this attempt
+    site.write_scenario("node2", "healthy-p5", boot_id="00000000-0000-4000-8000-0000000b0072")
     (job.control / "fault-node2").unlink()
     site.cluster.resume("node2")
     # attempt 2 fails too, once both of its ranks run: at that requeue the exclusions are re-evaluated and node2,

@@ -36,8 +36,9 @@ def test_a_job_that_needs_every_node_is_not_excluded_from_its_own_partition(site
     time.sleep(3)
     info = job.info()
     assert info["JobState"] == "PENDING" and info.get("ExcNodeList") in (None, "(null)", ""), job.why(info)
-    # node2 is repaired and resumed: nobody touches the job
-    site.set_scenario("node2", "healthy-p5")
+    # node2 is repaired (rebooted: the new boot id clears the fallen-off-the-bus condition) and resumed: nobody
+    # touches the job
+    site.write_scenario("node2", "healthy-p5", boot_id="00000000-0000-4000-8000-0000000b0072")
     (job.control / "fault-node2").unlink()
     site.cluster.resume("node2")
     info = job.wait(timeout=200)

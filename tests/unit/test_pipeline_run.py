@@ -9,7 +9,7 @@ from typing import Optional
 import yaml
 
 from gpuguard.pipeline.budget import StageBudget
-from gpuguard.pipeline.journal import Journal
+from gpuguard.pipeline.journal import Journal, journal_for
 from gpuguard.slurm.client import NodeState, SlurmError, SlurmTimeout
 from gpuguard.store.sqlite import Store
 
@@ -61,7 +61,7 @@ def scenario(tmp_path, *lines: str, base: str = "healthy-p5") -> str:
 
 
 def journal(tmp_path) -> Journal:
-    return Journal.load(str(tmp_path / "run"), "n1")
+    return journal_for(make_cfg(tmp_path), "n1")
 
 
 def test_a_drain_slurm_could_not_take_stands_until_applied(tmp_path):

@@ -208,9 +208,9 @@ class Running:
 
     def journal(self) -> Any:
         """The node's verdict journal (pending drains), shared with the hooks."""
-        from gpuguard.pipeline.journal import Journal, runtime_dir
+        from gpuguard.pipeline.journal import journal_for
 
-        return Journal.load(runtime_dir(self.cfg), "n1")
+        return journal_for(self.cfg, "n1")
 
 
 # --------------------------------------------------------------------------- following a file

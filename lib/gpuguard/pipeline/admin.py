@@ -26,7 +26,7 @@ from gpuguard.checks import cleared_only_by_reset
 from gpuguard.config.schema import Config
 from gpuguard.model import Severity
 from gpuguard.pipeline.conditions import Condition, clear, clearing_evidence, standing, undrain_token
-from gpuguard.pipeline.journal import Journal, runtime_dir
+from gpuguard.pipeline.journal import journal_for, runtime_dir
 from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.slurm.client import NodeState, SlurmError, client_from_config
 from gpuguard.slurm.reason import is_ours, is_slurm_generic, parse_reason
@@ -48,7 +48,7 @@ def admin_undrain(cfg: Config, node: str, force: bool, log: Any) -> UndrainOutco
     if state is None:
         return UndrainOutcome(2, f"no node {node} in Slurm")
     here = can_check_here(cfg, node)
-    conds = standing(Journal.load(runtime_dir(cfg), node).conditions) if here else []
+    conds = standing(journal_for(cfg, node).conditions) if here else []
     if not state.drained and not conds:
         return UndrainOutcome(0, f"{node} is not drained ({'+'.join(sorted(state.states))}) and no condition "
                                  "stands; nothing to do")
@@ -174,7 +174,7 @@ def record_admin_clear(cfg: Config, node: str, detail: str, log: Any) -> list[Co
     with NodeLock(lock_path(rd, node), 10.0, fallback=f"{cfg.store.path_for(node)}.{node}.lock") as locked:
         if not locked:
             log.warning(f"undrain {node}: the node lock was not free for 10s; clearing its conditions anyway")
-        j = Journal.load(rd, node)
+        j = journal_for(cfg, node)
         cleared = standing(j.conditions)
         for c in cleared:
             clear(c, f"an admin's undrain ({detail})", time.time())

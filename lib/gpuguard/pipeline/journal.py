@@ -11,7 +11,7 @@ One small JSON file per node in `store.runtime_dir` (default /run/gpuguard: a tm
 - the node's conditions (gpuguard.pipeline.conditions): the faults that stand until what clears them is seen.
   Evidence is consumed only into a condition, in the same write that moves the position past it. Conditions also
   survive a reboot (a fault that needs the hardware replaced does): every change is copied, durably, to
-  `<state dir>/conditions/<node>.json`, which is read when the journal itself is gone (a new boot emptied /run);
+  `conditions/<node>.json` beside the node's history store (the state directory), which is read when the journal itself is gone (a new boot emptied /run);
 - gpuguard's own health as last seen on the node: the configuration's state (broken keys, last good one).
 
 Written atomically (temp file, fsync, rename) under the node lock. The history store keeps a copy of the positions
@@ -28,7 +28,7 @@ from typing import Any, Optional
 from gpuguard.model import PendingDrain
 from gpuguard.pipeline.conditions import Condition
 from gpuguard.util.fs import atomic_write
-from gpuguard.util.nodedirs import runtime_dir_from_env, state_dir
+from gpuguard.util.nodedirs import runtime_dir_from_env
 from gpuguard.util.record import Record, field, record
 
 VERSION = 1
@@ -39,9 +39,15 @@ def runtime_dir(cfg: Any) -> str:
     return cfg.store.runtime_dir or runtime_dir_from_env()
 
 
-def conditions_copy_path(node: str) -> str:
-    """The durable copy of a node's conditions (outlives a reboot, unlike the runtime directory)."""
-    return os.path.join(state_dir(), "conditions", f"{node}.json")
+def conditions_copy_path(cfg: Any, node: str) -> str:
+    """The durable copy of a node's conditions (outlives a reboot, unlike the runtime directory): beside the node's
+    history store, so it follows `store.path` (and, through its default, $GPUGUARD_STATE_DIR)."""
+    return os.path.join(os.path.dirname(os.path.abspath(cfg.store.path_for(node))), "conditions", f"{node}.json")
+
+
+def journal_for(cfg: Any, node: str) -> "Journal":
+    """The node's main journal, with its conditions' durable copy (every reader and writer of conditions)."""
+    return Journal.load(runtime_dir(cfg), node, copy_path=conditions_copy_path(cfg, node))
 
 
 def journal_path(runtime_dir: str, node: str, part: str = "journal") -> str:
@@ -60,14 +66,17 @@ class Journal(Record):
     conditions: list[Condition] = field(default_factory=list)
     error: Optional[str] = None  # why it could not be read or written (the run goes on, loudly)
     damaged_copy: Optional[str] = None  # where an unreadable journal was moved
+    main: bool = True  # the node's journal (conditions, pending drains), not a single-writer part
     copy_path: Optional[str] = None  # the conditions' durable copy (the main journal only)
     saved_conditions: Any = None  # what the durable copy holds, as JSON-able data (written only on a change)
 
     @classmethod
-    def load(cls, runtime_dir: str, node: str, part: str = "journal") -> "Journal":
-        j = cls(path=journal_path(runtime_dir, node, part), node=node)
-        if part == "journal":
-            j.copy_path = conditions_copy_path(node)
+    def load(cls, runtime_dir: str, node: str, part: str = "journal", copy_path: Optional[str] = None) -> "Journal":
+        """`copy_path`: the conditions' durable copy (journal_for()); None for a part (`watch`), which holds no
+        conditions. The main journal is loaded through journal_for()."""
+        j = cls(path=journal_path(runtime_dir, node, part), node=node, main=part == "journal")
+        if j.main:
+            j.copy_path = copy_path
         doc = j._read()
         if doc is None:
             if j.copy_path is not None:  # no journal (a new boot, or it was lost): the durable copy of the conditions
@@ -129,7 +138,7 @@ class Journal(Record):
         conditions = [c.to_dict() for c in self.conditions]
         doc = {"version": VERSION, "node": self.node, "written": time.time(), "positions": self.positions,
                "pending": [p.to_dict() for p in self.pending], "config": self.config}
-        if self.copy_path is not None:
+        if self.main:
             doc["conditions"] = conditions
         changed = self.copy_path is not None and conditions != self.saved_conditions
         if changed:

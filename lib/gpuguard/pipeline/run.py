@@ -31,7 +31,7 @@ from gpuguard.pipeline.evaluate import evaluate, map_job_gpus, name_processes, o
 from gpuguard.pipeline.gather import build_probes, gather
 from gpuguard.pipeline.conditions import (Condition, conditions_from_verdict, mark_applied, merge, standing,
                                           summary)
-from gpuguard.pipeline.journal import Journal, runtime_dir
+from gpuguard.pipeline.journal import Journal, journal_for, runtime_dir
 from gpuguard.pipeline.positions import hook_position
 from gpuguard.pipeline.reconcile import agree, clear_by_reboot
 from gpuguard.pipeline.lock import NodeLock, lock_path
@@ -66,7 +66,7 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
         # A store that cannot be opened or written (disk full, read-only, locked) never changes the verdict.
         store = GuardedStore(lambda: Store(store_path, timeout_s=timeout_s))
         try:
-            run = Run(ctx, cfg, sources, profile, store, Journal.load(rundir, ctx.node), budget,
+            run = Run(ctx, cfg, sources, profile, store, journal_for(cfg, ctx.node), budget,
                       SlurmHandle(cfg, budget, slurm_client), locked=locked, dry_run=dry_run,
                       on_verdict=on_verdict, log=log, hook=hook, clock=clock)
             return run.execute()

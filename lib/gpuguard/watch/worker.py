@@ -21,7 +21,7 @@ from gpuguard.kernellog.base import StoredCursor
 from gpuguard.model import Action, Finding
 from gpuguard.pipeline.act import SlurmHandle, new_pending, retry_pending
 from gpuguard.pipeline.conditions import conditions_from_verdict, mark_applied, merge, standing
-from gpuguard.pipeline.journal import Journal, runtime_dir
+from gpuguard.pipeline.journal import Journal, journal_for, runtime_dir
 from gpuguard.pipeline.reconcile import agree
 from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.pipeline.policy import escalate_recurring
@@ -189,7 +189,7 @@ class DrainWorker(HistoryWrites, threading.Thread):
         rd = runtime_dir(self.cfg)
         with NodeLock(lock_path(rd, self.node), 2.0,
                       fallback=f"{store_path(self.cfg, self.node)}.{self.node}.lock") as locked:
-            yield Journal.load(rd, self.node) if locked else None
+            yield journal_for(self.cfg, self.node) if locked else None
 
     def _journal_pending(self, p: PendingEvent, verdict: Any, seen_wall: float) -> None:
         """The drain stands until applied: recorded as pending before Slurm is asked, so a restart, a prolog (which
@@ -211,7 +211,7 @@ class DrainWorker(HistoryWrites, threading.Thread):
         """Drains a hook decided but could not apply (slurmctld was down) are retried here as well."""
         self._next_peek = time.monotonic() + max(self.settings.retry_initial_s, min(5.0, self.settings.agree_s))
         try:
-            j = Journal.load(runtime_dir(self.cfg), self.node)
+            j = journal_for(self.cfg, self.node)
         except Exception:  # noqa: BLE001
             return
         self.journal_pending = len(j.pending)
