@@ -22,6 +22,7 @@ from devtools.devsite import DevSite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))  # the servers above and test_metrics' helpers
 from notify_servers import WebhookServer  # noqa: E402
+from watchproc import Watch  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
@@ -78,3 +79,16 @@ def db(pg: DevPostgres, request: pytest.FixtureRequest) -> str:
 
     return new_db(pg, "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower())
 
+
+@pytest.fixture
+def watch_factory(tmp_path: Path) -> Iterator[Callable[..., Watch]]:
+    started: list[Watch] = []
+
+    def start(site: Any, node: str = "node1") -> Watch:
+        w = Watch(site, node, tmp_path)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:  # the daemons never outlive a test
+        w.stop()

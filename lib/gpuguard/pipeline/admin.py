@@ -134,9 +134,12 @@ def _recheck_refusal(cfg: Config, node: str, state: NodeState, conds: list[Condi
                for f in bad]
     if failing:
         return "the checks that drained it still fail: " + "; ".join(failing), failing
-    no_reset = [c for c in conds if c.action == "reset" and not _reset_seen(cfg, node, c, result)]
+    no_reset = [c for c in conds if c.action in ("reset", "reboot") and not _reset_seen(cfg, node, c, result)]
     if no_reset:
         names = ", ".join(f"{c.keyword} {c.check_id}" for c in no_reset)
+        if all(c.action == "reboot" for c in no_reset):
+            return (f"{names} needs a reboot and none was seen (the boot id is the one it was found in); reboot the "
+                    "node (its next hook clears it), or --force once you have"), []
         return (f"{names} needs a GPU reset and none was seen (no reboot, no driver reload, the reset-only state not "
                 "read clear); reset the GPU (or reboot) and run this again, or --force once you have reset it"), []
     return None, []
