@@ -3,7 +3,8 @@
 healthy 2-node job runs -> a GPU falls off the bus on node2 -> the next job's prolog drains node2 with a
 gpuguard reason -> Slurm requeues the job -> it finishes on the healthy nodes -> what gpuguard found -> gpuguard's
 own surroundings fail: slurmctld is down while node3 logs an Xid (the drain is pending, applied once it is back,
-no job runs there meanwhile) and a config typo is deployed (gpuguard keeps protecting, and says where the typo is).
+no job runs there meanwhile), an admin's plain resume of node3 without a GPU reset (drained again at the next job,
+the reason says how to clear it; `gpuguard undrain` lifts it once the GPU was reset) and a config typo is deployed (gpuguard keeps protecting, and says where the typo is).
 """
 
 from __future__ import annotations
@@ -108,6 +109,38 @@ def _controller_down(site: DevSite, out: Out) -> bool:
     return hc.returncode == 0 and reason.startswith("gpuguard: XID119")
 
 
+def _plain_resume(site: DevSite, out: Out) -> bool:
+    """The condition stands: a plain resume is drained again with a reason that says how to clear it; `gpuguard
+    undrain` waits for a GPU reset; after one the node is back."""
+    for attempt in range(3):  # slurmctld drains a node whose prolog failed when its slurmd next registers (ms
+        try:                  # after the refusal): a resume before that is undone, and the admin resumes again
+            site.cluster.resume("node3", timeout=5)
+            break
+        except Exception:  # noqa: BLE001 - DevCommands raises AssertionError with the logs on a timeout
+            if attempt == 2:
+                raise
+    out.line("the admin runs `scontrol update nodename=node3 state=resume` (no GPU reset); a job is sent to node3:")
+    job = site.cluster.sbatch(JOB, "-N1", "-w", "node3", "--job-name=train-llm")
+    site.cluster.wait_nodes(lambda f: "DRAIN" in f, nodes=["node3"], timeout=60)
+    site.cluster.run(["scancel", job])
+    reason = site.cluster.node_info("node3").get("Reason") or ""
+    out.line(f"node3's prolog refused the job and drained node3 again: {out.c(YELLOW, reason[:150])}")
+    refused = site.gpuguard("undrain", "node3")
+    out.line(f"gpuguard undrain node3 -> {refused.returncode}: {(refused.stdout + refused.stderr).strip()[:150]}")
+    module = site.workdir / "sim" / "node3" / "sys" / "module" / "nvidia"  # the GPU reset: the driver reloaded
+    module.rename(module.with_name("nvidia.before-reset"))
+    module.mkdir()
+    out.line("the GPU is reset (the nvidia driver unloaded and loaded again: `nvidia-smi -r`)")
+    lifted = site.gpuguard("undrain", "node3")
+    said = lifted.stdout.strip()
+    said = said.split(" (was:")[0] + ("; cleared:" + said.split("; cleared:")[1] if "; cleared:" in said else "")
+    out.line(f"gpuguard undrain node3 -> {lifted.returncode}: {said[:150]}")
+    site.cluster.wait_nodes(lambda f: "NOT_RESPONDING" not in f, nodes=["node3"], timeout=15)
+    _nodes_table(site, out)
+    return "[standing reset]" in reason and refused.returncode == 1 and lifted.returncode == 0 \
+        and "DRAIN" not in site.cluster.node_flags("node3")
+
+
 def _config_typo(site: DevSite, out: Out) -> bool:
     good = site.config_path.read_text()
     site.config_path.write_text(good + "deadlines:\n  prolog_s: soon\n")
@@ -161,11 +194,11 @@ def run_demo(keep: bool = False) -> int:
     return 0 if success else 1
 
 
-TOTAL_STEPS = 8
+TOTAL_STEPS = 9
 
 
 def _story(site: DevSite, out: Out) -> bool:
-    """Steps 2-8 on a booted site; True when every one showed what it should."""
+    """Steps 2-9 on a booted site; True when every one showed what it should."""
     out.step(2, TOTAL_STEPS, "a healthy 2-node job (8 GPUs per node)")
     _healthy_job(site, out)
 
@@ -186,10 +219,14 @@ def _story(site: DevSite, out: Out) -> bool:
     out.step(7, TOTAL_STEPS, "slurmctld goes down while node3's GPU logs Xid 119 (GSP timeout)")
     pending_ok = _controller_down(site, out)
 
-    out.step(8, TOTAL_STEPS, "a config typo is deployed to every node")
+    out.step(8, TOTAL_STEPS, "a fault stands until it is cleared: a plain resume of node3 without a GPU reset")
+    standing_ok = _plain_resume(site, out)
+
+    out.step(9, TOTAL_STEPS, "a config typo is deployed to every node")
     config_ok = _config_typo(site, out)
     return info["JobState"] == "COMPLETED" and info["NodeList"] == "node[1,3]" \
-        and (drain["reason"] or "").startswith("gpuguard: XID79 gpu.xid") and fleet_ok and pending_ok and config_ok
+        and (drain["reason"] or "").startswith("gpuguard: XID79 gpu.xid") and fleet_ok and pending_ok \
+        and standing_ok and config_ok
 
 
 def _healthy_job(site: DevSite, out: Out) -> None:

@@ -110,6 +110,16 @@ def test_each_class_of_condition_is_cleared_only_by_its_own_evidence(action, kw,
     assert clearing_evidence(cond(action), **args) == cleared
 
 
+def test_a_driver_reload_is_a_module_other_than_the_one_the_fault_was_found_under():
+    c = cond("reset", driver_fp="7:100")
+    args: dict[str, Any] = {"boot_id": "boot-a", "findings": [], "failing_then": [], "reset_only": {},
+                            "undrain_replace": False}
+    assert clearing_evidence(c, driver_fp="7:101", driver_since=None, **args) == "a driver reload"
+    # the same module: no reload, whatever a store that never saw it before says about "since"
+    assert clearing_evidence(c, driver_fp="7:100", driver_since=1e12, **args) is None
+    assert clearing_evidence(c, driver_fp=None, driver_since=1e12, **args) is None  # no module loaded now
+
+
 def test_a_fault_found_again_in_the_same_run_is_never_cleared():
     again = fail("gpu.xid", "XID119", Action.RESET)
     assert clearing_evidence(cond("reset"), boot_id="boot-b", findings=[again], driver_since=None, failing_then=[],

@@ -166,9 +166,13 @@ def _reset_seen(cfg: Config, node: str, c: Condition, result: Any) -> bool:
     except Exception:  # noqa: BLE001 - no history: only what this re-check itself shows
         then, seen = set(), {}
     fp = read_driver_fingerprint(resolve_sources(cfg, node).sysfs_root)
-    since = float(seen.get("since") or 0) if fp and seen.get("fp") == fp else (time.time() if fp else 0.0)
+    # a module the store knew and that is not the one loaded now was reloaded (now, at the latest); one the store
+    # never saw says nothing
+    since = float(seen.get("since") or 0) if fp and seen.get("fp") == fp else \
+        (time.time() if fp and seen.get("fp") else 0.0)
     return clearing_evidence(c, boot_id=result.boot_id, findings=result.findings, driver_since=since or None,
-                             failing_then=then, reset_only=cleared_only_by_reset(), undrain_replace=True) is not None
+                             driver_fp=fp, failing_then=then, reset_only=cleared_only_by_reset(),
+                             undrain_replace=True) is not None
 
 
 def record_admin_clear(cfg: Config, node: str, detail: str, log: Any) -> list[Condition]:

@@ -58,6 +58,9 @@ class Condition(Record):
     cleared_at: Optional[float] = None
     applied: bool = False  # Slurm has shown the node drained for it (a later undrained node was resumed by someone)
     failing_with: list[str] = field(default_factory=list)  # every check failing in the run that found it
+    # the loaded nvidia module when it was found (gpuguard.probes.system.read_driver_fingerprint): another one later
+    # is a driver reload, i.e. a GPU reset
+    driver_fp: Optional[str] = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -87,7 +90,7 @@ class Condition(Record):
 
 _FIELDS = ("id", "check_id", "keyword", "action", "reason", "message", "first_seen", "last_seen", "origin",
            "boot_id", "gpus", "evidence", "run_id", "cleared_by", "cleared_at", "applied",
-           "failing_with")
+           "failing_with", "driver_fp")
 
 
 def new_id() -> str:
@@ -118,7 +121,7 @@ def _evidence(f: Finding) -> dict[str, Any]:
 
 
 def conditions_from_verdict(verdict: Verdict, origin: str, now: float, boot_id: Optional[str],
-                            run_id: Optional[int] = None) -> list[Condition]:
+                            run_id: Optional[int] = None, driver_fp: Optional[str] = None) -> list[Condition]:
     """One condition per failing (check, keyword) of a drain verdict; the verdict's reason on its primary."""
     if verdict.outcome != "drain" or not verdict.reason:
         return []
@@ -142,7 +145,7 @@ def conditions_from_verdict(verdict: Verdict, origin: str, now: float, boot_id: 
         out[key] = Condition(id=new_id(), check_id=f.check_id, keyword=keyword, action=action.value, reason=reason,
                              message=f.message[:_MAX_TEXT], first_seen=now, last_seen=now, origin=origin,
                              boot_id=boot_id, gpus=sorted(set(_gpu_names(f))), evidence=_evidence(f), run_id=run_id,
-                             failing_with=together)
+                             failing_with=together, driver_fp=driver_fp)
     # the verdict's primary first: among conditions of the same action and age, its reason is the one Slurm shows
     return sorted(out.values(), key=lambda c: c.reason != verdict.reason)
 
@@ -220,18 +223,28 @@ def check_reads_clear(check_id: str, findings: Iterable[Finding]) -> bool:
     return bool(mine) and all(f.severity is Severity.OK for f in mine)
 
 
+def driver_reloaded(c: Condition, driver_fp: Optional[str], driver_since: Optional[float]) -> bool:
+    """The nvidia module was loaded again since `c` was found: its fingerprint then and now differ (or, for a
+    condition that does not know it, the store saw a new one after it)."""
+    if c.driver_fp is not None:
+        return driver_fp is not None and driver_fp != c.driver_fp
+    return bool(driver_since and driver_since > c.first_seen)
+
+
 def clearing_evidence(c: Condition, *, boot_id: Optional[str], findings: list[Finding],
                       driver_since: Optional[float], failing_then: Iterable[str],
-                      reset_only: dict[str, str], undrain_replace: bool) -> Optional[str]:
+                      reset_only: dict[str, str], undrain_replace: bool,
+                      driver_fp: Optional[str] = None) -> Optional[str]:
     """What a health check (every GPU judged) saw that clears `c`, or None. `failing_then`: the checks that failed
-    in the run that found it; `reset_only`: check id -> words for the states only a GPU reset clears."""
+    in the run that found it; `reset_only`: check id -> words for the states only a GPU reset clears; `driver_fp`:
+    the loaded nvidia module now."""
     if any(f.check_id == c.check_id and f.severity is Severity.FAIL for f in findings):
         return None  # found again this run
     reboot = cleared_by_reboot(c, boot_id)
     if reboot:
         return reboot
     if c.action == "reset":
-        if driver_since and driver_since > c.first_seen:
+        if driver_reloaded(c, driver_fp, driver_since):
             return "a driver reload"
         for check_id, what in reset_only.items():
             if (check_id == c.check_id or check_id in failing_then) and check_reads_clear(check_id, findings):

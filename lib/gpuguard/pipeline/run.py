@@ -267,7 +267,8 @@ class Run:
         position = kl.cursor if (kl is not None and kl.cursor is not None and kl.status.complete
                                  and not self.read_only) else None
         if verdict.outcome == "drain" and verdict.reason and not self.dry_run:
-            found = conditions_from_verdict(verdict, self.ctx.kind, self.clock(), self.boot_id)
+            found = conditions_from_verdict(verdict, self.ctx.kind, self.clock(), self.boot_id,
+                                            driver_fp=read_driver_fingerprint(self.sources.sysfs_root))
             if not self.read_only:
                 self.journal.conditions, self.new_conditions = merge(self.journal.conditions, found)
             if not self.kept:

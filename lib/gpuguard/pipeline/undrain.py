@@ -86,7 +86,7 @@ def clear_by_evidence(journal: Journal, store: Any, findings: list[Finding], boo
     reset_only = cleared_only_by_reset()
     out = []
     for c in standing(journal.conditions):
-        why = clearing_evidence(c, boot_id=boot_id, findings=findings,
+        why = clearing_evidence(c, boot_id=boot_id, findings=findings, driver_fp=(driver or {}).get("fp"),
                                 driver_since=float((driver or {}).get("since") or 0) or None,
                                 failing_then=failing_then(store, c), reset_only=reset_only,
                                 undrain_replace=cfg.undrain.replace)

@@ -22,9 +22,11 @@ from gpuguard.model import Action, Finding
 from gpuguard.pipeline.act import SlurmHandle, new_pending, retry_pending
 from gpuguard.pipeline.conditions import conditions_from_verdict, mark_applied, merge, standing
 from gpuguard.pipeline.journal import Journal, journal_for, runtime_dir
-from gpuguard.pipeline.reconcile import agree
 from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.pipeline.policy import escalate_recurring
+from gpuguard.pipeline.reconcile import agree
+from gpuguard.probes.system import read_driver_fingerprint
+from gpuguard.simulate.sources import resolve_sources
 from gpuguard.slurm.client import DrainOutcome, SlurmError, client_from_config, drain_node, request_reboot
 from gpuguard.util.log import HookLog
 from gpuguard.util.timefmt import iso_utc
@@ -199,13 +201,21 @@ class DrainWorker(HistoryWrites, threading.Thread):
                 if j is None:
                     return
                 # the Xid becomes a condition of the node in the same write: it stands until what clears it is seen
-                j.conditions, _ = merge(j.conditions, conditions_from_verdict(verdict, "watch", seen_wall,
-                                                                              self.boot_id))
+                found = conditions_from_verdict(verdict, "watch", seen_wall, self.boot_id,
+                                                driver_fp=self._driver_fp())
+                j.conditions, _ = merge(j.conditions, found)
                 entry = j.add_pending(new_pending(verdict, "watch", seen_wall))
                 if j.save() is None:
                     p.pending_id, p.journaled = entry.id, True
         except Exception as e:  # noqa: BLE001 - the in-memory pending and the held cursor still stand
             self.log.error(f"watch {self.node}: cannot write the verdict journal: {type(e).__name__}: {e}")
+
+    def _driver_fp(self) -> Optional[str]:
+        """The loaded nvidia module now (a later, different one is a GPU reset: gpuguard.pipeline.conditions)."""
+        try:
+            return read_driver_fingerprint(resolve_sources(self.cfg, self.node).sysfs_root)
+        except Exception:  # noqa: BLE001 - unknown: the condition then waits for the store's view or a reboot
+            return None
 
     def _peek_journal(self) -> None:
         """Drains a hook decided but could not apply (slurmctld was down) are retried here as well."""
