@@ -593,3 +593,24 @@ def test_a_pending_drain_is_in_the_metrics_and_in_gpuguard_status_with_its_age(t
     assert slurm.reason and "XID79" in slurm.reason
     assert value(read_metrics(prom / "gpuguard_node.prom"), "gpuguard_pending_drains", node="node2") == 0
     assert not own_health(runtime_dir(cfg))["pending"]
+    # the fault itself still stands as a condition of the node, until a reboot (XID79): status says so
+    lines = [x for x in render_own_health(cfg, own_health(runtime_dir(cfg)), time.time())
+             if x.startswith("CONDITION")]
+    (line,) = [x for x in lines if "XID79" in x]  # gpu.count's GPUCOUNT too: GPU 3 is gone
+    assert line.startswith("CONDITION on node2 since ") and "XID79 gpu.xid (reboot)" in line, lines
+    assert "jobs refused until a reboot" in line
+
+
+def test_status_lists_the_conditions_of_a_node_whose_journal_a_reboot_removed(tmp_path):
+    from gpuguard.cli.status import own_health
+    from gpuguard.pipeline.journal import conditions_copy_path, journal_for, runtime_dir
+
+    cfg = make_cfg(tmp_path, None)
+    r = run(cfg, "healthcheck", "xid79", MemorySlurm())
+    assert r.verdict.outcome == "drain"
+    j = journal_for(cfg, "node2")
+    assert "XID79" in [c.keyword for c in j.conditions]
+    os.unlink(j.path)  # a reboot emptied /run (the boot id did not change here: the condition stands)
+    copies = os.path.dirname(conditions_copy_path(cfg, "node2"))
+    assert "XID79" in [c["keyword"] for c in own_health(runtime_dir(cfg), copies)["conditions"]]
+    assert own_health(runtime_dir(cfg))["conditions"] == []

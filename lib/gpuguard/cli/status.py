@@ -33,11 +33,11 @@ import os
 import sqlite3
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from gpuguard.cli.status_render import DETAIL_AUTO, render_own_health, render_status, to_json
 from gpuguard.config.lastgood import load_guarded
-from gpuguard.pipeline.journal import runtime_dir
+from gpuguard.pipeline.journal import conditions_copy_path, runtime_dir
 from gpuguard.slurm.client import CliSlurmClient, SlurmError
 from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
 from gpuguard.slurm.parse import node_state_from_fields, parse_node_lines, slurm_time
@@ -148,24 +148,40 @@ def undelivered_notifications(pattern: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- gpuguard's own health
 
 
-def own_health(runtime_dir: str) -> dict[str, Any]:
-    """From the nodes' verdict journals readable here (gpuguard.pipeline.journal): drains still pending (Slurm did
-    not take them: jobs are refused meanwhile) and broken configurations, by node. Read-only."""
-    out: dict[str, Any] = {"pending": [], "config": []}
-    for path in sorted(glob.glob(os.path.join(glob.escape(runtime_dir), "*.journal.json"))):
+def _json_docs(directory: str, suffix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in sorted(glob.glob(os.path.join(glob.escape(directory), f"*{suffix}"))):
         try:
             with open(path, "rb") as f:
                 doc = json.loads(f.read(1 << 20))
         except (OSError, ValueError):
             continue
-        node = str(doc.get("node") or os.path.basename(path).split(".")[0])
-        for p in doc.get("pending") or []:
-            if isinstance(p, dict):
-                out["pending"].append({"node": node, **p})
+        if isinstance(doc, dict):
+            yield str(doc.get("node") or os.path.basename(path)[:-len(suffix)]), doc
+
+
+def own_health(runtime_dir: str, conditions_dir: Optional[str] = None) -> dict[str, Any]:
+    """From the nodes' verdict journals readable here (gpuguard.pipeline.journal): drains still pending (Slurm did
+    not take them: jobs are refused meanwhile), standing conditions (jobs are refused until they clear; a node
+    without a journal, e.g. after a reboot, from the conditions' durable copy in `conditions_dir`) and broken
+    configurations, by node. Read-only."""
+    out: dict[str, Any] = {"pending": [], "config": [], "conditions": []}
+    journaled = set()
+    for node, doc in _json_docs(runtime_dir, ".journal.json"):
+        journaled.add(node)
+        out["pending"] += [{"node": node, **p} for p in doc.get("pending") or [] if isinstance(p, dict)]
+        out["conditions"] += _standing(node, doc)
         conf = doc.get("config") or {}
         if conf.get("issues"):
             out["config"].append({"node": node, **conf})
+    for node, doc in _json_docs(conditions_dir, ".json") if conditions_dir else ():
+        if node not in journaled:
+            out["conditions"] += _standing(node, doc)
     return out
+
+
+def _standing(node: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"node": node, **c} for c in doc.get("conditions") or [] if isinstance(c, dict) and
+            c.get("cleared_by") is None and c.get("keyword")]
 
 
 def _wanted(args: Any) -> Optional[set[str]]:
@@ -181,7 +197,7 @@ def _wanted(args: Any) -> Optional[set[str]]:
 
 def cmd_status(args: Any) -> int:
     cfg = load_guarded(args.config)  # a broken config is what status must report, not a reason to fail
-    health = own_health(runtime_dir(cfg))
+    health = own_health(runtime_dir(cfg), os.path.dirname(conditions_copy_path(cfg, "_")))
     if not args.json:
         for line in render_own_health(cfg, health, time.time()):
             print(line)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuguard.config.lastgood import describe
+from gpuguard.pipeline.conditions import CLEARS
 from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.slurm.parse import slurm_time
 from gpuguard.util.timefmt import iso_utc
@@ -233,4 +234,8 @@ def render_own_health(local_cfg: Any, health: dict[str, Any], now: float) -> lis
         lines.append(f"PENDING {p.get('op', 'drain')} on {p['node']} for {format_duration(now - (p.get('created') or now))}"
                      f" ({p.get('attempts', 0)} attempt(s), last error: {p.get('last_error') or '-'}): "
                      f"{p.get('reason')}  [jobs refused until Slurm takes it]")
+    for c in sorted(health.get("conditions") or [], key=lambda c: (c["node"], c.get("first_seen") or 0)):
+        lines.append(f"CONDITION on {c['node']} since {iso_utc(c.get('first_seen') or now)}: {c['keyword']} "
+                     f"{c.get('check_id')} ({c.get('action')}) {c.get('message', '')[:80]}  [jobs refused until "
+                     f"{CLEARS.get(c.get('action') or '', 'it clears')}]")
     return lines
