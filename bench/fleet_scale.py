@@ -36,7 +36,7 @@ from fleet_data import generate, sizes  # noqa: E402
 
 from gpuguard.fleet.pgquery import drains_query, findings_query, healthy_runs_query, runs_query  # noqa: E402
 from gpuguard.fleet.pgsource import PgHistory  # noqa: E402
-from gpuguard.fleet.query import Filters, build_filters  # noqa: E402
+from gpuguard.store.filters import Filters, build_filters  # noqa: E402
 from gpuguard.fleet.report import report_pg  # noqa: E402
 from gpuguard.cli.history import write_history  # noqa: E402
 

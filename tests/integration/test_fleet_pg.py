@@ -493,7 +493,7 @@ def ship_as_version_1(path, url):
     import psycopg
     from psycopg.types.json import Jsonb
 
-    from gpuguard.fleet.query import keyword_of_reason
+    from gpuguard.store.filters import keyword_of_reason
     from gpuguard.fleet.ship import origin_of
     from gpuguard.fleet.url import db_fingerprint
 

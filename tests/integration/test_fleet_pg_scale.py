@@ -79,7 +79,7 @@ def _month_end(relation):
 
 
 def _filters(kw, end):
-    from gpuguard.fleet.query import build_filters
+    from gpuguard.store.filters import build_filters
 
     return build_filters(now=end, **kw)
 

@@ -77,3 +77,55 @@ def test_a_hook_never_imports_the_dataclass_machinery():
             "print('dataclasses' in sys.modules)")
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_record_does_what_a_dataclass_does_or_refuses_what_a_dataclass_refuses():
+    """Issue 30: records silently differed from dataclasses (no inherited fields, a shared mutable default,
+    `__post_init__` never run). Each case here is checked against a real dataclass of the same shape."""
+
+    @record
+    class Base(Record):
+        a: int
+        b: int = 2
+
+    @record
+    class Child(Base):
+        c: int = 3
+        b: int = 20  # redefined: keeps its place, takes the new default
+
+    @dataclasses.dataclass
+    class DBase:
+        a: int
+        b: int = 2
+
+    @dataclasses.dataclass
+    class DChild(DBase):
+        c: int = 3
+        b: int = 20
+
+    assert field_names(Child) == tuple(f.name for f in dataclasses.fields(DChild)) == ("a", "b", "c")
+    assert as_dict(Child(1)) == dataclasses.asdict(DChild(1)) == {"a": 1, "b": 20, "c": 3}
+    assert Child(1, 5, 6).b == DChild(1, 5, 6).b == 5
+
+    for shape in ({"tags": []}, {"seen": {}}, {"ids": set()}):
+        name, value = next(iter(shape.items()))
+        with pytest.raises(ValueError, match="mutable default"):
+            record(type("Bad", (Record,), {"__annotations__": {name: "list"}, name: value}))
+        with pytest.raises(ValueError):
+            dataclasses.dataclass(type("DBad", (), {"__annotations__": {name: "list"}, name: value}))
+    with pytest.raises(TypeError, match="without a default follows"):
+        record(type("Order", (Record,), {"__annotations__": {"x": "int", "y": "int"}, "x": 1}))
+    with pytest.raises(TypeError):
+        dataclasses.dataclass(type("DOrder", (), {"__annotations__": {"x": "int", "y": "int"}, "x": 1}))
+
+    @record
+    class Checked(Record):
+        port: int
+
+        def __post_init__(self) -> None:
+            if not 0 < self.port < 65536:
+                raise ValueError(f"port {self.port} out of range")
+
+    assert Checked(80).port == 80
+    with pytest.raises(ValueError, match="out of range"):
+        Checked(0)

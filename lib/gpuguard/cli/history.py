@@ -2,7 +2,7 @@
 from the node's SQLite store(s). `gpuguard fleet history` prints the same from the central PostgreSQL database.
 This module is the command and its writers; the rows come from a history source (gpuguard.store.history:
 `history_sqlite.SqliteHistory` here, `fleet.pgsource.PgHistory` for the fleet), with the same filters
-(gpuguard.fleet.query).
+(gpuguard.store.filters).
 
 Every kind of record has its own limit (`--limit`, 200 each; 0 = all): a store full of healthy runs never hides
 a drain or an Xid finding. Filtering, ordering and limiting happen in SQL, rows are streamed (generators, even
@@ -23,7 +23,7 @@ import sys
 from typing import Any, Callable, Iterator, Optional
 
 from gpuguard.config.schema import load_config
-from gpuguard.fleet.query import Filters, build_filters, parse_time
+from gpuguard.store.filters import Filters, build_filters, parse_time
 from gpuguard.store.history import KINDS, HistorySource, public_fields
 from gpuguard.store.history_sqlite import Requeues, SqliteHistory, attempt_store_paths, store_paths
 from gpuguard.util.cliargs import add_config_option

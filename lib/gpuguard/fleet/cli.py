@@ -17,7 +17,7 @@ from gpuguard.config.schema import load_config
 from gpuguard.fleet.partitions import ensure_partitions, prune
 from gpuguard.fleet.pg import FleetDBError, clean_error, connect
 from gpuguard.fleet.pgsource import PgHistory
-from gpuguard.fleet.query import build_filters
+from gpuguard.store.filters import build_filters
 from gpuguard.fleet.report import format_report, report_pg, report_sqlite
 from gpuguard.fleet.schema import ensure_schema
 from gpuguard.fleet.ship import ConnectionKeeper, ship_path

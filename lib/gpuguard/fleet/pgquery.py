@@ -13,7 +13,7 @@ import math
 from datetime import date, datetime, timedelta, timezone
 from typing import Optional
 
-from gpuguard.fleet.query import Filters, Query, SqlBuilder
+from gpuguard.store.filters import Filters, Query, SqlBuilder, equal_any, finding_conds, keyword_match
 from gpuguard.fleet.tables import HOUR_COLUMNS
 
 RUN_COLS = ("r.local_id AS id, r.origin::text AS origin, r.node, r.started, r.duration_ms, r.kind, r.job_id, "
@@ -27,34 +27,11 @@ DRAIN_COLS = ("d.local_id AS id, d.origin::text AS origin, d.ts, d.node, d.op, d
 RUN_BEFORE_DRAIN_S = 86400.0  # a drain record's run started at most this long before it (the --gpu filter)
 
 
-def keyword_match(b: SqlBuilder, expr: str, keywords: tuple[str, ...]) -> str:
-    """Keywords are stored upper case (COLLATE "C"): equality, and XID as a prefix the index can walk."""
-    parts = [b.in_list(expr, keywords, "kw")]
-    if "XID" in keywords:
-        parts.append(f"{expr} LIKE {b.add('kwp', 'XID%')}")
-    return "(" + " OR ".join(parts) + ")"
-
-
-def finding_conds(b: SqlBuilder, f: Filters) -> list[str]:
-    out = []
-    if f.checks:
-        out.append(b.in_list("f.check_id", f.checks, "c"))
-    if f.keywords:
-        out.append(keyword_match(b, "f.keyword", f.keywords))
-    if f.gpus:
-        out.append(b.in_list("f.gpu", f.gpus, "g"))
-    return out
-
-
 def runs_query(f: Filters, limit: Optional[int], count: bool = False) -> Query:
     """Runs with something to report, newest first (a check/keyword/GPU filter: those with such a finding).
     count=True: how many runs they stand for (repeats included, healthy runs not: healthy_runs_query)."""
     b = SqlBuilder("pg")
-    where = b.time_range("r.started", f.since, f.until)
-    if f.nodes:
-        where.append(b.in_list("r.node", f.nodes, "n"))
-    if f.verdicts:
-        where.append(b.in_list("r.verdict", f.verdicts, "v"))
+    where = b.time_range("r.started", f.since, f.until) + equal_any(b, [("r.node", f.nodes), ("r.verdict", f.verdicts)])
     conds = finding_conds(b, f)
     if conds:
         window = " AND ".join(b.time_range("f.started", f.since, f.until))
@@ -103,11 +80,8 @@ def healthy_runs_query(f: Filters, now: float) -> Optional[Query]:
 def findings_query(f: Filters, limit: Optional[int], count: bool = False) -> Query:
     """Problem findings with their run's time, node, kind, job and verdict (kept on the finding), newest first."""
     b = SqlBuilder("pg")
-    where = b.time_range("f.started", f.since, f.until)
-    if f.nodes:
-        where.append(b.in_list("f.node", f.nodes, "n"))
-    if f.verdicts:
-        where.append(b.in_list("f.run_verdict", f.verdicts, "v"))
+    where = b.time_range("f.started", f.since, f.until) + equal_any(b, [("f.node", f.nodes),
+                                                                        ("f.run_verdict", f.verdicts)])
     where += finding_conds(b, f)
     body = "FROM gpuguard.findings f WHERE " + " AND ".join(where)
     if count:
@@ -119,11 +93,7 @@ def findings_query(f: Filters, limit: Optional[int], count: bool = False) -> Que
 def drains_query(f: Filters, limit: Optional[int], count: bool = False) -> Query:
     """Drain and undrain records, newest first (not filtered by verdict: a drain record is its own outcome)."""
     b = SqlBuilder("pg")
-    where = b.time_range("d.ts", f.since, f.until)
-    if f.nodes:
-        where.append(b.in_list("d.node", f.nodes, "n"))
-    if f.checks:
-        where.append(b.in_list("d.check_id", f.checks, "c"))
+    where = b.time_range("d.ts", f.since, f.until) + equal_any(b, [("d.node", f.nodes), ("d.check_id", f.checks)])
     if f.keywords:
         where.append(keyword_match(b, "d.keyword", f.keywords))
     if f.gpus:

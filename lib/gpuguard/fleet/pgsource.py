@@ -9,7 +9,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from gpuguard.fleet.pgquery import drains_query, findings_query, healthy_runs_query, run_findings_query, runs_query
-from gpuguard.fleet.query import Filters
+from gpuguard.store.filters import Filters
 from gpuguard.store.history import present_row
 
 PAGE = 500

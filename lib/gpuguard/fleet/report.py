@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.fleet.pgquery import keyword_match
-from gpuguard.fleet.query import Filters, SqlBuilder, duration_text
+from gpuguard.store.filters import Filters, SqlBuilder, duration_text
 from gpuguard.fleet.tables import DRAIN_MARK
 from gpuguard.store.history_sqlite import open_store_ro
 from gpuguard.util.timefmt import iso_utc

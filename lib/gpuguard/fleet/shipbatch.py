@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from gpuguard.fleet.pg import clean_json, clean_text
-from gpuguard.fleet.query import keyword_of_reason
+from gpuguard.store.filters import keyword_of_reason
 from gpuguard.fleet.tables import HOUR_COLUMNS
 
 DRAIN_MARKS = ("done", "already", "flapping")

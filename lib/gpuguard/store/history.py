@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Optional, Protocol
 
-from gpuguard.fleet.query import Filters, epoch
+from gpuguard.store.filters import Filters, epoch
 from gpuguard.util.timefmt import iso_utc
 
 KINDS = ("drains", "findings", "runs", "requeues")

@@ -21,7 +21,8 @@ from typing import Any, Iterable, Iterator, Optional
 
 import hostlist
 
-from gpuguard.fleet.query import PROBLEM, Filters, Query, SqlBuilder, keyword_of_reason
+from gpuguard.store.filters import (PROBLEM, Filters, Query, SqlBuilder, equal_any, finding_conds, keyword_match,
+                                    keyword_of_reason)
 from gpuguard.store.history import present_row, sort_key
 from gpuguard.store.sqlite import Store
 from gpuguard.util.timefmt import iso_utc
@@ -83,39 +84,15 @@ def open_store_ro(path: str, timeout_s: float = 5.0) -> Optional[sqlite3.Connect
 # --------------------------------------------------------------------------- SQL over one store
 
 
-def _keyword_match(b: SqlBuilder, expr: str, keywords: tuple[str, ...]) -> str:
-    """upper(expr) is one of the keywords; a bare XID also matches XID<code>."""
-    parts = [b.in_list(f"upper({expr})", keywords, "kw")]
-    if "XID" in keywords:
-        parts.append(f"upper({expr}) LIKE {b.add('kwp', 'XID%')}")
-    return "(" + " OR ".join(parts) + ")"
-
-
-def _finding_conds(b: SqlBuilder, f: Filters) -> list[str]:
-    out = []
-    if f.checks:
-        out.append(b.in_list("f.check_id", f.checks, "c"))
-    if f.keywords:
-        out.append(_keyword_match(b, "f.keyword", f.keywords))
-    if f.gpus:
-        out.append(b.in_list("f.gpu", f.gpus, "g"))
-    return out
-
-
 def _run_conds(b: SqlBuilder, f: Filters) -> list[str]:
-    where = b.time_range("r.started", f.since, f.until)
-    if f.nodes:
-        where.append(b.in_list("r.node", f.nodes, "n"))
-    if f.verdicts:
-        where.append(b.in_list("r.verdict", f.verdicts, "v"))
-    return where
+    return b.time_range("r.started", f.since, f.until) + equal_any(b, [("r.node", f.nodes), ("r.verdict", f.verdicts)])
 
 
 def runs_query(f: Filters, limit: Optional[int], count: bool = False) -> Query:
     """Runs in the window, newest first. A check/keyword/GPU filter keeps the runs with such a problem finding."""
     b = SqlBuilder("sqlite")
     where = _run_conds(b, f)
-    conds = _finding_conds(b, f)
+    conds = finding_conds(b, f, keyword_expr="upper(f.keyword)")
     if conds:
         where.append(f"r.id IN (SELECT f.run_id FROM findings f WHERE {PROBLEM} AND " + " AND ".join(conds) + ")")
     body = "FROM runs r WHERE " + " AND ".join(where)
@@ -134,7 +111,7 @@ def healthy_runs_query(f: Filters) -> Query:
 def findings_query(f: Filters, limit: Optional[int], count: bool = False) -> Query:
     """Problem findings (warn, fail, incomplete) with their run's time, node, kind and job, newest first."""
     b = SqlBuilder("sqlite")
-    where = [PROBLEM] + _run_conds(b, f) + _finding_conds(b, f)
+    where = [PROBLEM] + _run_conds(b, f) + finding_conds(b, f, keyword_expr="upper(f.keyword)")
     body = "FROM findings f CROSS JOIN runs r ON f.run_id = r.id WHERE " + " AND ".join(where)  # problems first
     if count:
         return Query(f"SELECT COUNT(*) {body}", b.params)
@@ -145,13 +122,9 @@ def findings_query(f: Filters, limit: Optional[int], count: bool = False) -> Que
 def drains_query(f: Filters, limit: Optional[int], count: bool = False) -> Query:
     """Drain and undrain records, newest first. Not filtered by verdict (a drain record is its own outcome)."""
     b = SqlBuilder("sqlite")
-    where = b.time_range("d.ts", f.since, f.until)
-    if f.nodes:
-        where.append(b.in_list("d.node", f.nodes, "n"))
-    if f.checks:
-        where.append(b.in_list("d.check_id", f.checks, "c"))
+    where = b.time_range("d.ts", f.since, f.until) + equal_any(b, [("d.node", f.nodes), ("d.check_id", f.checks)])
     if f.keywords:
-        where.append(_keyword_match(b, "gg_keyword(d.reason)", f.keywords))
+        where.append(keyword_match(b, "upper(gg_keyword(d.reason))", f.keywords))
     if f.gpus:
         where.append(f"d.run_id IN (SELECT f.run_id FROM findings f WHERE {PROBLEM} AND "
                      + b.in_list("f.gpu", f.gpus, "g") + ")")

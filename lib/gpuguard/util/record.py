@@ -16,7 +16,9 @@ anything.
         check_id: str
         evidence: dict[str, Any] = field(default_factory=dict)
 
-Fields are the class's own annotations in declaration order (ClassVar ones excepted; fields are not inherited).
+Fields are a base record's fields, then the class's own annotations in declaration order (ClassVar ones excepted),
+as with `@dataclass`; a mutable plain default and a field without a default after one with a default are refused as
+`@dataclass` refuses them, and `__post_init__` runs after `__init__`.
 """
 
 from __future__ import annotations
@@ -121,6 +123,9 @@ class Record(metaclass=_RecordType):
         if given != len(values):
             unknown = sorted(set(values) - set(field_names(type(self))))
             raise TypeError(f"{type(self).__name__}: unknown field(s) {', '.join(unknown)}")
+        post = getattr(type(self), "__post_init__", None)
+        if post is not None:
+            post(self)
 
     @classmethod
     def from_trusted(cls: type[R], values: Mapping[str, Any]) -> R:
@@ -171,18 +176,34 @@ class Frozen(Record):
 
 @dataclass_transform(field_specifiers=(field,))
 def record(cls: type[T]) -> type[T]:
-    """Make `cls` (a subclass of Record or Frozen) a dataclass of its own annotated fields (`field(...)` or a plain
-    default), in declaration order."""
-    found = []
+    """Make `cls` (a subclass of Record or Frozen) a dataclass of its annotated fields (`field(...)` or a plain
+    default): a base record's fields first, then its own in declaration order (a redefined one keeps its place), as
+    `@dataclass` orders them. What a dataclass refuses is refused here too: a mutable (unhashable) plain default
+    (ValueError: use field(default_factory=...)) and a field without a default after one with a default
+    (TypeError). `__post_init__`, when defined, runs after `__init__`."""
+    specs: dict[str, tuple[str, Any, Optional[Callable[[], Any]], Optional[Mapping[str, Any]]]] = {}
+    for base in reversed(cls.__mro__[1:]):
+        for spec in base.__dict__.get("_fields", ()):
+            specs[spec[0]] = spec
     for name, annotation in cls.__dict__.get("__annotations__", {}).items():
         if str(annotation).startswith(("ClassVar", "typing.ClassVar")):
             continue
         value = cls.__dict__.get(name, MISSING)
         if isinstance(value, FieldSpec):
-            found.append((name, value.default, value.default_factory, value.metadata))
+            specs[name] = (name, value.default, value.default_factory, value.metadata)
+            value = value.default
         else:
-            found.append((name, value, None, None))
-    type.__setattr__(cls, "_fields", tuple(found))
+            specs[name] = (name, value, None, None)
+        if value is not MISSING and type(value).__hash__ is None:
+            raise ValueError(f"{cls.__name__}.{name}: mutable default {type(value).__name__} is not allowed: use "
+                             "field(default_factory=...)")
+    defaulted = None
+    for name, default, factory, _ in specs.values():
+        if default is MISSING and factory is None and defaulted is not None:
+            raise TypeError(f"{cls.__name__}: field {name} without a default follows {defaulted}, which has one")
+        if default is not MISSING or factory is not None:
+            defaulted = name
+    type.__setattr__(cls, "_fields", tuple(specs.values()))
     type.__setattr__(cls, _PENDING, True)
     return cls
 

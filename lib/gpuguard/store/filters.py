@@ -1,6 +1,7 @@
 """History filters, shared by every history source: the node's SQLite store (gpuguard.store.history_sqlite) and the
-central PostgreSQL database (gpuguard.fleet.pgquery). Times, the filters an admin types and `SqlBuilder`, which
-turns them into SQL parameters for either database. Pure: no connection is made here.
+central PostgreSQL database (gpuguard.fleet.pgquery). Times, the filters an admin types, `SqlBuilder`, which turns
+them into SQL parameters for either database, and the filter conditions both dialects build from them (one builder:
+`keyword_match`, `finding_conds`, `equal_any`). Pure: no connection is made here.
 
 Time values are epoch seconds in SQLite and `timestamptz` in PostgreSQL; `SqlBuilder.t()` hides that.
 """
@@ -197,3 +198,32 @@ class SqlBuilder:
 class Query:
     sql: str
     params: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- the conditions both dialects use
+
+
+def keyword_match(b: SqlBuilder, expr: str, keywords: tuple[str, ...]) -> str:
+    """`expr` (an upper-case keyword expression) is one of the keywords; a bare XID also matches XID<code> (a
+    prefix: PostgreSQL's index on the keyword walks it)."""
+    parts = [b.in_list(expr, keywords, "kw")]
+    if "XID" in keywords:
+        parts.append(f"{expr} LIKE {b.add('kwp', 'XID%')}")
+    return "(" + " OR ".join(parts) + ")"
+
+
+def finding_conds(b: SqlBuilder, f: Filters, keyword_expr: str = "f.keyword") -> list[str]:
+    """The check / keyword / GPU filters over a finding aliased `f`."""
+    out = []
+    if f.checks:
+        out.append(b.in_list("f.check_id", f.checks, "c"))
+    if f.keywords:
+        out.append(keyword_match(b, keyword_expr, f.keywords))
+    if f.gpus:
+        out.append(b.in_list("f.gpu", f.gpus, "g"))
+    return out
+
+
+def equal_any(b: SqlBuilder, pairs: list[tuple[str, tuple[Any, ...]]]) -> list[str]:
+    """`expr IN (...)` for every (expr, values) whose values are given: the node, verdict and check filters."""
+    return [b.in_list(expr, values, expr.rsplit(".", 1)[-1][:1]) for expr, values in pairs if values]
