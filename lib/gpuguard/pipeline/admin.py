@@ -25,7 +25,7 @@ from typing import Any, Optional
 from gpuguard.checks import cleared_only_by_reset
 from gpuguard.config.schema import Config
 from gpuguard.model import Severity
-from gpuguard.pipeline.conditions import Condition, clear, clearing_evidence, standing, undrain_token
+from gpuguard.pipeline.conditions import LOG_EVIDENCE, Condition, clear, clearing_evidence, standing, undrain_token
 from gpuguard.pipeline.journal import journal_for, runtime_dir
 from gpuguard.pipeline.lock import NodeLock, lock_path
 from gpuguard.slurm.client import NodeState, SlurmError, client_from_config
@@ -134,7 +134,10 @@ def _recheck_refusal(cfg: Config, node: str, state: NodeState, conds: list[Condi
                for f in bad]
     if failing:
         return "the checks that drained it still fail: " + "; ".join(failing), failing
-    no_reset = [c for c in conds if c.action in ("reset", "reboot") and not _reset_seen(cfg, node, c, result)]
+    # a reset-class fault needs the reset seen; a reboot-class one only when the re-check cannot see it (kernel-log
+    # evidence is read once: gpu.xid "passes" once the position moved past the Xid; a lost GPU back in NVML can)
+    no_reset = [c for c in conds if (c.action == "reset" or (c.action == "reboot" and c.check_id in LOG_EVIDENCE))
+                and not _reset_seen(cfg, node, c, result)]
     if no_reset:
         names = ", ".join(f"{c.keyword} {c.check_id}" for c in no_reset)
         if all(c.action == "reboot" for c in no_reset):

@@ -31,6 +31,9 @@ from gpuguard.slurm.reason import format_reason, safe_keyword
 from gpuguard.util.record import Record, field, record
 
 ACTIONS = ("drain", "reset", "reboot", "replace")
+# checks whose evidence is read once from the kernel log: the check "passes" once the position moved past it, which
+# says nothing about the fault (a re-check cannot clear what these found)
+LOG_EVIDENCE = frozenset({"gpu.xid"})
 # Evidence kept with a condition: scalars only, short (the journal is read by every hook)
 _EVIDENCE_KEYS = ("code", "xid", "pci", "seq", "timestamp", "name", "gpu", "value", "expected", "count",
                   "recurred_boots", "incomplete_runs", "busbw_gbps", "baseline_gbps", "switch", "source")
