@@ -27,36 +27,36 @@ deps:
 	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
 	  echo ">> installing slurm-wlm and munge (apt)"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install slurm-wlm munge" >&2; exit 1; fi; \
-	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  apt-get -o DPkg::Lock::Timeout=300 update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends \
 	    slurm-wlm munge gcc libc6-dev >/dev/null; \
 	fi
 	@# shellcheck: every rendered sbatch template is checked with it
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -q --no-install-recommends shellcheck >/dev/null; } || true
+	  apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends shellcheck >/dev/null; } || true
 	@# locales: the node agent's tests build en_US.UTF-8 with localedef (the locale a service gets from locale.conf)
 	@[ -f /usr/share/i18n/locales/en_US ] || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -q --no-install-recommends locales >/dev/null; } || true
+	  apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends locales >/dev/null; } || true
 	@# PostgreSQL (the fleet history tests boot a real server in a temp dir) and promtool (Prometheus rules and
 	@# metrics are checked with it): Debian's packages, only when missing
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v promtool >/dev/null; then \
 	  echo ">> installing postgresql and prometheus (promtool) (apt)"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install postgresql prometheus" >&2; exit 1; fi; \
-	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  apt-get -o DPkg::Lock::Timeout=300 update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends \
 	    postgresql prometheus >/dev/null; \
 	fi
 	@# Alertmanager and amtool (the alert tests start a real one in a temp dir): Debian's package, only when missing
 	@if ! command -v prometheus-alertmanager >/dev/null || ! command -v amtool >/dev/null; then \
 	  echo ">> installing prometheus-alertmanager (apt)"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install prometheus-alertmanager" >&2; exit 1; fi; \
-	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  apt-get -o DPkg::Lock::Timeout=300 update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends \
 	    prometheus-alertmanager >/dev/null; \
 	fi
 	@# PgBouncer: the pooler docs/fleet.md recommends for health-check shipping, tested in transaction mode
 	@if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then \
 	  echo ">> installing pgbouncer (apt)"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install pgbouncer" >&2; exit 1; fi; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer >/dev/null || \
-	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends pgbouncer >/dev/null || \
+	  { apt-get -o DPkg::Lock::Timeout=300 update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends \
 	    pgbouncer >/dev/null; }; \
 	fi
 

@@ -25,6 +25,19 @@ BOLD, DIM, RED, GREEN, YELLOW, RESET = "\033[1m", "\033[2m", "\033[31m", "\033[3
 JOB = "#!/bin/sh\n# a stand-in for torchrun: one task per node\nsrun -l hostname\n"
 
 
+def clip(text: str, width: int) -> str:
+    """`text` in at most `width` characters: cut at the last word boundary that fits, marked with an ellipsis (a
+    single word longer than the line is cut inside it). Empty text says so rather than leave a dangling colon."""
+    text = " ".join(str(text).split())
+    if not text:
+        return "(nothing)"
+    if len(text) <= width:
+        return text
+    head = text[:width - 1]
+    cut = head.rfind(" ")
+    return (head[:cut].rstrip(" ,;:") if cut > 0 else head) + "…"
+
+
 class Out:
     def __init__(self, color: bool) -> None:
         self.color = color
@@ -92,17 +105,18 @@ def _controller_down(site: DevSite, out: Out) -> bool:
         out.line(out.c(DIM, XID119))
         hc = site.run_hook("healthcheck", "node3")
         line = (site.log_lines("PENDING") or [""])[-1]
-        out.line(f"health check on node3 (slurmd runs it, slurmctld is down): {line.split(': ', 1)[-1][:150]}")
+        out.line(f"health check on node3 (slurmd runs it, slurmctld is down): {clip(line.split(': ', 1)[-1], 150)}")
         for text in site.gpuguard("status").stdout.splitlines():
             if text.startswith("PENDING"):
-                out.line(out.c(YELLOW, text[:160]))
+                out.line(out.c(YELLOW, clip(text, 160)))
     finally:
         site.cluster.start_controller()
     out.line("slurmctld is back; a job is sent to node3:")
     job = site.cluster.sbatch(JOB, "-N1", "-w", "node3", "--job-name=train-llm")
     site.cluster.wait_nodes(lambda f: "DRAIN" in f, nodes=["node3"], timeout=60)
     applied = (site.log_lines("pending drain applied") or [""])[-1]
-    out.line(f"node3's prolog applied the pending drain first and refused the job: {applied.split(': ', 1)[-1][:120]}")
+    applied = applied.split(": ", 1)[-1]
+    out.line(f"node3's prolog applied the pending drain first and refused the job: {clip(applied, 120)}")
     site.cluster.run(["scancel", job])
     reason = site.cluster.node_info("node3").get("Reason") or ""
     _nodes_table(site, out)
@@ -124,9 +138,9 @@ def _plain_resume(site: DevSite, out: Out) -> bool:
     site.cluster.wait_nodes(lambda f: "DRAIN" in f, nodes=["node3"], timeout=60)
     site.cluster.run(["scancel", job])
     reason = site.cluster.node_info("node3").get("Reason") or ""
-    out.line(f"node3's prolog refused the job and drained node3 again: {out.c(YELLOW, reason[:150])}")
+    out.line(f"node3's prolog refused the job and drained node3 again: {out.c(YELLOW, clip(reason, 150))}")
     refused = site.gpuguard("undrain", "node3")
-    out.line(f"gpuguard undrain node3 -> {refused.returncode}: {(refused.stdout + refused.stderr).strip()[:150]}")
+    out.line(f"gpuguard undrain node3 -> {refused.returncode}: {clip((refused.stdout + refused.stderr).strip(), 150)}")
     module = site.workdir / "sim" / "node3" / "sys" / "module" / "nvidia"  # the GPU reset: the driver reloaded
     module.rename(module.with_name("nvidia.before-reset"))
     module.mkdir()
@@ -134,7 +148,7 @@ def _plain_resume(site: DevSite, out: Out) -> bool:
     lifted = site.gpuguard("undrain", "node3")
     said = lifted.stdout.strip()
     said = said.split(" (was:")[0] + ("; cleared:" + said.split("; cleared:")[1] if "; cleared:" in said else "")
-    out.line(f"gpuguard undrain node3 -> {lifted.returncode}: {said[:150]}")
+    out.line(f"gpuguard undrain node3 -> {lifted.returncode}: {clip(said, 150)}")
     site.cluster.wait_nodes(lambda f: "NOT_RESPONDING" not in f, nodes=["node3"], timeout=15)
     _nodes_table(site, out)
     return "[standing reset]" in reason and refused.returncode == 1 and lifted.returncode == 0 \
@@ -153,7 +167,7 @@ def _config_typo(site: DevSite, out: Out) -> bool:
         status = site.gpuguard("status").stdout.splitlines()
         for text in status:
             if text.startswith("CONFIG BROKEN"):
-                out.line(out.c(YELLOW, text[:170]))
+                out.line(out.c(YELLOW, clip(text, 170)))
         check = site.gpuguard("config", "--check", str(site.config_path))
         out.line(f"gpuguard config --check: {check.stdout.strip().splitlines()[0]}")
         return info["JobState"] == "COMPLETED" and any("deadlines.prolog_s" in t for t in status)
