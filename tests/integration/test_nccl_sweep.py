@@ -85,3 +85,26 @@ def test_sweep_of_a_healthy_fleet_drains_nothing_and_records_a_baseline(site_fac
     rows = json.loads(b.stdout)
     largest = max(rows, key=lambda r: r["size_bytes"])
     assert largest["n_nodes"] == 3 and largest["samples"] == 1 and 390 < largest["median"] < 405
+
+
+def test_a_sweep_job_that_can_never_start_is_named_and_the_sweep_stops_exit_3(site_factory, tmp_path):
+    """Issue 29 item 10: a sweep job pending for a reason no waiting clears (here the partition's MaxTime is below
+    the sweep's time limit) stops the sweep at once with the reason, exit 3, its jobs
+    cancelled, instead of waiting `sweep_job_timeout_s` for nothing."""
+    site = site_factory(nodes=2)
+    _configure(site, tmp_path, sweep_job_timeout_s=300, sweep_time_limit="00:15:00")
+    site.cluster.run(["scontrol", "update", "partitionname=gpu", "maxtime=5"], check=True)
+    t0 = time.monotonic()
+    p = site.gpuguard("nccl", "sweep", "--partition", "gpu", timeout=120)
+    took = time.monotonic() - t0
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert took < 60, f"waited {took:.0f}s on a job that cannot start"
+    # Slurm 22.05 names it PartitionConfig or PartitionTimeLimit (the scheduler's later look)
+    assert ("PartitionTimeLimit" in p.stderr or "PartitionConfig" in p.stderr) and "never" in p.stderr, p.stderr
+    queue = site.cluster.run(["squeue", "-h", "-o", "%i %T"]).stdout.strip()
+    assert queue == "", f"the sweep's jobs were left queued: {queue}"
+    with history.open_history(str(tmp_path / "fleet.db")) as st:
+        sweep = history.sweeps(st)[0]
+    assert sweep["conclusion"] == "error", sweep
+    for node in site.cluster.node_names:
+        assert "DRAIN" not in site.cluster.node_flags(node)

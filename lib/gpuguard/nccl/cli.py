@@ -25,7 +25,7 @@ from gpuguard.nccl.fleet import format_report, run_fleet_sweep
 from gpuguard.nccl.parse import parse_nccl
 from gpuguard.nccl.probe import run_single_node_nccl, run_torch_probe
 from gpuguard.nccl.result import NcclParseError
-from gpuguard.nccl.sweep import SweepError, threshold_resolver
+from gpuguard.nccl.sweep import JobCannotStart, SweepError, threshold_resolver
 from gpuguard.slurm.client import client_from_config
 from gpuguard.util.cliargs import add_config_option
 from gpuguard.util.timefmt import iso_utc
@@ -144,9 +144,13 @@ def cmd_nccl_sweep(args: argparse.Namespace) -> int:
         client = client_from_config(cfg.slurm, cfg.deadlines.scontrol_s) if drain else None
         say(f"sweeping {len(nodes)} nodes ({method}), threshold {threshold_for(len(nodes)):g} GB/s for the "
              f"all-node run, {threshold_for(2):g} GB/s for pairs; outputs in {runner.workdir}")
-        rec = run_fleet_sweep(nodes, runner, method=method, partition=args.partition, profile=profile, store=store,
-                              slurm_client=client, drain=drain,
-                              max_drain_fraction=n.sweep_max_drain_fraction, progress=say)
+        try:
+            rec = run_fleet_sweep(nodes, runner, method=method, partition=args.partition, profile=profile,
+                                  store=store, slurm_client=client, drain=drain,
+                                  max_drain_fraction=n.sweep_max_drain_fraction, progress=say)
+        except JobCannotStart as e:
+            print(f"gpuguard: sweep stopped: {e}", file=sys.stderr)
+            return 3
     finally:
         store.close()
     if args.json:

@@ -11,6 +11,7 @@ from gpuguard.nccl import history
 from gpuguard.nccl.baseline import samples_from_result
 from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.nccl.isolate import Measure, Progress, SweepOutcome, drain_reason, isolate
+from gpuguard.nccl.sweep import SweepError
 from gpuguard.slurm.client import drain_node
 
 
@@ -33,7 +34,12 @@ def run_fleet_sweep(nodes: list[str], measure: Measure, *, method: str = "pairwi
     if store is not None:
         sweep_id = history.start_sweep(store, partition=partition, nodes=compress_hostlist(nodes), method=method,
                                        profile=profile, threshold_gbps=None)
-    outcome = isolate(nodes, measure, method=method, max_drain_fraction=max_drain_fraction, progress=progress)
+    try:
+        outcome = isolate(nodes, measure, method=method, max_drain_fraction=max_drain_fraction, progress=progress)
+    except SweepError as e:  # a job that can never start (JobCannotStart): the sweep ends, recorded as an error
+        if store is not None and sweep_id is not None:
+            history.finish_sweep(store, sweep_id, conclusion="error", slow_nodes=[], report={"message": str(e)})
+        raise
     drained: list[str] = []
     for node in outcome.slow:
         v = outcome.verdicts[node]

@@ -42,6 +42,22 @@ class SweepError(RuntimeError):
     pass
 
 
+class JobCannotStart(SweepError):
+    """A sweep job pends for a reason that waiting never clears: the sweep stops (its jobs cancelled)."""
+
+
+# Slurm pending reasons that no amount of waiting clears: the request does not fit the partition, QOS or account
+# as configured, or the job is held. Resources, Priority, ReqNodeNotAvail, NodeDown ... clear by themselves.
+NEVER_CLEARS = frozenset({"BadConstraints", "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit",
+                          "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+                          "DependencyNeverSatisfied", "JobHeldAdmin", "JobHeldUser", "launch_failed_requeued_held"})
+
+
+def never_clears(state: Optional[str], reason: str) -> bool:
+    """A pending job that will never start as submitted. Pure."""
+    return state == "PENDING" and reason.split(",")[0].strip() in NEVER_CLEARS
+
+
 
 # --------------------------------------------------------------------------- sbatch rendering
 
@@ -164,6 +180,8 @@ class SlurmRunner:
             for job_id, m in list(pending.items()):
                 state, reason = self.job_state(job_id)
                 reasons[job_id] = reason
+                if never_clears(state, reason):
+                    self._give_up(pending, job_id, m, reason)
                 if state in TERMINAL:
                     m.job_state = state
                     del pending[job_id]
@@ -179,6 +197,14 @@ class SlurmRunner:
                 self._read(m)
             self.say(f"{stage:8} {compress_hostlist(list(m.nodes)):20} {_describe(m)}")
         return ms
+
+    def _give_up(self, pending: dict[str, Measurement], job_id: str, m: Measurement, reason: str) -> None:
+        for other in pending:
+            self._cmd([self.scancel, other])
+        raise JobCannotStart(
+            f"job {job_id} ({m.stage} run on {compress_hostlist(list(m.nodes))}) is pending for a reason that never "
+            f"clears by waiting: {reason}; its jobs were cancelled. Fix the partition, account or job settings "
+            f"(e.g. nccl.sweep_time_limit, sweep_gpus_per_node, --partition) and sweep again")
 
     def _read(self, m: Measurement) -> None:
         try:
