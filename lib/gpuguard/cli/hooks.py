@@ -107,6 +107,8 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     ends the process. `via`: who runs it, for the log line (`agent`). The caller exits right after: notifications
     still being delivered then are handed to a process of their own (gpuguard.notify.handoff)."""
     ctx = context_from_env(kind, os.environ)
+    if os.geteuid() != 0 and simulate is None:
+        return _not_root(kind, ctx.node)
     code = _run(kind, ctx, config_path, simulate, started, report, exit_process, via)
     delivery = sys.modules.get("gpuguard.notify.delivery")  # not imported: this run notified nobody
     if delivery is not None and delivery.unfinished():
@@ -114,6 +116,20 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
 
         hand_off(config_path, ctx.node)
     return code
+
+
+NOT_ROOT_EXIT = 2
+
+
+def _not_root(kind: str, node: str) -> int:
+    """A hook run by a user checks nothing (it can read neither the GPUs' state nor root's store, nor drain):
+    say so on stderr and in syslog, whatever the hook, and fail."""
+    uid = os.geteuid()
+    msg = (f"gpuguard {kind} on {node}: must run as root (slurmd runs its hooks as root); running as uid {uid}: "
+           f"nothing was checked, exit {NOT_ROOT_EXIT}")
+    print(msg, file=sys.stderr)
+    HookLog(True, None, "error", stderr=False).error(msg)
+    return NOT_ROOT_EXIT
 
 
 def _run(kind: str, ctx: Any, config_path: Optional[str], simulate: Optional[str], started: Optional[float],

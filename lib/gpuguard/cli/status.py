@@ -36,7 +36,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from gpuguard.cli.status_render import DETAIL_AUTO, render_own_health, render_status, to_json
-from gpuguard.config.lastgood import load_guarded
+from gpuguard.config.lastgood import load_guarded, unreadable_by_this_user
 from gpuguard.pipeline.journal import conditions_copy_path, runtime_dir
 from gpuguard.slurm.client import CliSlurmClient, SlurmError
 from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
@@ -197,6 +197,10 @@ def _wanted(args: Any) -> Optional[set[str]]:
 
 def cmd_status(args: Any) -> int:
     cfg = load_guarded(args.config)  # a broken config is what status must report, not a reason to fail
+    denied = unreadable_by_this_user(cfg)
+    if denied:  # not a broken config: this user may not read it
+        print(f"gpuguard status: {denied}: run it as root (sudo gpuguard status)", file=sys.stderr)
+        return 2
     health = own_health(runtime_dir(cfg), os.path.dirname(conditions_copy_path(cfg, "_")))
     if not args.json:
         for line in render_own_health(cfg, health, time.time()):

@@ -118,6 +118,9 @@ def load_guarded(explicit: Optional[str] = None, directory: Optional[str] = None
         if not must_exist:  # a site that never wrote one: the defaults are its configuration
             return default_config(f"{path} (absent: defaults)")
         return _fallback(cache, path, ConfigIssue("(file)", None, "config file not found"))
+    except PermissionError:
+        return _fallback(cache, path, ConfigIssue("(file)", None, f"{PERMISSION_DENIED} {path} as uid {os.geteuid()}"
+                                                                  " (gpuguard runs as root)"))
     except OSError as e:
         return _fallback(cache, path, ConfigIssue("(file)", None, f"cannot read: {e}"))
     digest = hashlib.sha256(raw).hexdigest()
@@ -185,6 +188,16 @@ def check_file(path: str) -> list[ConfigIssue]:
         return parse_config(text, source=path, lenient=True).issues
     except ConfigError as e:
         return [ConfigIssue("(file)", None, _strip_source(str(e), path))]
+
+
+PERMISSION_DENIED = "permission denied reading"
+
+
+def unreadable_by_this_user(cfg: Config) -> Optional[str]:
+    """The message when the config could not be read for want of permission (a user ran what root must run), else
+    None: that is the user's problem to hear about, not a broken config."""
+    return next((i.message for i in cfg.issues if i.path == "(file)" and i.message.startswith(PERMISSION_DENIED)),
+                None)
 
 
 def describe(cfg: Config) -> str:
