@@ -135,6 +135,8 @@ def cmd_config(args: argparse.Namespace) -> int:
         issues = check_file(args.check)
         for issue in issues:
             print(f"{args.check}: {issue}")
+        for warning in _advice(args.check) if not issues else []:
+            print(f"{args.check}: WARNING: {warning}")
         print(f"{args.check}: {'INVALID: ' + str(len(issues)) + ' problem(s)' if issues else 'valid'}")
         return 1 if issues else 0
 
@@ -143,6 +145,14 @@ def cmd_config(args: argparse.Namespace) -> int:
     print(json.dumps({"sections": cfg.redacted_mapping(), "checks": cfg.checks.as_mapping()}, indent=2,
                      default=str))
     return 0
+
+
+def _advice(path: str) -> list[str]:
+    """Warnings for a valid file (gpuguard.config.advice): paths root will refuse, the cluster label."""
+    from gpuguard.config.advice import config_advice
+    from gpuguard.config.schema import load_config
+
+    return config_advice(load_config(path))
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:

@@ -102,7 +102,7 @@ def render(families: Iterable[Family]) -> bytes:
 def write_families(directory: str, source: str, families: Iterable[Family]) -> str:
     """Atomically (re)write `<directory>/gpuguard_<source>.prom`. Returns its path. Raises OSError."""
     # the collector only reads *.prom: the temp dot-file is invisible to it until the rename
-    return atomic_write(prom_path(directory, source), render(families))
+    return atomic_write(prom_path(directory, source), render(families), sticky_ok=False)
 
 
 def remove(directory: str, source: str) -> None:

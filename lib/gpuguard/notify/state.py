@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from gpuguard.util.log import escape_text
+from gpuguard.util.trust import Untrusted, check_owner_mode, open_trusted_dir, trusted_uids
 
 if TYPE_CHECKING:
     from gpuguard.config.schema import Config
@@ -90,97 +91,7 @@ def user_state_path(cfg: "Config", job_dir: str, job_id: Optional[str], node: st
 # --------------------------------------------------------------------------- trust (root)
 
 
-class Untrusted(OSError):
-    """A path root must not use for its state: a symlink, or writable / owned by someone else."""
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def trusted_uids() -> set[int]:
-    return {0, os.geteuid()}
-
-
-def _check(st: os.stat_result, what: str, uids: set[int], allow_sticky: bool) -> None:
-    if st.st_uid not in uids:
-        raise Untrusted(f"{what} is owned by uid {st.st_uid}, not by root")
-    if st.st_mode & 0o022 and not (allow_sticky and st.st_mode & stat.S_ISVTX):
-        raise Untrusted(f"{what} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
-
-
-MAX_LINKS = 16
-
-
-def _child_dir(parent_fd: int, name: str, what: str, uids: set[int], allow_sticky: bool) -> int:
-    """`name` below an open trusted directory (created 0755 when missing), never through a symlink."""
-    try:
-        os.mkdir(name, 0o755, dir_fd=parent_fd)
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise Untrusted(f"{what} is a symlink or not a directory (not followed)") from e
-        raise
-    try:
-        _check(os.fstat(fd), what, uids, allow_sticky)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _trusted_link(parent_fd: int, name: str, what: str, uids: set[int]) -> Optional[str]:
-    """The target of `name` when it is a symlink root made (in a directory already found trustworthy, so that
-    nobody else can replace it: /var/run -> /run); None when it is no symlink. Raises Untrusted for a link
-    someone else owns."""
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISLNK(st.st_mode):
-        return None
-    if st.st_uid not in uids:
-        raise Untrusted(f"{what} is a symlink owned by uid {st.st_uid} (not followed)")
-    return os.readlink(name, dir_fd=parent_fd)
-
-
-def open_trusted_dir(path: str, uids: Optional[set[int]] = None) -> int:
-    """An fd on directory `path`, walked from / one component at a time, creating what is missing (0755).
-    Every directory must be owned by a trusted uid and not writable by others (a sticky one may be on the way,
-    not at the end); a symlink on the way is followed only when a trusted uid owns it. Raises Untrusted /
-    OSError."""
-    uids = trusted_uids() if uids is None else uids
-    if not os.path.isabs(path):
-        raise Untrusted(f"{path}: not an absolute path")
-    parts = [p for p in os.path.normpath(path).split("/") if p]
-    links = 0
-    fd = os.open("/", _DIR_FLAGS)
-    try:
-        _check(os.fstat(fd), "/", uids, allow_sticky=bool(parts))
-        i = 0
-        while i < len(parts):
-            here = "/" + "/".join(parts[:i + 1])
-            target = _trusted_link(fd, parts[i], here, uids)
-            if target is not None:  # resolve it lexically (everything before it is resolved) and walk again
-                links += 1
-                if links > MAX_LINKS:
-                    raise Untrusted(f"{path}: too many symlinks")
-                resolved = os.path.normpath(os.path.join("/" + "/".join(parts[:i]), target))
-                parts = [p for p in resolved.split("/") if p] + parts[i + 1:]
-                os.close(fd)
-                fd = os.open("/", _DIR_FLAGS)
-                i = 0
-                continue
-            nfd = _child_dir(fd, parts[i], here, uids, allow_sticky=i < len(parts) - 1)
-            os.close(fd)
-            fd = nfd
-            i += 1
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+# the walk itself: gpuguard.util.trust (every root writer uses it)
 
 
 def ensure_trusted_state(path: str, uids: Optional[set[int]] = None) -> Optional[str]:
@@ -210,7 +121,7 @@ def ensure_trusted_state(path: str, uids: Optional[set[int]] = None) -> Optional
         if not stat.S_ISREG(st.st_mode):
             return f"state file {path} is not a regular file"
         try:
-            _check(st, f"state file {path}", uids, allow_sticky=False)
+            check_owner_mode(st, f"state file {path}", uids, allow_sticky=False)
         except Untrusted as e:
             return str(e)
         return None

@@ -39,20 +39,48 @@ def escape_text(text: object) -> str:
     return "".join(ch if ch.isprintable() else _escape_char(ch) for ch in s)
 
 
+_REFUSED_SAID: set[str] = set()  # log files whose refusal this process said already (once each)
+
+
+def log_file_refusal(path: str) -> Optional[str]:
+    """Why root must not append to `path` (None: it may; the file may not exist yet). Its directory is walked
+    like every root write (gpuguard.util.trust: no user's symlink, no directory a user may write; /tmp's sticky
+    bit is fine, the file is opened O_NOFOLLOW and checked)."""
+    from gpuguard.util.trust import open_trusted_dir  # only root, only with a log file
+
+    try:
+        os.close(open_trusted_dir(os.path.dirname(os.path.abspath(path)), sticky_end=True, create=False))
+    except OSError as e:
+        return str(e)
+    return None
+
+
 def open_log_for_append(path: str) -> Optional[int]:
     """An fd to append to `path`, never through a symlink (O_NOFOLLOW on the file; O_NONBLOCK so that a FIFO
     planted there cannot block the hook); None when it is not a regular file owned by root or us and
-    unwritable by others (then only syslog/stderr get the message)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+    unwritable by others, or (as root) its directory is not root's alone (then only syslog/stderr get the
+    message, and stderr is told once why)."""
+    why = log_file_refusal(path) if os.geteuid() == 0 else None
+    fd = None
+    if why is None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            why = f"{path}: {e.strerror or e}"
+    if fd is not None:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022:
+            return fd
         os.close(fd)
-        return None
-    return fd
+        why = f"{path} is not a regular file of root's that only root may write"
+    if path not in _REFUSED_SAID:
+        _REFUSED_SAID.add(path)
+        try:
+            sys.stderr.write(f"gpuguard: logging.file refused: {why}; logging to syslog only\n")
+        except (OSError, ValueError):
+            pass
+    return None
 
 
 class HookLog:
