@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Optional
 
-from gpuguard.metrics.textfile import WATCH_FILE, Family, textfile_dir, write_families
+from gpuguard.metrics.monitorfiles import forward_monitor_file
+from gpuguard.metrics.textfile import WATCH_FILE, Family, monitor_dir, textfile_dir, write_families
 
 if TYPE_CHECKING:
     from gpuguard.config.schema import Config
@@ -57,6 +58,9 @@ class WatchHeartbeat:
         try:
             write_families(directory, WATCH_FILE, watch_families(self.node, time.time(), self.started, interval, up,
                                                                  pending_drains))
+            mdir = monitor_dir(cfg, self.node)
+            if mdir and mdir != directory:  # the job monitor's series, forwarded as often as the heartbeat
+                forward_monitor_file(mdir, directory, self.node)
         except Exception as e:  # noqa: BLE001 - OSError, a bad value: never stop following the kernel log
             msg = f"{type(e).__name__}: {e}"
             if msg != self.error:

@@ -4,14 +4,17 @@ atomically (gpuguard.metrics.textfile). Nothing is imported or written unless `m
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from gpuguard import __version__
 from gpuguard.metrics.families import node_families
 from gpuguard.metrics.state import STATE_VERSION, DrainState, state_cursor, update_state
-from gpuguard.metrics.textfile import (LEGACY_FILES, MONITOR_FILE, NODE_FILE, Family, log_warning, prom_path, remove,
-                                       textfile_dir, write_families)
+from gpuguard.metrics.monitorfiles import forward_monitor_file, read_untrusted
+from gpuguard.metrics.textfile import (LEGACY_FILES, MONITOR_FILE, NODE_FILE, Family, log_warning, monitor_dir,
+                                       prom_path, remove, textfile_dir, write_families)
 from gpuguard.slurm.reason import parse_reason
+from gpuguard.util.trust import open_trusted_dir
 
 if TYPE_CHECKING:
     from gpuguard.config.schema import Config
@@ -87,8 +90,22 @@ def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> No
     write_families(directory, NODE_FILE, fams)
     for legacy in LEGACY_FILES:
         remove(directory, legacy)
-    if result.context.kind == "epilog" and result.context.job_id:
-        remove_monitor_file_of_job(directory, result.context.job_id)
+    forward_monitor(cfg, node, directory, result.context.job_id if result.context.kind == "epilog" else None)
+
+
+def forward_monitor(cfg: "Config", node: str, directory: str, ended_job: Optional[str] = None) -> None:
+    """The monitor's series into root's directory (gpuguard.metrics.monitorfiles), after removing the file of a
+    monitor of `ended_job` that was killed before it could (the epilog's backstop). Never raises."""
+    mdir = monitor_dir(cfg, node) or directory
+    try:
+        if os.geteuid() == 0:  # a path through a user's symlink is not root's to unlink or read in
+            os.close(open_trusted_dir(mdir, sticky_end=True, create=False))
+        if ended_job:
+            remove_monitor_file_of_job(mdir, ended_job)
+        if mdir != directory:
+            forward_monitor_file(mdir, directory, node)
+    except Exception as e:  # noqa: BLE001 - the node file is written: the monitor's series are extra
+        log_warning(f"forwarding the monitor's series from {mdir}: {type(e).__name__}: {e}")
 
 
 def remove_monitor_file_of_job(directory: str, job_id: str) -> bool:
@@ -96,11 +113,8 @@ def remove_monitor_file_of_job(directory: str, job_id: str) -> bool:
     `gpuguard_monitor.prom` when it belongs to this job. Returns True when removed."""
     from prometheus_client.parser import text_string_to_metric_families  # heavy: only with metrics on
 
-    path = prom_path(directory, MONITOR_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(4 * 2**20)
-    except OSError:
+    text = read_untrusted(prom_path(directory, MONITOR_FILE))  # a user's file: never through a symlink
+    if text is None:
         return False
     try:
         jobs = {s.labels.get("job_id") for fam in text_string_to_metric_families(text) for s in fam.samples}

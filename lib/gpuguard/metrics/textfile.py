@@ -62,6 +62,12 @@ def textfile_dir(cfg: "Config", node: str) -> Optional[str]:
     return d.replace("{node}", node) if d else None
 
 
+def monitor_dir(cfg: "Config", node: str) -> Optional[str]:
+    """Where the job monitor writes `gpuguard_monitor.prom`: `metrics.monitor_dir`, else `textfile_dir`."""
+    d = cfg.metrics.monitor_dir or cfg.metrics.textfile_dir
+    return d.replace("{node}", node) if d else None
+
+
 def prom_path(directory: str, source: str) -> str:
     return os.path.join(directory, f"gpuguard_{source}.prom")
 

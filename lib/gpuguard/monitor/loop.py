@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from gpuguard.config.schema import Config, load_config
 from gpuguard.context import parse_gpu_list
-from gpuguard.metrics.textfile import MONITOR_FILE, remove, textfile_dir, write_families
+from gpuguard.metrics.textfile import MONITOR_FILE, monitor_dir, remove, write_families
 from gpuguard.monitor.detect import (Alert, gpu_alerts, host_alerts, idle_hang, one_per_gpu_cause, progress_hang,
                                      straggler_alerts)
 from gpuguard.monitor.episodes import AlertEpisodes
@@ -154,7 +154,7 @@ class Monitor(AlertEpisodes):
         return one_per_gpu_cause(alerts)
 
     def _write_metrics(self, report: dict[str, Any], alerts: list[Alert]) -> None:
-        directory = textfile_dir(self.cfg, self.node)
+        directory = monitor_dir(self.cfg, self.node)
         if not directory:
             return
         try:
@@ -172,7 +172,7 @@ class Monitor(AlertEpisodes):
         self.gpus.close()
         # on every exit (end of --duration, SIGTERM/SIGINT from srun or scancel, --once): a file left behind would
         # show the GPUs' last values, and the job's alerts, as current for ever
-        directory = textfile_dir(self.cfg, self.node)
+        directory = monitor_dir(self.cfg, self.node)
         if directory:
             remove(directory, MONITOR_FILE)
 
