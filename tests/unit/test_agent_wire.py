@@ -277,22 +277,44 @@ def test_a_child_that_dies_early_means_run_in_process(tmp_path: Path):
         agent.close()
 
 
-def test_a_child_that_stops_answering_is_killed_at_the_hooks_deadline(tmp_path: Path):
+@pytest.mark.parametrize("verdict", [True, False])
+def test_a_child_that_stops_answering_is_killed_at_the_hooks_deadline(tmp_path: Path, verdict: bool):
     done = threading.Event()
 
     def run(conn: socket.socket, pid: int) -> None:
         conn.sendall(f"ready {pid}\n".encode())
         conn.recv(16)
-        conn.sendall(b"code 1 0.5\n")  # the hook's deadline is 0.5 s and its verdict so far is 1 (policy closed)
+        conn.sendall(b"code 1 0.5\n")  # the hook's deadline is 0.5 s and it would exit 1 now
+        if verdict:
+            conn.sendall(b"verdict 1\n")  # ... because its run judged the node (a drain)
         done.wait(10)  # SIGSTOPped: never another word
 
     agent = ScriptedAgent(tmp_path, run)
     try:
         code, took = _ask(tmp_path)
         done.set()
-        assert code == 1  # what the hook's watchdog would have exited with
+        # its verdict stands; without one (the policy's code), the hook runs again in its own process
+        assert code == (1 if verdict else None)
         assert 0.5 + client.WATCHDOG_GRACE_S - 0.1 < took < 0.5 + client.WATCHDOG_GRACE_S + 2.0
         assert agent.killed()  # it must not act after the client gave up on it
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("verdict", [True, False])
+def test_a_child_lost_at_the_deadline_leaves_its_verdict_or_a_run_here(tmp_path: Path, verdict: bool):
+    """Issue 27: lost (the agent unit restarted, an OOM kill) with less than a second left. A verdict stands; a run
+    with none (NVML had not answered) is never an exit 0: the hook runs again here, where a hung NVML drains."""
+
+    def run(conn: socket.socket, pid: int) -> None:
+        conn.sendall(f"ready {pid}\n".encode())
+        conn.recv(16)
+        conn.sendall(b"code 0 0.1\n" + (b"verdict 1\n" if verdict else b""))  # open policy: 0 until judged
+        time.sleep(client.WATCHDOG_GRACE_S - 0.5)  # then killed: EOF with under MIN_FALLBACK_S left
+
+    agent = ScriptedAgent(tmp_path, run)
+    try:
+        assert _ask(tmp_path)[0] == (1 if verdict else None)
     finally:
         agent.close()
 

@@ -335,7 +335,7 @@ def run_for_client(conn: socket.socket, req: wire.HookRequest) -> NoReturn:
         print(f"{hooks.USAGE}\ngpuguard: error: {e}", file=sys.stderr)
         exit_process(2)
     code = hooks.run_hook(kind, config, simulate, started=req.started,
-                          report=lambda c, deadline: send(f"code {c} {deadline:g}\n"), exit_process=exit_process,
+                          report=lambda c, ends, final: send(f"code {c} {ends:g}\n" + (f"verdict {c}\n" if final else "")), exit_process=exit_process,
                           via="agent")
     exit_process(code)
 
