@@ -19,7 +19,7 @@ import pytest
 from gpuguard.agent import client, wire
 from gpuguard.agent.confinement import cgroup_v2_path, issues_from, parse_status
 from gpuguard.agent.adopt import mismatch
-from gpuguard.agent.server import code_stamp
+from gpuguard.agent.stamp import CodeWatch, code_stamp, first_change, is_stdlib, package_files
 from gpuguard.cli.hooks import HookUsageError, parse_hook_args
 
 
@@ -111,6 +111,40 @@ def test_the_code_stamp_changes_when_a_loaded_file_changes(tmp_path: Path):
     assert code_stamp([str(f)]) != before
     f.unlink()
     assert code_stamp([str(f)]) != before
+
+
+def test_the_code_stamp_covers_a_venvs_site_packages_and_the_whole_package(tmp_path: Path):
+    """Issue 27: inside a venv sysconfig's platstdlib is the venv's lib/pythonX.Y, the parent of site-packages, and
+    the stamp left out every installed package: after `make install` hooks ran old code through the agent."""
+    lib = str(tmp_path / "venv" / "lib" / "python3.11")
+    stdlib = (os.path.join("/usr/lib/python3.11", ""), os.path.join(lib, ""))
+    assert is_stdlib("/usr/lib/python3.11/json/decoder.py", stdlib)
+    assert is_stdlib(f"{lib}/lib-dynload/_json.so", stdlib)
+    assert not is_stdlib(f"{lib}/site-packages/gpuguard/cli/hooks.py", stdlib)
+    assert not is_stdlib(f"{lib}/site-packages/pynvml.py", stdlib)
+    assert not is_stdlib("/usr/lib/python3/dist-packages/yaml/__init__.py", stdlib)
+    import pynvml  # noqa: F401 - from the venv this test runs in
+
+    files = CodeWatch().files()
+    assert os.path.abspath(sys.modules["pynvml"].__file__ or "") in files
+    here = Path(sys.modules["gpuguard"].__path__[0])
+    # modules a hook imports only on some paths, and data files, are covered whether loaded or not
+    assert {str(here / "cli" / "hooks.py"), str(here / "profiles" / "p5.48xlarge.yaml")} <= set(package_files())
+    assert not [f for f in files if "__pycache__" in f]
+
+
+def test_the_code_stamp_names_what_changed(tmp_path: Path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 1\n")
+    before = code_stamp([str(a), str(b)])
+    b.write_text("y = 2\n")
+    assert first_change(before, code_stamp([str(a), str(b)])) == str(b)
+    c = tmp_path / "c.py"
+    c.write_text("y = 1\n")  # a file replaced (a new version's): another inode, even with the same size and times
+    os.utime(c, ns=(before[1][1][2], before[1][1][2]))
+    os.replace(c, b)
+    assert first_change(before, code_stamp([str(a), str(b)])) == str(b)
 
 
 # --------------------------------------------------------------------------- confinement

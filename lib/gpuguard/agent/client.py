@@ -29,8 +29,8 @@ import time
 
 import _socket
 
-from gpuguard.agent.wire import (HOOK_KINDS, HookRequest, LineReader, WireError, address, encode_request, peer_uid,
-                                 runtime_signature, send_with_fds, socket_path, stream_settings)
+from gpuguard.agent.wire import (HOOK_KINDS, HookRequest, LineReader, WireError, address, encode_request, package_dir,
+                                 peer_uid, runtime_signature, send_with_fds, socket_path, stream_settings)
 from gpuguard.util.nodedirs import state_dir
 
 ACK_TIMEOUT_S = 0.5  # the agent accepts and forks in milliseconds; a hung or stopped one costs a hook this much
@@ -128,10 +128,9 @@ class Child:
 def _request(args: list[str], started: float, fds: str) -> HookRequest:
     umask = os.umask(0o022)
     os.umask(umask)
-    package = os.path.dirname(os.path.abspath(sys.modules["gpuguard"].__file__ or ""))
     limits = {getattr(resource, n): resource.getrlimit(getattr(resource, n)) for n in RLIMITS if hasattr(resource, n)}
     return HookRequest(args[0], list(args), dict(os.environb), os.getcwd(), umask, os.getpriority(os.PRIO_PROCESS, 0),
-                       _oom_score_adj(), limits, started, sys.executable, package, runtime_signature(), fds,
+                       _oom_score_adj(), limits, started, sys.executable, package_dir(), runtime_signature(), fds,
                        stream_settings())
 
 

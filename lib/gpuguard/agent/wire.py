@@ -68,6 +68,13 @@ def stream_settings() -> str:
                     for s in (sys.stdout, sys.stderr))
 
 
+def package_dir() -> str:
+    """The directory of the gpuguard this process runs (resolved when it was imported: gpuguard/__init__.py)."""
+    pkg = sys.modules["gpuguard"]
+    paths = list(getattr(pkg, "__path__", []) or [])
+    return paths[0] if paths else os.path.dirname(os.path.abspath(pkg.__file__ or ""))
+
+
 def socket_path(directory: str) -> str:
     return os.path.join(directory, SOCKET_NAME)
 
