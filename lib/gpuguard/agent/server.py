@@ -315,8 +315,10 @@ def run_for_client(conn: socket.socket, req: wire.HookRequest) -> NoReturn:
     except hooks.HookUsageError as e:
         print(f"{hooks.USAGE}\ngpuguard: error: {e}", file=sys.stderr)
         exit_process(2)
-    code = hooks.run_hook(kind, config, simulate, started=req.started,
-                          report=lambda c, ends, final: send(f"code {c} {ends:g}\n" + (f"verdict {c}\n" if final else "")), exit_process=exit_process,
+    def report(code: int, ends_s: float, final: bool) -> None:
+        send(f"code {code} {ends_s:g}\n" + (f"verdict {code}\n" if final else ""))
+
+    code = hooks.run_hook(kind, config, simulate, started=req.started, report=report, exit_process=exit_process,
                           via="agent")
     exit_process(code)
 

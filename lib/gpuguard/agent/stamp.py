@@ -2,11 +2,12 @@
 every request: an upgrade must never leave hooks running old code through the agent).
 
 The stamp covers every file of the installed gpuguard package (the modules a hook imports only on some paths and its
-data files too: checked before every request), every other file the agent loaded from outside the interpreter's standard library (pynvml, yaml,
-apprise, ... wherever they live: a venv's site-packages included; checked at most every OTHERS_EVERY_S, so that
-a request pays for a stat of gpuguard's ~200 files rather than ~700), and the directory `gpuguard` resolves to now
-(`make install` switches versions by renaming the `current` symlink, gpuguard.cli.versions). Each file is stamped
-with its inode, mtime and size: a version switched in, a file replaced by pip or edited in place all change it.
+data files too: checked before every request), every other file the agent loaded from outside the interpreter's
+standard library (pynvml, yaml, apprise, ... wherever they live, a venv's site-packages included: checked at most
+every OTHERS_EVERY_S, so that a request pays for a stat of gpuguard's ~270 files rather than ~700), and the
+directory `gpuguard` resolves to now (`make install` switches versions by renaming the `current` symlink,
+gpuguard.cli.versions). Each file is stamped with its inode, mtime and size: a version switched in, a file replaced
+by pip or edited in place all change it.
 """
 
 from __future__ import annotations
