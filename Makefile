@@ -18,7 +18,7 @@ FAKENVML := build/fakenvml/libnvidia-ml.so.1
 # per worker here). Nothing make starts needs that.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: all deps venv torch fakenvml demo test unit integration bench install uninstall slurm-conf clean
+.PHONY: all deps venv torch fakenvml demo test unit integration bench install rollback uninstall slurm-conf clean
 
 all: venv fakenvml
 
@@ -114,18 +114,22 @@ integration: deps venv torch fakenvml
 bench: deps venv fakenvml
 	@$(PY) bench/run.py
 
-# Installs the package into its own venv under $(PREFIX)/lib/gpuguard, the slurmd hooks into
-# $(PREFIX)/libexec/gpuguard, `gpuguard` into $(PREFIX)/bin, an example config (never overwriting one).
+# Installs the package into a version directory of its own, $(PREFIX)/lib/gpuguard/versions/<version>-<time>/venv,
+# switched in by one rename of the symlink $(PREFIX)/lib/gpuguard/current (gpuguard.cli.versions: a hook running during
+# the install starts on the old version or the new one, never on half of one; the previous version stays for
+# `make rollback`, older ones go), the slurmd hooks into $(PREFIX)/libexec/gpuguard (gpuguard.env beside them keeps
+# the site's own lines), `gpuguard` into $(PREFIX)/bin, an example config (never overwriting one).
+GG_ROOT = $(PREFIX)/lib/gpuguard
+GG_PYTHON = $(GG_ROOT)/current/venv/bin/python
 install: fakenvml
 	@echo ">> installing gpuguard under $(PREFIX)"
-	@$(PYTHON) -m venv $(PREFIX)/lib/gpuguard/venv
 	@# with the fleet extra (psycopg[binary], a self-contained wheel): setting store.url is then a config change on
 	@# every node, no reinstall; the hooks never import it (only shipping does, after the verdict)
-	@$(PREFIX)/lib/gpuguard/venv/bin/pip install -q --disable-pip-version-check '.[fleet]' 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PREFIX)/lib/gpuguard/venv/bin/python -c 'import psycopg' || { echo "psycopg (store.url) did not install" >&2; exit 1; }
-	@install -d $(PREFIX)/bin $(PREFIX)/libexec/gpuguard $(PREFIX)/lib/gpuguard/fakenvml
-	@ln -sf $(PREFIX)/lib/gpuguard/venv/bin/gpuguard $(PREFIX)/bin/gpuguard
-	@install -m 755 $(FAKENVML) $(PREFIX)/lib/gpuguard/fakenvml/
+	@set -o pipefail; PYTHONPATH=lib $(PYTHON) -m gpuguard.cli.versions --root $(GG_ROOT) --python $(PYTHON) \
+	  --source . --extras fleet --require psycopg 2>&1 | { grep -v '^WARNING: Location' || true; }
+	@install -d $(PREFIX)/bin $(PREFIX)/libexec/gpuguard $(GG_ROOT)/fakenvml
+	@ln -sfn $(GG_ROOT)/current/venv/bin/gpuguard $(PREFIX)/bin/.gpuguard.new && mv -Tf $(PREFIX)/bin/.gpuguard.new $(PREFIX)/bin/gpuguard
+	@install -m 755 $(FAKENVML) $(GG_ROOT)/fakenvml/.new && mv -f $(GG_ROOT)/fakenvml/.new $(GG_ROOT)/fakenvml/$(notdir $(FAKENVML))
 	@install -d $(PREFIX)/share/gpuguard/sbatch_templates $(PREFIX)/share/gpuguard/examples
 	@install -m 644 sbatch_templates/*.j2 sbatch_templates/README.md $(PREFIX)/share/gpuguard/sbatch_templates/
 	@cp -r examples/scenarios $(PREFIX)/share/gpuguard/examples/
@@ -136,14 +140,22 @@ install: fakenvml
 	@echo "   cp $(PREFIX)/share/gpuguard/gpuguard-watch.service /etc/systemd/system/ && systemctl daemon-reload && systemctl enable --now gpuguard-watch"
 	@echo "   or, with the node agent that runs the hooks without a Python start-up each (docs/agent.md), instead:"
 	@echo "   cp $(PREFIX)/share/gpuguard/gpuguard-watch-agent.service /etc/systemd/system/ && systemctl daemon-reload && systemctl enable --now gpuguard-watch-agent"
-	@PYTHONPATH=lib $(PYTHON) -m gpuguard.cli.install --libexec $(PREFIX)/libexec/gpuguard \
-	  --python $(PREFIX)/lib/gpuguard/venv/bin/python --config $(CONFDIR)/config.yaml
+	@# gpuguard.env: GPUGUARD_PYTHON through `current`; GPUGUARD_CONFIG only where the file has none unless CONFDIR= is
+	@# given; every other line (a site's GPUGUARD_STATE_DIR, GPUGUARD_RUNTIME_DIR, ...) is kept
+	@PYTHONPATH=lib $(PYTHON) -m gpuguard.cli.install --libexec $(PREFIX)/libexec/gpuguard --python $(GG_PYTHON) \
+	  $(if $(filter file,$(origin CONFDIR)),--default-config,--config) $(CONFDIR)/config.yaml
 	@# 0640, never overwritten: notification URLs in it carry tokens
 	@PYTHONPATH=lib $(PYTHON) -m gpuguard.cli.install --install-config examples/config.yaml --config $(CONFDIR)/config.yaml
+	@echo ">> the running watch unit keeps the version it started with until restarted (systemctl restart gpuguard-watch"
+	@echo "   or gpuguard-watch-agent); its node agent takes the new version up by itself (docs/agent.md)"
 	@echo ">> add these lines to slurm.conf and run 'scontrol reconfigure':"
 	@$(PREFIX)/bin/gpuguard slurm-conf --prefix $(PREFIX)
 
-# Removes what `make install` put in place (the venv, the hooks, `gpuguard`, the shared files). The config
+# Switches $(PREFIX)/lib/gpuguard/current back to the version before it (kept by `make install`), in one rename.
+rollback:
+	@PYTHONPATH=lib $(PYTHON) -m gpuguard.cli.versions --root $(PREFIX)/lib/gpuguard --rollback
+
+# Removes what `make install` put in place (every version, the hooks, `gpuguard`, the shared files). The config
 # ($(CONFDIR)) and the history (the node store under $(STATEDIR), store.path's default) stay unless PURGE=1.
 STATEDIR ?= /var/lib/gpuguard
 uninstall:

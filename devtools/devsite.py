@@ -49,12 +49,12 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def start_agent(python: str, state_dir: Path, timeout_s: float = 30.0,
-                env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
+                env: Optional[dict[str, str]] = None, stderr: Any = None) -> subprocess.Popen[bytes]:
     """The node agent for hooks whose gpuguard.env names `state_dir`; returns once it listens. `env`: its
-    environment (default this process's)."""
+    environment (default this process's); `stderr`: where its log lines go (default this process's stderr)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([python, "-I", "-m", "gpuguard.agent.server", "--state-dir", str(state_dir),
-                             "--exit-with-parent"], stdin=subprocess.DEVNULL, cwd="/", env=env)
+                             "--exit-with-parent"], stdin=subprocess.DEVNULL, cwd="/", env=env, stderr=stderr)
     until = time.monotonic() + timeout_s
     while not agent_listening(state_dir / "agent.sock"):  # a stale socket file may be there already
         if proc.poll() is not None or time.monotonic() > until:

@@ -27,13 +27,13 @@ def test_uninstall_removes_the_install_and_keeps_config_and_history_unless_purge
     where = [f"PREFIX={prefix}", f"CONFDIR={confdir}", f"STATEDIR={statedir}"]
     installed = _make("install", *where[:2])
     assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
-    placed = [prefix / "bin" / "gpuguard", prefix / "lib" / "gpuguard" / "venv", prefix / "libexec" / "gpuguard" /
-              "gpuguard-prolog", prefix / "libexec" / "gpuguard" / "gpuguard.env",
+    placed = [prefix / "bin" / "gpuguard", prefix / "lib" / "gpuguard" / "current" / "venv",
+              prefix / "libexec" / "gpuguard" / "gpuguard-prolog", prefix / "libexec" / "gpuguard" / "gpuguard.env",
               prefix / "share" / "gpuguard" / "sbatch_templates" / "torchrun.sbatch.j2", confdir / "config.yaml"]
     assert all(p.exists() for p in placed), [str(p) for p in placed if not p.exists()]
     # the venv once had no psycopg: `gpuguard fleet init-db` and every ship to store.url failed with "psycopg (3) is
     # not installed". Now it has one with its libpq (the binary or the C build, not the pure-Python fallback).
-    venv_python = prefix / "lib" / "gpuguard" / "venv" / "bin" / "python"
+    venv_python = prefix / "lib" / "gpuguard" / "current" / "venv" / "bin" / "python"
     pq = subprocess.run([str(venv_python), "-c", "import psycopg; print(psycopg.pq.__impl__)"], capture_output=True,
                         text=True, timeout=60)
     assert pq.returncode == 0 and pq.stdout.strip() in ("binary", "c"), pq.stderr

@@ -19,7 +19,7 @@ import pytest
 from gpuguard.agent import client, wire
 from gpuguard.agent.confinement import cgroup_v2_path, issues_from, parse_status
 from gpuguard.agent.adopt import mismatch
-from gpuguard.agent.server import code_stamp
+from gpuguard.agent.stamp import CodeWatch, code_stamp, first_change, is_stdlib, package_files
 from gpuguard.cli.hooks import HookUsageError, parse_hook_args
 
 
@@ -111,6 +111,40 @@ def test_the_code_stamp_changes_when_a_loaded_file_changes(tmp_path: Path):
     assert code_stamp([str(f)]) != before
     f.unlink()
     assert code_stamp([str(f)]) != before
+
+
+def test_the_code_stamp_covers_a_venvs_site_packages_and_the_whole_package(tmp_path: Path):
+    """Issue 27: inside a venv sysconfig's platstdlib is the venv's lib/pythonX.Y, the parent of site-packages, and
+    the stamp left out every installed package: after `make install` hooks ran old code through the agent."""
+    lib = str(tmp_path / "venv" / "lib" / "python3.11")
+    stdlib = (os.path.join("/usr/lib/python3.11", ""), os.path.join(lib, ""))
+    assert is_stdlib("/usr/lib/python3.11/json/decoder.py", stdlib)
+    assert is_stdlib(f"{lib}/lib-dynload/_json.so", stdlib)
+    assert not is_stdlib(f"{lib}/site-packages/gpuguard/cli/hooks.py", stdlib)
+    assert not is_stdlib(f"{lib}/site-packages/pynvml.py", stdlib)
+    assert not is_stdlib("/usr/lib/python3/dist-packages/yaml/__init__.py", stdlib)
+    import pynvml  # noqa: F401 - from the venv this test runs in
+
+    files = CodeWatch().files()
+    assert os.path.abspath(sys.modules["pynvml"].__file__ or "") in files
+    here = Path(sys.modules["gpuguard"].__path__[0])
+    # modules a hook imports only on some paths, and data files, are covered whether loaded or not
+    assert {str(here / "cli" / "hooks.py"), str(here / "profiles" / "p5.48xlarge.yaml")} <= set(package_files())
+    assert not [f for f in files if "__pycache__" in f]
+
+
+def test_the_code_stamp_names_what_changed(tmp_path: Path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 1\n")
+    before = code_stamp([str(a), str(b)])
+    b.write_text("y = 2\n")
+    assert first_change(before, code_stamp([str(a), str(b)])) == str(b)
+    c = tmp_path / "c.py"
+    c.write_text("y = 1\n")  # a file replaced (a new version's): another inode, even with the same size and times
+    os.utime(c, ns=(before[1][1][2], before[1][1][2]))
+    os.replace(c, b)
+    assert first_change(before, code_stamp([str(a), str(b)])) == str(b)
 
 
 # --------------------------------------------------------------------------- confinement
@@ -277,22 +311,44 @@ def test_a_child_that_dies_early_means_run_in_process(tmp_path: Path):
         agent.close()
 
 
-def test_a_child_that_stops_answering_is_killed_at_the_hooks_deadline(tmp_path: Path):
+@pytest.mark.parametrize("verdict", [True, False])
+def test_a_child_that_stops_answering_is_killed_at_the_hooks_deadline(tmp_path: Path, verdict: bool):
     done = threading.Event()
 
     def run(conn: socket.socket, pid: int) -> None:
         conn.sendall(f"ready {pid}\n".encode())
         conn.recv(16)
-        conn.sendall(b"code 1 0.5\n")  # the hook's deadline is 0.5 s and its verdict so far is 1 (policy closed)
+        conn.sendall(b"code 1 0.5\n")  # the hook's deadline is 0.5 s and it would exit 1 now
+        if verdict:
+            conn.sendall(b"verdict 1\n")  # ... because its run judged the node (a drain)
         done.wait(10)  # SIGSTOPped: never another word
 
     agent = ScriptedAgent(tmp_path, run)
     try:
         code, took = _ask(tmp_path)
         done.set()
-        assert code == 1  # what the hook's watchdog would have exited with
+        # its verdict stands; without one (the policy's code), the hook runs again in its own process
+        assert code == (1 if verdict else None)
         assert 0.5 + client.WATCHDOG_GRACE_S - 0.1 < took < 0.5 + client.WATCHDOG_GRACE_S + 2.0
         assert agent.killed()  # it must not act after the client gave up on it
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("verdict", [True, False])
+def test_a_child_lost_at_the_deadline_leaves_its_verdict_or_a_run_here(tmp_path: Path, verdict: bool):
+    """Issue 27: lost (the agent unit restarted, an OOM kill) with less than a second left. A verdict stands; a run
+    with none (NVML had not answered) is never an exit 0: the hook runs again here, where a hung NVML drains."""
+
+    def run(conn: socket.socket, pid: int) -> None:
+        conn.sendall(f"ready {pid}\n".encode())
+        conn.recv(16)
+        conn.sendall(b"code 0 0.1\n" + (b"verdict 1\n" if verdict else b""))  # open policy: 0 until judged
+        time.sleep(client.WATCHDOG_GRACE_S - 0.5)  # then killed: EOF with under MIN_FALLBACK_S left
+
+    agent = ScriptedAgent(tmp_path, run)
+    try:
+        assert _ask(tmp_path)[0] == (1 if verdict else None)
     finally:
         agent.close()
 

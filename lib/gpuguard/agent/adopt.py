@@ -17,7 +17,7 @@ from gpuguard.agent import wire
 
 def mismatch(req: wire.HookRequest) -> Optional[str]:
     """Why this agent's code would not run `req` as the client's own process would, or None."""
-    mine = os.path.dirname(os.path.abspath(sys.modules["gpuguard"].__file__ or ""))
+    mine = wire.package_dir()  # the code this agent loaded, wherever `current` points now
     if os.path.realpath(req.executable) != os.path.realpath(sys.executable):
         return "another Python"
     if os.path.realpath(req.package) != os.path.realpath(mine):

@@ -9,10 +9,13 @@ its own process instead (gpuguard.cli.hooks, as it always did) whenever
   hung or stopped agent);
 - the agent refuses (its code is older than the installed one, another installation, a malformed request, limits
   it cannot give the child);
-- the agent's child ends without an answer while there is time left (killed, crashed).
+- the agent's child ends without an answer (killed, crashed: the agent unit restarted, the OOM killer) while there is
+  time left, or before its run had a verdict, however late: the run here then shares what is left of the hook's
+  deadline, at least gpuguard.cli.hooks.MIN_RUN_S, and a probe that does not answer within its share counts as timed
+  out (a hung NVML drains); never an exit 0 for a run that judged nothing.
 
-A child that stops answering is killed once the hook's own deadline (plus its watchdog's second) has passed, and the
-client exits with the code the hook would have exited with at that moment, as the hook's watchdog does. The hook's
+A child that stops answering is killed once the hook's own deadline (plus its watchdog's second) has passed; the
+client exits with its verdict if it had one, else runs the hook here as above. The hook's
 standard streams go to the child only once it said hello: a queued connection never holds them. Until it
 knows which way it goes, this module imports only os, socket and the wire format (gpuguard.agent.wire).
 """
@@ -26,14 +29,14 @@ import time
 
 import _socket
 
-from gpuguard.agent.wire import (HOOK_KINDS, HookRequest, LineReader, WireError, address, encode_request, peer_uid,
-                                 runtime_signature, send_with_fds, socket_path, stream_settings)
+from gpuguard.agent.wire import (HOOK_KINDS, HookRequest, LineReader, WireError, address, encode_request, package_dir,
+                                 peer_uid, runtime_signature, send_with_fds, socket_path, stream_settings)
 from gpuguard.util.nodedirs import state_dir
 
 ACK_TIMEOUT_S = 0.5  # the agent accepts and forks in milliseconds; a hung or stopped one costs a hook this much
 FIRST_REPORT_S = 15.0  # the child reports the hook's deadline once the config is loaded (10 s on a hung filesystem)
 WATCHDOG_GRACE_S = 2.0  # the hook's watchdog ends it at its deadline + 1 s; after one more second the client stops
-MIN_FALLBACK_S = 1.0  # a child that died with less time than this left: its last reported code stands
+MIN_FALLBACK_S = 1.0  # a child that died with its verdict and less time than this left: its verdict stands
 SIGKILL = 9
 # the limits slurmd's hooks inherit that can change a hook's outcome (the NCCL tier pins memory; fds; core files)
 RLIMITS = ("RLIMIT_MEMLOCK", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_DATA",
@@ -125,10 +128,9 @@ class Child:
 def _request(args: list[str], started: float, fds: str) -> HookRequest:
     umask = os.umask(0o022)
     os.umask(umask)
-    package = os.path.dirname(os.path.abspath(sys.modules["gpuguard"].__file__ or ""))
     limits = {getattr(resource, n): resource.getrlimit(getattr(resource, n)) for n in RLIMITS if hasattr(resource, n)}
     return HookRequest(args[0], list(args), dict(os.environb), os.getcwd(), umask, os.getpriority(os.PRIO_PROCESS, 0),
-                       _oom_score_adj(), limits, started, sys.executable, package, runtime_signature(), fds,
+                       _oom_score_adj(), limits, started, sys.executable, package_dir(), runtime_signature(), fds,
                        stream_settings())
 
 
@@ -140,22 +142,25 @@ def _converse(reader: LineReader, child: Child, started: float, ack_timeout_s: f
     reader.sock.sendall(b"go\n")
     limit = started + FIRST_REPORT_S
     last: int | None = None
+    final = False  # `last` is the run's verdict (the hardware has spoken), not the code a watchdog would exit with
     while True:
         remaining = limit - time.monotonic()
         if remaining <= 0:
-            return last  # stopped or wedged past its own watchdog: the caller kills it
+            return last if final else None  # stopped or wedged past its own watchdog: the caller kills it
         try:
             line = reader.line(remaining)
         except _socket.timeout:  # TimeoutError since 3.10
             continue
         if line is None:  # the child ended without an answer
             child.ended = True
-            return last if last is not None and limit - time.monotonic() < MIN_FALLBACK_S else None
+            return last if final and limit - time.monotonic() < MIN_FALLBACK_S else None
         verb, _, rest = line.partition(b" ")
         if verb == b"exit":
             child.ended = True
             return int(rest)
-        if verb == b"code":
+        if verb == b"verdict":
+            last, final = int(rest), True
+        elif verb == b"code":
             code, deadline = rest.split()
             last, limit = int(code), started + float(deadline) + WATCHDOG_GRACE_S
 

@@ -9,9 +9,9 @@ working directory, umask, priority, OOM score and standard streams, and runs gpu
 the hook process would have; its exit code goes back to the client, which exits with it.
 
 It refuses to start where a hook would not run as slurmd runs it (gpuguard.agent.confinement), when another agent
-holds `<state dir>/agent.lock`, or when the state directory is writable by others; and stops, for its supervisor to
-start a fresh one, as soon as a file of the code it loaded changed on disk (an upgrade: a request is never run by
-old code).
+holds `<state dir>/agent.lock`, or when the state directory is writable by others. As soon as the code on disk is not
+the code it runs (gpuguard.agent.stamp: an upgrade, a file edited) it refuses the request at hand (the hook runs in
+its own process), logs what changed and re-executes itself with the new code: a request is never run by old code.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import signal
 import socket
 import stat
 import sys
-import sysconfig
 import threading
 from typing import NoReturn, Optional
 
@@ -34,6 +33,7 @@ import pynvml  # noqa: F401 - imported once here rather than in every hook (gpug
 from gpuguard.agent import EXIT_BUSY, EXIT_CODE_CHANGED, EXIT_CONFINED, EXIT_STOPPED, EXIT_UNSAFE, wire
 from gpuguard.agent.adopt import adopt, mismatch
 from gpuguard.agent.confinement import confinement_issues
+from gpuguard.agent.stamp import CodeWatch
 from gpuguard.checks import registry
 from gpuguard.cli import hooks
 from gpuguard.notify.apprise_target import preload as preload_apprise
@@ -47,31 +47,6 @@ POLL_S = 1.0
 
 def _log(msg: str) -> None:
     print(f"gpuguard agent[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- what the agent loaded
-
-
-def loaded_files() -> list[str]:
-    """The files of every module loaded from outside the standard library (gpuguard, pynvml, ...)."""
-    stdlib = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
-    out = []
-    for mod in list(sys.modules.values()):
-        f = getattr(mod, "__file__", None)
-        if f and not f.startswith(stdlib):
-            out.append(os.path.abspath(f))
-    return sorted(set(out))
-
-
-def code_stamp(files: list[str]) -> list[tuple[str, int, int]]:
-    stamp = []
-    for f in files:
-        try:
-            st = os.stat(f)
-            stamp.append((f, st.st_mtime_ns, st.st_size))
-        except OSError:
-            stamp.append((f, -1, -1))
-    return stamp
 
 
 # What hooks import only on some paths (the health check's EFA counters and pruning, a drain's notification, the
@@ -141,8 +116,7 @@ class Agent:
         self.directory = directory
         self.path = wire.socket_path(directory)
         self.parent = os.getppid() if exit_with_parent else None
-        self.files: list[str] = []
-        self.stamp: list[tuple[str, int, int]] = []
+        self.code: Optional[CodeWatch] = None
         self.lock_fd: Optional[int] = None
         self.listener: Optional[socket.socket] = None
         self.served = 0
@@ -169,8 +143,7 @@ class Agent:
         if threading.active_count() != 1:
             _log("not starting: a thread is running, forking would not be safe")
             return EXIT_UNSAFE
-        self.files = loaded_files()
-        self.stamp = code_stamp(self.files)
+        self.code = CodeWatch()
         self.listener = listen(self.path)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_STOPPED))  # serve()'s finally removes the socket
         _log(f"serving hooks on {self.path}")
@@ -187,6 +160,8 @@ class Agent:
                     return EXIT_STOPPED
                 if ready and not self.accept():
                     return EXIT_CODE_CHANGED
+                if not ready and self.code_changed():  # idle: an upgrade is taken up without waiting for a hook
+                    return EXIT_CODE_CHANGED
         finally:
             self.close()
 
@@ -200,10 +175,8 @@ class Agent:
         with conn:
             if wire.peer_uid(conn) != os.geteuid():
                 return True
-            if code_stamp(self.files) != self.stamp:
-                _log("gpuguard changed on disk since the agent started: stopping (the hooks run in their own "
-                     "processes until the new agent is up)")
-                _send(conn, b"refused code changed\n")
+            if self.code_changed():
+                _send(conn, b"refused code changed\n")  # the hook runs in its own process, with the new code
                 return False
             sys.stdout.flush()
             sys.stderr.flush()
@@ -212,6 +185,14 @@ class Agent:
                 self._become_child(conn)
             self.served += 1
         return True
+
+    def code_changed(self) -> bool:
+        assert self.code is not None
+        why = self.code.changed()
+        if why is not None:
+            _log(f"gpuguard changed on disk since the agent started ({why}): restarting with the code now installed; "
+                 "until it is up, the hooks run in their own processes")
+        return why is not None
 
     def _become_child(self, conn: socket.socket) -> NoReturn:
         code = 70
@@ -334,8 +315,10 @@ def run_for_client(conn: socket.socket, req: wire.HookRequest) -> NoReturn:
     except hooks.HookUsageError as e:
         print(f"{hooks.USAGE}\ngpuguard: error: {e}", file=sys.stderr)
         exit_process(2)
-    code = hooks.run_hook(kind, config, simulate, started=req.started,
-                          report=lambda c, deadline: send(f"code {c} {deadline:g}\n"), exit_process=exit_process,
+    def report(code: int, ends_s: float, final: bool) -> None:
+        send(f"code {code} {ends_s:g}\n" + (f"verdict {code}\n" if final else ""))
+
+    code = hooks.run_hook(kind, config, simulate, started=req.started, report=report, exit_process=exit_process,
                           via="agent")
     exit_process(code)
 
@@ -353,7 +336,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     code = agent.start()
     if code is not None:
         return code
-    return agent.serve()
+    code = agent.serve()
+    if code == EXIT_CODE_CHANGED:
+        reexec(sys.argv[1:] if argv is None else argv)
+    return code
+
+
+def reexec(argv: list[str]) -> None:
+    """Become a new agent running the code now on disk: the same pid (its supervisor and --exit-with-parent see no
+    change), the same interpreter path (a `current` symlink an install renamed leads to the new version). Hooks
+    still running in children are the new agent's children; the lock (O_CLOEXEC) and the socket are taken anew.
+    Returns only if it cannot (the supervisor then starts a new agent)."""
+    cmd = [sys.executable, *(["-I"] if sys.flags.isolated else []), "-m", "gpuguard.agent.server", *argv]
+    _log(f"re-executing {' '.join(cmd)}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(cmd[0], cmd)
+    except OSError as e:
+        _log(f"cannot re-execute ({e}): exiting for the watch daemon to start a new agent")
 
 
 if __name__ == "__main__":

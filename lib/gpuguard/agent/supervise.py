@@ -3,7 +3,7 @@
 The agent is a child process rather than a thread of the daemon: it forks one child per hook, which is only safe in
 a single-threaded process, and the daemon has threads. A supervising thread starts it with the bare environment
 slurmd gives hooks (the agent's children take each hook's own environment anyway), starts it again when it ends (at
-once after an upgrade: it stops itself when its code changed on disk; after RESTART_BACKOFF_S otherwise) and stops
+once when it could not re-execute itself after its code changed on disk; after RESTART_BACKOFF_S otherwise) and stops
 it with the daemon; `--exit-with-parent` ends it if the daemon dies. An agent that refuses to run where it is (a
 sandboxed unit: gpuguard.agent.confinement) is not started again: the hooks then run in their own processes, as
 they do without an agent.

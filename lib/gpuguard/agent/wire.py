@@ -8,7 +8,8 @@ stdin/stdout/stderr attached, SCM_RIGHTS):
     args..., len(env), K=V...
 
 and the child answers with lines: `ready <pid>` (it holds the request and waits),
-after the client's `go`: `code <n> <deadline_s>` whenever the exit code the hook would end with changes, and
+after the client's `go`: `code <n> <deadline_s>` whenever the exit code the hook would end with changes,
+`verdict <n>` once that code is the run's verdict (a client that does not know the verb skips it), and
 `exit <n>` once it is done; or `refused <why>` at any point before `go`. Every field is data: the environment is
 the job's (hostile), it is only ever put back into the child's environment, where the hook validates it as it
 would in its own process. The client imports this before every job, so it imports nothing but os, sys and the
@@ -65,6 +66,13 @@ def stream_settings() -> str:
     """`encoding:errors|encoding:errors` of this process's stdout and stderr."""
     return "|".join(f"{getattr(s, 'encoding', None) or ''}:{getattr(s, 'errors', None) or ''}"
                     for s in (sys.stdout, sys.stderr))
+
+
+def package_dir() -> str:
+    """The directory of the gpuguard this process runs (resolved when it was imported: gpuguard/__init__.py)."""
+    pkg = sys.modules["gpuguard"]
+    paths = list(getattr(pkg, "__path__", []) or [])
+    return paths[0] if paths else os.path.dirname(os.path.abspath(pkg.__file__ or ""))
 
 
 def socket_path(directory: str) -> str:

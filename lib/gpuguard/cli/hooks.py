@@ -86,6 +86,14 @@ def _watchdog(seconds: float, state: dict[str, Any], log: Any, exit_process: Cal
     return t
 
 
+# The least a run gets to judge the hardware, even when it starts late: the node agent's child was lost near the
+# deadline and the hook runs again in its own process (gpuguard.agent.client), or the config sat on a hung filesystem.
+# The stages share what is left of the hook's deadline, so a probe that does not answer within its share counts as
+# timed out (a hung NVML drains, gpu.nvml TIMEOUT) before the watchdog could end the run with no verdict (exit 0 under
+# the open policy). Such a hook ends at most this much past its deadline; slurmd's PrologEpilogTimeout (60 s, `gpuguard
+# slurm-conf`) is far above it.
+MIN_RUN_S = 3.0
+
 # A config on a hung filesystem (NFS) must not hang the hook until slurmd kills it: after this long the hook runs
 # with the last good configuration (gpuguard.config.lastgood).
 CONFIG_LOAD_TIMEOUT_S = 10.0
@@ -99,11 +107,12 @@ def _config_read_timeout() -> float:
 
 
 def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = None, *,
-             started: Optional[float] = None, report: Optional[Callable[[int, float], None]] = None,
+             started: Optional[float] = None, report: Optional[Callable[[int, float, bool], None]] = None,
              exit_process: Callable[[int], Any] = os._exit, via: Optional[str] = None) -> int:
     """Run one hook; returns its exit code. `started`: when the hook process started (time.monotonic(); the
-    deadline counts from there). `report(code, deadline_s)`: told the exit code the hook would end with if it were
-    stopped now, whenever that changes (the node agent's client, gpuguard.agent). `exit_process`: how the watchdog
+    deadline counts from there). `report(code, ends_s, final)`: told the exit code the hook would end with if it
+    were stopped now, whenever that changes, when the run ends at the latest (seconds from `started`) and whether
+    the code is the verdict (the node agent's client, gpuguard.agent). `exit_process`: how the watchdog
     ends the process. `via`: who runs it, for the log line (`agent`). The caller exits right after: notifications
     still being delivered then are handed to a process of their own (gpuguard.notify.handoff)."""
     ctx = context_from_env(kind, os.environ)
@@ -133,7 +142,7 @@ def _not_root(kind: str, node: str) -> int:
 
 
 def _run(kind: str, ctx: Any, config_path: Optional[str], simulate: Optional[str], started: Optional[float],
-         report: Optional[Callable[[int, float], None]], exit_process: Callable[[int], Any],
+         report: Optional[Callable[[int, float, bool], None]], exit_process: Callable[[int], Any],
          via: Optional[str]) -> int:
     t0 = time.monotonic() if started is None else started
     cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
@@ -144,24 +153,25 @@ def _run(kind: str, ctx: Any, config_path: Optional[str], simulate: Optional[str
     if ctx.ignored_env:
         log.warning(f"{kind} on {ctx.node}: ignored malformed environment variables: {', '.join(ctx.ignored_env)}")
     open_policy = cfg.policy.on_internal_error == "open"
-    deadline = cfg.deadlines.for_kind(kind)
+    # the run's deadline counts from the hook's start, config loading (and a lost agent child's time) included
+    elapsed = time.monotonic() - t0
+    budget_s = max(MIN_RUN_S, cfg.deadlines.for_kind(kind) - elapsed)
     state: dict[str, Any] = {"kind": kind, "exit_code": 0 if open_policy else 1}
 
     def set_exit_code(code: int) -> None:
         state["exit_code"] = code
         if report is not None:
-            report(code, deadline)
+            report(code, elapsed + budget_s, bool(state.get("verdict")))
 
     set_exit_code(state["exit_code"])
-    # the run's deadline counts from the hook's start, config loading included
-    _watchdog(max(0.5, deadline + 1.0 - (time.monotonic() - t0)), state, log, exit_process)
+    _watchdog(budget_s + 1.0, state, log, exit_process)
     try:
         def verdict_known(code: int) -> None:
             # from here on the hardware has spoken: a hang in drain/notify/store must not turn it into exit 0
             state["verdict"] = True
             set_exit_code(code)
 
-        result = execute(ctx, cfg, resolve_sources(cfg, ctx.node, simulate), deadline_s=deadline,
+        result = execute(ctx, cfg, resolve_sources(cfg, ctx.node, simulate), deadline_s=budget_s,
                          on_verdict=verdict_known, log=log, hook=True)
     except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback
         return _internal_error(cfg, ctx, kind, e, log, open_policy, state)
