@@ -111,8 +111,15 @@ integration: deps venv torch fakenvml
 	@$(PYTEST_WARM) tests/integration >/dev/null || true
 	@$(PY) -m pytest -q $(PYTEST_PAR) tests/integration
 
+# The prolog's yardstick: NHC 1.4.3 (bench/nhc.py runs its own script from a checkout; nothing of it is copied into
+# gpuguard). NHC_SRC=... names a checkout; else one is cloned into build/nhc once, when the network allows.
+NHC_SRC ?= $(CURDIR)/build/nhc
+NHC_REPO ?= https://github.com/mej/nhc
 bench: deps venv fakenvml
-	@$(PY) bench/run.py
+	@[ -x "$(NHC_SRC)/nhc" ] || { echo ">> cloning NHC 1.4.3 (the prolog's yardstick) into $(NHC_SRC)"; \
+	  timeout 120 git clone -q $(NHC_REPO) "$(NHC_SRC)" && git -C "$(NHC_SRC)" checkout -q 1.4.3; } || \
+	  { rm -rf "$(NHC_SRC)"; echo "   no NHC: the prolog targets are not measured (NHC_SRC=/path/to/nhc)"; }
+	@NHC_SRC="$(NHC_SRC)" $(PY) bench/run.py $(BENCH_ARGS)
 
 # Installs the package into a version directory of its own, $(PREFIX)/lib/gpuguard/versions/<version>-<time>/venv,
 # switched in by one rename of the symlink $(PREFIX)/lib/gpuguard/current (gpuguard.cli.versions: a hook running during

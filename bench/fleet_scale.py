@@ -5,8 +5,8 @@ dir). Target: each form under 1 s at 10,000 nodes x 30 days.
 
 A form is timed as the command does its work: every count and every listing of `fleet history` (the rows written
 to /dev/null as JSON) or the three statements of `fleet report`, on one connection; the median of `--repeat` runs
-after one warm-up (the first run is reported too), with the CPU the server spent on it (on a busy machine the wall
-time also counts waiting for a core: the load average is printed). Also printed: rows and bytes per table, and how
+after one warm-up (the first run is reported too) with its spread, the CPU the server spent on it (on a busy machine
+the wall time also counts waiting for a core) and the load average before and after. Also printed: rows and bytes per table, and how
 many runs the rows stand for.
 
     python bench/fleet_scale.py [--nodes 10000] [--days 30] [--repeat 3] [--shared-buffers 1GB]
@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))  # devtools/
 sys.path.insert(0, str(ROOT / "bench"))
 
 from fleet_data import generate, sizes  # noqa: E402
+from figures import Measuring, spread  # noqa: E402
 
 from gpuguard.fleet.pgquery import drains_query, findings_query, healthy_runs_query, runs_query  # noqa: E402
 from gpuguard.fleet.pgsource import PgHistory  # noqa: E402
@@ -40,7 +41,7 @@ from gpuguard.store.filters import Filters, build_filters  # noqa: E402
 from gpuguard.fleet.report import report_pg  # noqa: E402
 from gpuguard.cli.history import write_history  # noqa: E402
 
-Row = Callable[[str, str, str, Optional[bool]], None]
+Row = Callable[..., None]  # (what, value, target, ok, load=...), as bench/figures.py's Table.row
 TARGET_S = 1.0
 
 
@@ -124,8 +125,8 @@ def server_cpu_s(data_dir: Path) -> float:
     return total / tick
 
 
-def timed(fn: Callable[[], Any], repeat: int, data_dir: Optional[Path] = None) -> tuple[float, float, float]:
-    """(first run, median of `repeat` more, median server CPU of those) in seconds."""
+def timed(fn: Callable[[], Any], repeat: int, data_dir: Optional[Path] = None) -> tuple[float, list[float], float]:
+    """(first run, the `repeat` runs after it, median server CPU of those) in seconds."""
     t0 = time.perf_counter()
     fn()
     first = time.perf_counter() - t0
@@ -136,10 +137,10 @@ def timed(fn: Callable[[], Any], repeat: int, data_dir: Optional[Path] = None) -
         fn()
         times.append(time.perf_counter() - t0)
         cpus.append(server_cpu_s(data_dir) - c0 if data_dir else 0.0)
-    return first, statistics.median(times), statistics.median(cpus)
+    return first, times, statistics.median(cpus)
 
 
-def _print_row(what: str, value: str, target: str, ok: Optional[bool]) -> None:
+def _print_row(what: str, value: str, target: str, ok: Optional[bool], **_: Any) -> None:
     verdict = "-" if ok is None else ("ok" if ok else "MISSED")
     print(f"  {what}: {value} (target {target}) {verdict}", flush=True)
 
@@ -165,18 +166,22 @@ def bench_fleet(nodes: int = 10000, days: int = 30, repeat: int = 3, shared_buff
             now, steps = generate(conn, nodes, days, log=print)
             row("generate the fleet (SQL)", f"{time.monotonic() - t0:.0f} s", "-", None)
             _report_sizes(conn, row)
-            print(f"  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
-            forms = [(f"fleet history {n}", kw, run_history) for n, kw in history_forms(nodes)]
-            forms += [(f"fleet {n}", kw, run_report) for n, kw in report_forms(nodes)]
-            for name, kw, fn in forms:
-                f = build_filters(now=now, **kw)
-                first, med, cpu = timed(lambda: fn(conn, f, now), repeat, server.data)
-                row(name, f"{med:.3f} s (first {first:.3f} s; server CPU {cpu:.2f} s)", f"< {TARGET_S:g} s",
-                    med < TARGET_S)
-            print(f"  (load average {os.getloadavg()[0]:.1f})", flush=True)
+            _time_forms(conn, nodes, now, repeat, server.data, row)
             conn.close()
         finally:
             server.destroy()
+
+
+def _time_forms(conn: Any, nodes: int, now: float, repeat: int, data_dir: Path, row: Row) -> None:
+    """Every form, one after another, each with its own load average before and after."""
+    forms = [(f"fleet history {n}", kw, run_history) for n, kw in history_forms(nodes)]
+    forms += [(f"fleet {n}", kw, run_report) for n, kw in report_forms(nodes)]
+    for name, kw, fn in forms:
+        f = build_filters(now=now, **kw)
+        with Measuring(quiet=True) as load:
+            first, times, cpu = timed(lambda: fn(conn, f, now), repeat, data_dir)
+        row(name, f"{spread(times)} (first {first:.3f} s; server CPU {cpu:.2f} s)", f"< {TARGET_S:g} s",
+            statistics.median(times) < TARGET_S, load=load)
 
 
 def _report_sizes(conn: Any, row: Row) -> None:
@@ -197,7 +202,7 @@ def main() -> int:
     a = ap.parse_args()
     rows: list[tuple[str, str, str, Optional[bool]]] = []
 
-    def row(what: str, value: str, target: str, ok: Optional[bool]) -> None:
+    def row(what: str, value: str, target: str, ok: Optional[bool], **_: Any) -> None:
         rows.append((what, value, target, ok))
         _print_row(what, value, target, ok)
 

@@ -351,7 +351,7 @@ def monitor_under_load(root: Path, venv_python: str, cfg: Path) -> dict[str, Any
     return {"exit": p.returncode, "stdout": p.stdout[-20000:], "stderr": p.stderr[-3000:], "load_exit": rc}
 
 
-def kernel_log(out: Path, venv_python: str, cfg: Path) -> dict[str, Any]:
+def kernel_log(out: Path, venv_python: str, cfg: Path, forge: bool = False) -> dict[str, Any]:
     say("[5] the kernel log on this machine")
     res: dict[str, Any] = {}
     for argv in (["dmesg"], ["journalctl", "-k", "--no-pager", "-o", "short-monotonic"]):
@@ -368,14 +368,18 @@ def kernel_log(out: Path, venv_python: str, cfg: Path) -> dict[str, Any]:
             f"lines {p.stderr.strip()[-200:]}; xid scan exit {scan.returncode}: {scan.stdout.strip()[-400:]}")
     res["kmsg_readable"] = os.access("/dev/kmsg", os.R_OK)
     say(f"    /dev/kmsg readable: {res['kmsg_readable']}")
-    # a user-space process (root here) writing an Xid-looking line to the real kernel log: never evidence
-    try:
-        with open("/dev/kmsg", "w") as kmsg:
-            kmsg.write("NVRM: Xid (PCI:0000:00:06): 79, pid=1, name=forged, GPU has fallen off the bus.\n")
-        forged = True
-    except OSError as e:
-        forged = False
-        say(f"    could not write to /dev/kmsg: {e}")
+    # a user-space process (root here) writing an Xid-looking line to the real kernel log: never evidence. Only with
+    # --forge-kmsg: every other health tool on the machine (NHC's check_cmd_dmesg, DCGM, gpud) would see it too
+    forged = False
+    if not forge:
+        say("    no forged Xid line written to /dev/kmsg (--forge-kmsg does, where other tools will see it too)")
+    else:
+        try:
+            with open("/dev/kmsg", "w") as kmsg:
+                kmsg.write("NVRM: Xid (PCI:0000:00:06): 79, pid=1, name=forged, GPU has fallen off the bus.\n")
+            forged = True
+        except OSError as e:
+            say(f"    could not write to /dev/kmsg: {e}")
     if forged:
         p = sh([venv_python, "-I", "-m", "gpuguard", "--config", str(cfg), "check", "--context", "healthcheck",
                 "--dry-run", "--json"], timeout=120)
@@ -488,6 +492,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--forge-kmsg", action="store_true",
+                    help="write a forged Xid 79 line to the real /dev/kmsg and show it is ignored (every other tool "
+                         "reading the kernel log on this machine will see it too)")
     ap.add_argument("--extra-path", help="a folder of pure-Python packages the machine lacks (e.g. hostlist.py)")
     ap.add_argument("--profile-hook", metavar="KIND", help=argparse.SUPPRESS)  # internal: see profile_hook
     ap.add_argument("--cold-nvml", action="store_true", help=argparse.SUPPRESS)  # internal: see cold_nvml
@@ -534,7 +541,7 @@ def main() -> int:
     say(f"    scontrol calls by the hooks: {report['scontrol_calls'].strip()[-1500:] or 'none'}")
     report["leftover"] = leftover_on_gpu(root, libexec)
     report["monitor"] = monitor_under_load(root, venv_python, cfgs["this-machine"])
-    report["kernel_log"] = kernel_log(out, venv_python, cfgs["this-machine"])
+    report["kernel_log"] = kernel_log(out, venv_python, cfgs["this-machine"], forge=args.forge_kmsg)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return 0
 

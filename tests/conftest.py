@@ -1,10 +1,14 @@
 """Shared by both suites: every test gets its own gpuguard state and runtime directories (the last good config, the
 verdict journals), so runs never share them through /var/lib/gpuguard or /run/gpuguard, in-process or in a subprocess
-they start; and the order in which pytest-xdist hands the tests out (the longest first)."""
+they start; no test may write the host's kernel log; and the order in which pytest-xdist hands the tests out (the
+longest first)."""
 
 from __future__ import annotations
 
+import builtins
+import io
 import os
+import stat
 from typing import Any
 
 import pytest
@@ -49,6 +53,69 @@ def _no_writes_to_node_wide_dirs() -> Any:
         pytest.fail("this test wrote gpuguard's node-wide directories (a subprocess lost the test's private "
                     f"GPUGUARD_STATE_DIR/GPUGUARD_RUNTIME_DIR, or a config without store.path): {', '.join(touched)}",
                     pytrace=False)
+
+
+# ----------------------------------------------------------------------------------------- the host's kernel log
+# A forged `NVRM: Xid` record written to the real /dev/kmsg is seen by every other health tool on a developer's GPU
+# machine (NHC's check_cmd_dmesg, a DCGM or gpud agent) as a fault that never happened. Tests get their kernel-log
+# records from sources of their own (a kmsg-format file, a FIFO, a stub dmesg/journalctl); an open of the device for
+# writing, by any name, raises in the test process (tests/unit/test_host_kernel_log.py also reads the sources of
+# tests/ and devtools/ for writes a subprocess would do).
+KMSG = "/dev/kmsg"
+KMSG_RDEV = os.makedev(1, 11)  # the kmsg character device, whatever its path
+
+
+class HostKernelLogWrite(PermissionError):
+    pass
+
+
+def is_host_kernel_log(path: Any) -> bool:
+    if isinstance(path, int):
+        return False
+    try:
+        name = os.fsdecode(os.fspath(path))
+    except TypeError:
+        return False
+    if os.path.realpath(name) == KMSG:
+        return True
+    try:
+        st = os.stat(name)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == KMSG_RDEV
+
+
+def _refuse(path: Any) -> None:
+    raise HostKernelLogWrite(f"a test opened the host's kernel log {path!r} for writing: use a kernel-log source of "
+                             "the test's own (a kmsg-format file, a FIFO, a stub dmesg/journalctl)")
+
+
+def _guarded_open(real: Any) -> Any:
+    def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if isinstance(mode, str) and set(mode) & set("wax+") and is_host_kernel_log(file):
+            _refuse(file)
+        return real(file, mode, *args, **kwargs)
+
+    open_.__wrapped__ = real  # type: ignore[attr-defined]
+    return open_
+
+
+def _guarded_os_open(real: Any) -> Any:
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR) and is_host_kernel_log(path):
+            _refuse(path)
+        return real(path, flags, *args, **kwargs)
+
+    os_open.__wrapped__ = real  # type: ignore[attr-defined]
+    return os_open
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In every process that runs tests (each xdist worker loads this file too)."""
+    if not hasattr(builtins.open, "__wrapped__"):
+        builtins.open = io.open = _guarded_open(builtins.open)  # type: ignore[assignment]  # pathlib uses io.open
+    if not hasattr(os.open, "__wrapped__"):
+        os.open = _guarded_os_open(os.open)  # type: ignore[assignment]
 
 
 # ----------------------------------------------------------------------------------------- scheduling
