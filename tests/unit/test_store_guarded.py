@@ -58,6 +58,28 @@ def test_full_disk_is_not_corruption_and_nothing_is_moved(tmp_path):
             assert st.recreated_from is None
 
 
+def test_a_write_the_full_disk_refused_reports_the_full_disk(tmp_path):
+    """SQLite rolls a transaction back by itself when the disk fills up under it: the run's notes and the hook's
+    log name the full disk, never "record_run: cannot rollback - no transaction is active" (issue 27)."""
+    with tiny_tmpfs(tmp_path / "fs") as fs:
+        path = fs / "state.db"
+        guarded = GuardedStore(lambda: Store(str(path)))  # opened while there was room
+        _fill(fs)
+        with Store(str(path)) as st:
+            with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+                _record(st)
+            assert not st.conn.in_transaction
+        assert guarded.record_run(started=1.0, duration_ms=1.0, node="n1", kind="healthcheck", job_id=None,
+                                  profile="p", verdict="pass", action="none", reason=None, exit_code=0, error=None,
+                                  boot_id="b", findings=[Finding("gpu.ecc", Severity.OK, "x" * 200)]) is None
+        assert guarded.errors == ["record_run: database or disk is full"]
+        os.unlink(fs / "filler")
+        with Store(str(path)) as st:  # the store itself is fine once there is room again
+            _record(st)
+            assert len(st.runs(node="n1")) == 1
+        guarded.close()
+
+
 def test_read_only_filesystem_is_not_corruption(tmp_path):
     d = tmp_path / "ro"
     d.mkdir()

@@ -15,6 +15,7 @@ from gpuguard.notify.event import Event, dedupe_key, wanted
 from gpuguard.notify.render import render
 from gpuguard.notify.state import (connect_hooks, connect_user, ensure_trusted_state, local_node, log_warning,
                                    state_path)
+from gpuguard.util.sqltx import rollback_if_active
 
 if TYPE_CHECKING:
     from gpuguard.config.schema import Config
@@ -49,7 +50,7 @@ def _decide(conn: Any, ncfg: NotifyConfig, event: Event, key: str, now: float,
         am_now = amstate.record(conn, event, key, ncfg, now) if am_ids else False
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback_if_active(conn)
         raise
     send = (apprise_ids if d is not None and d.verdict == "send" else []) + (am_ids if am_now else [])
     verdict = "send" if send else (d.verdict if d is not None and d.verdict == "held" else "suppressed")
@@ -129,7 +130,7 @@ def _prepare_flush(conn: Any, ncfg: NotifyConfig, targets: dict[str, delivery.Ta
             keepalive = amstate.due_keepalives(conn, now, ncfg.alertmanager_resend_s)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback_if_active(conn)
         raise
     return delivery.due_rows(conn, now), keepalive
 

@@ -9,6 +9,8 @@ import sqlite3
 import time
 from typing import Any, Optional
 
+from gpuguard.util.sqltx import rollback_if_active
+
 
 class ShippingQueries:
     """The outbox the shipper reads, its watermarks, the healthy-day aggregates, and retention."""
@@ -88,7 +90,7 @@ class ShippingQueries:
                           "AND id NOT IN (SELECT run_id FROM drains WHERE run_id IS NOT NULL)", run_ids)
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            rollback_if_active(c)
             raise
         return {"runs": len(run_ids), "drains": len(drain_ids)}
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from gpuguard.util.sqltx import rollback_if_active
+
 SCHEMA_VERSION = 3
 
 # Upgrades of an existing file, in order: version reached -> statements. A fresh file gets SCHEMA directly.
@@ -91,5 +93,5 @@ def upgrade_schema(conn: sqlite3.Connection) -> None:
             conn.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            rollback_if_active(conn)
             raise

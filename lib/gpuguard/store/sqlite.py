@@ -30,6 +30,7 @@ from gpuguard.model import Finding
 from gpuguard.store.corruption import StoreUnavailable, is_corruption
 from gpuguard.store.queries import ShippingQueries, StatusQueries
 from gpuguard.store.schema import upgrade_schema
+from gpuguard.util.sqltx import rollback_if_active
 
 
 class Store(ShippingQueries, StatusQueries):
@@ -102,7 +103,7 @@ class Store(ShippingQueries, StatusQueries):
                   json.dumps(f.evidence, default=str)) for f in findings])
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            rollback_if_active(c)
             raise
         return run_id
 
@@ -303,7 +304,7 @@ class Store(ShippingQueries, StatusQueries):
             try:
                 yield self
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                rollback_if_active(self.conn)
                 raise
             self.conn.execute("COMMIT")
 
