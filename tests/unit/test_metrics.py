@@ -154,7 +154,8 @@ def test_every_hook_run_writes_one_node_file_that_promtool_accepts(tmp_path):
     assert value(m, "gpuguard_run_verdict", kind="prolog", verdict="pass") == 0
     assert value(m, "gpuguard_run_exit_code", node="node2", kind="prolog") == 1
     assert value(m, "gpuguard_run_exit_code", node="node2", kind="healthcheck") == 0
-    assert value(m, "gpuguard_run_verdict", kind="epilog", verdict="pass") == 1
+    # the epilog found nothing but refused (exit 1): the node's condition stands (issue 27)
+    assert value(m, "gpuguard_run_verdict", kind="epilog", verdict="refused") == 1
     assert {lab["kind"] for lab, _ in m["gpuguard_run_last_timestamp_seconds"]} == {"prolog", "healthcheck",
                                                                                     "epilog"}
     assert value(m, "gpuguard_check_severity", kind="prolog", check="gpu.xid") == 3
@@ -182,6 +183,23 @@ def test_every_hook_run_writes_one_node_file_that_promtool_accepts(tmp_path):
     uuids = {lab["uuid"] for lab, _ in m["gpuguard_gpu_info"]}
     assert len(uuids) == 8 and all(lab["pci_bus_id"].startswith("0000:") for lab, _ in m["gpuguard_gpu_info"])
     assert not any("job_id" in lab or "job" in lab for series in m.values() for lab, _ in series)
+
+
+def test_a_prolog_that_refuses_its_job_says_refused_not_pass(tmp_path):
+    """The second prolog on a node with a standing condition finds nothing new (the Xid is behind the kernel-log
+    position) but refuses its job (exit 1): its verdict series says `refused`, never `pass` (issue 27)."""
+    cfg = make_cfg(tmp_path, str(tmp_path / "prom"))
+    slurm = MemorySlurm()
+    assert run(cfg, "prolog", "xid79", slurm, job="77").verdict.outcome == "drain"
+    second = run(cfg, "prolog", "healthy-p5", slurm, job="78")  # nothing cleared the condition
+    assert second.exit_code == 1 and second.refused and second.verdict.outcome == "pass"
+    m = read_metrics(tmp_path / "prom" / "gpuguard_node.prom")
+    assert value(m, "gpuguard_run_verdict", kind="prolog", verdict="refused") == 1
+    assert value(m, "gpuguard_run_verdict", kind="prolog", verdict="pass") == 0
+    assert value(m, "gpuguard_run_exit_code", kind="prolog") == 1
+    assert value(m, "gpuguard_runs_total", kind="prolog", verdict="refused") == 1
+    assert value(m, "gpuguard_runs_total", kind="prolog", verdict="pass") == 0
+    promtool_check_metrics(tmp_path / "prom" / "gpuguard_node.prom")
 
 
 def test_counters_start_at_zero_so_increase_sees_the_first_drain(tmp_path):

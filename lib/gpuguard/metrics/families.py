@@ -86,7 +86,8 @@ def _drain_state(fam: NewFamily, drain: DrainState, node: str) -> None:
 def _last_runs(fam: NewFamily, st: dict[str, Any], node: str) -> None:
     """The last run of each kind: verdict, start, duration, exit code, check severities, probe timings."""
     verdict = fam("gpuguard_run_verdict", "gauge",
-                  "1 for the verdict of the last run of this kind (pass, warn, drain, error), 0 for the others")
+                  "1 for the verdict of the last run of this kind (pass, warn, drain, error; refused: a prolog or "
+                  "epilog that refused its job for a standing condition or a pending drain), 0 for the others")
     last = fam("gpuguard_run_last_timestamp_seconds", "gauge", "When the last run of this kind started")
     dur = fam("gpuguard_run_duration_seconds", "gauge", "Wall time of the last run of this kind")
     code = fam("gpuguard_run_exit_code", "gauge",

@@ -10,7 +10,8 @@ if TYPE_CHECKING:
     from gpuguard.model import RunResult
 
 SEVERITY_VALUE = {"ok": 0, "skip": 0, "warn": 1, "incomplete": 2, "fail": 3}
-VERDICTS = ("pass", "warn", "drain", "error")
+VERDICTS = ("pass", "warn", "drain", "error", "refused")  # refused: a prolog/epilog that refused its job for a
+# standing condition or a pending drain while its own checks passed (exit 1)
 HOOK_KINDS = ("prolog", "epilog", "healthcheck")  # their run counters exist from the first run on, at 0
 XID_SEVERITIES = ("fatal", "app", "warn", "info")  # the catalog's classes (an unknown code resolves to fatal)
 # drain operations a rule counts: present from the first run, at 0
@@ -101,11 +102,12 @@ def update_state(state: dict[str, Any], result: "RunResult", xid_severity: Calla
         status = getattr(getattr(result.observations, name, None), "status", None)
         if status is not None:
             probes[name] = [round(float(status.duration_s), 6), bool(status.complete)]
+    verdict = "refused" if getattr(result, "refused", False) else result.verdict.outcome
     st["runs"] = {**st["runs"], ctx.kind: {
-        "started": result.started, "duration_s": result.duration_s, "verdict": result.verdict.outcome,
+        "started": result.started, "duration_s": result.duration_s, "verdict": verdict,
         "exit_code": result.exit_code, "checks": worst, "probes": probes,
         "store_ok": not getattr(result, "store_errors", None)}}
-    key = f"{ctx.kind}|{result.verdict.outcome}"
+    key = f"{ctx.kind}|{verdict}"
     st["runs_total"] = {**st["runs_total"], key: st["runs_total"].get(key, 0) + 1}
     # gpuguard's own health as of this run: drains Slurm has not taken yet, the config's state
     st["pending"] = [[p.op, p.created] for p in getattr(result, "pending", [])]
