@@ -134,14 +134,17 @@ def test_a_prolog_drain_reaches_alertmanager_and_the_health_check_ends_it(site, 
         am.stop()
 
 
-def test_a_drain_page_the_prolog_could_not_finish_is_delivered_after_it_exits(site):
+def test_a_drain_page_the_prolog_could_not_finish_is_delivered_after_it_exits_exactly_once(site):
     """A receiver slower than the hook's 2 s notification budget (or a node too busy to import apprise in that
-    time): the prolog exits on time, and the page it had not finished leaves from a process of its own within
-    seconds, instead of waiting in the spool for the next health check (none runs here)."""
+    time): the prolog exits on time, and its page leaves from a process of its own within seconds, instead of
+    waiting in the spool for the next health check (none runs here). Exactly once, to the webhook and to
+    Alertmanager's API (issue 27: the page arrived twice, the alert two to four times: the hand-off re-sent what
+    the hook's thread had sent)."""
     slow = WebhookServer()
-    slow.delay_s = 4.0  # every answer: the prolog's delivery thread never gets one before its budget is spent
+    slow.delay_s = 4.0  # every answer: longer than the hook's whole notification budget
     try:
-        site.write_config({"notify": {"urls": [slow.url("/slow")]}})
+        site.write_config({"notify": {"urls": [slow.url("/slow")],
+                                      "alertmanager_urls": [f"http://127.0.0.1:{slow.port}/am"]}})
         site.set_scenario("node1", "ecc-dbe")
         t0 = time.monotonic()
         p = site.run_hook("prolog", "node1", SLURM_JOB_ID="4711", SLURM_JOB_GPUS="0,1,2,3,4,5,6,7")
@@ -149,16 +152,45 @@ def test_a_drain_page_the_prolog_could_not_finish_is_delivered_after_it_exits(si
         assert p.returncode == 1 and "drain=done" in p.stderr, p.stderr
         assert took < 4.0, took  # it did not wait for the receiver
         end = time.monotonic() + 30
-        while time.monotonic() < end and not site.log_lines("a hook had left to its delivery thread"):
+        while time.monotonic() < end and not site.log_lines("message(s) a hook had spooled"):
             time.sleep(0.2)
+        time.sleep(slow.delay_s + 1.0)  # a second copy of anything would have arrived by now
         with sqlite3.connect(site.workdir / "state" / "node1.db") as db:
             spool = db.execute("SELECT kind, status FROM notify_spool WHERE node='node1'").fetchall()
         assert spool == [("drain", "sent")], (spool, site.log_lines("node1"))
-        assert any("DRAINED node1" in r["body"]["title"] for r in slow.requests)
+        assert [r["body"]["title"] for r in slow.requests if r["path"] == "/slow"] == [
+            "gpuguard: DRAINED node1 gpu.xid"], slow.requests
+        alerts = [a for r in slow.requests if r["path"] == "/am/api/v2/alerts" for a in r["body"]]
+        assert [(a["labels"]["alertname"], a["labels"]["node"]) for a in alerts] == [("GpuguardDrain", "node1")]
     finally:
         slow.close()
         site.set_scenario("node1", "healthy-p5")
         site.cluster.resume("node1", wait=False)
+
+
+def test_a_drain_the_health_check_could_not_apply_pages_once_while_pending(site, hook):
+    """slurmctld stopped: the health check's drain waits in the journal, and a human hears it now, once, however
+    many health checks run while it is pending; when slurmctld is back the drain is applied and says so."""
+    site.write_config({"notify": {"urls": [hook.url("/pending")]}, "deadlines": {"scontrol_s": 2.0}})
+    site.set_scenario("node2", "healthy-p5")
+    assert site.run_hook("healthcheck", "node2").returncode == 0
+    before = len(hook.requests)
+    site.set_scenario("node2", "xid79")
+    site.cluster.stop_controller()
+    try:
+        for _ in range(2):
+            assert site.run_hook("healthcheck", "node2").returncode == 0
+        got = pages(hook, "DRAIN PENDING node2", 1)
+        time.sleep(2.0)
+        new = [r["body"]["title"] for r in hook.requests[before:]]
+        assert new == ["gpuguard: DRAIN PENDING node2 gpu.xid"], (new, site.log_lines("node2"))
+        assert "jobs are refused until it is applied" in got[0]["message"]
+    finally:
+        site.cluster.start_controller()
+    assert site.run_hook("healthcheck", "node2").returncode == 0
+    assert "DRAIN" in site.cluster.node_info("node2")["State"]
+    assert pages(hook, "DRAINED node2", 1)
+    site.set_scenario("node2", "healthy-p5")
 
 
 def pages_at(hook, path: str, pred, timeout: float = 30.0) -> list[dict]:

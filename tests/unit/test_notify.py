@@ -256,3 +256,63 @@ def test_the_node_agent_preloads_apprise_before_it_forks():
             "print(sum(m.startswith('apprise.plugins.') for m in sys.modules))")
     p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and int(p.stdout) > 100, p.stdout + p.stderr
+
+
+# --------------------------------------------------------------------------- each message leaves once (issue 27)
+
+
+def _spool_db(tmp_path, node="node7"):
+    return sqlite3.connect(tmp_path / "state" / f"{node}.db")
+
+
+def test_a_hook_only_spools_and_one_flush_sends_it_once_however_many_run_at_once(tmp_path, hook):
+    """A hook spools (its process ends right after it: a thread cut off mid-request would be sent again by the
+    next flush). Four flushes at once (hand-offs of two hooks, the health check's, the watch daemon's) against a
+    receiver that takes a second to answer: the page arrives once."""
+    cfg = make_cfg(tmp_path, urls=[hook.url("/pages")])
+    cfg.node = replace(cfg.node, name="node7")
+    assert emit(cfg, xid_drain(), defer=True) == "spooled"
+    time.sleep(0.3)
+    assert hook.requests == []  # nothing left the hook's process
+    hook.delay_s = 1.0
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        sent = list(pool.map(lambda _: flush(cfg, budget_s=5), range(4)))
+    time.sleep(1.5)  # anything sent twice would have arrived by now
+    assert sorted(sent) == [0, 0, 0, 1] and len(hook.requests) == 1, (sent, hook.requests)
+    assert spool_rows(tmp_path, "node7")[0][:2] == ("sent", 1)
+    assert flush(cfg) == 0 and len(hook.requests) == 1
+
+
+def test_a_worker_lost_mid_message_is_taken_over_for_the_targets_it_had_not_reached(tmp_path, hook):
+    """A delivery process killed between two receivers: its claim dies with it. The next flush sends to the
+    receiver it had not reached, and not again to the one it had."""
+    cfg = make_cfg(tmp_path, urls=[hook.url("/first"), hook.url("/second")])
+    cfg.node = replace(cfg.node, name="node7")
+    assert emit(cfg, xid_drain(), defer=True) == "spooled"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    from gpuguard.notify.claim import process_identity
+    from gpuguard.notify.delivery import url_id
+
+    boot = process_identity().split(":")[0]
+    with _spool_db(tmp_path) as db:  # what that process had done: claimed the row, reached /first
+        db.execute("UPDATE notify_spool SET claimed_by=?, claimed_at=?, targets=?",
+                   (f"{boot}:{gone.stdout.strip()}:12345/cafe", time.time(), json.dumps([url_id(hook.url("/second"))])))
+    assert flush(cfg) == 1
+    assert [r["path"] for r in hook.wait_for(1)] == ["/second"]
+    assert spool_rows(tmp_path, "node7")[0][0] == "sent"
+
+
+def test_a_live_workers_claim_is_respected_until_its_lease_ends(tmp_path, hook):
+    cfg = make_cfg(tmp_path, urls=[hook.url("/pages")])
+    cfg.node = replace(cfg.node, name="node7")
+    t0 = time.time()
+    assert emit(cfg, xid_drain(), defer=True, now=t0) == "spooled"
+    from gpuguard.notify.claim import LEASE_S, new_token
+
+    with _spool_db(tmp_path) as db:  # this process (alive) is sending it
+        db.execute("UPDATE notify_spool SET claimed_by=?, claimed_at=?", (new_token(), t0))
+    assert flush(cfg, now=t0 + 10) == 0 and hook.requests == []
+    assert flush(cfg, now=t0 + LEASE_S + 1) == 1  # stuck past every timeout: taken over
+    assert len(hook.wait_for(1)) == 1

@@ -421,3 +421,22 @@ def test_alertmanager_gets_every_alert_while_the_apprise_rate_limit_holds_messag
     finally:
         api.close()
         hook.close()
+
+
+def test_a_spooled_alert_is_posted_once_not_again_as_its_own_keep_alive(tmp_path):
+    """A hook spools its drain's alert; the hand-off's flush posts it with the message, and does not post it a
+    second time as a keep-alive of an alert that was never posted (issue 27: the alert arrived 2-4 times)."""
+    api = WebhookServer()
+    try:
+        cfg = make_cfg(tmp_path, [f"http://127.0.0.1:{api.port}"])
+        cfg.node = replace(cfg.node, name="node7")
+        now = time.time()
+        assert emit(cfg, drain("node7"), now=now, defer=True) == "spooled"
+        assert posts(api) == []
+        with ThreadPoolExecutor(3) as pool:  # the hand-offs of two hooks and the health check's, side by side
+            assert sorted(pool.map(lambda _: flush(cfg, now=now + 1), range(3))) == [0, 0, 1]
+        time.sleep(0.5)
+        assert len(posts(api)) == 1 and [a["labels"]["node"] for a in posts(api)[0]] == ["node7"]
+        assert flush(cfg, now=now + 2) == 0 and len(posts(api)) == 1  # posted: not due for a keep-alive yet
+    finally:
+        api.close()

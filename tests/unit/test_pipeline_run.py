@@ -4,6 +4,7 @@ nodes. The same behaviours on the real cluster: tests/integration/test_own_fault
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import yaml
@@ -186,3 +187,25 @@ def test_a_run_reads_one_clock(tmp_path):
     assert [a["outcome"] for a in later.applied] == ["done"] and later.started == t0 + 3600
     with Store(str(tmp_path / "state" / "n1.db")) as st:
         assert {r["started"] for r in st.runs("n1")} == {t0, t0 + 60, t0 + 3600}
+
+
+def test_a_drain_the_health_check_could_not_apply_is_paged_once_while_it_is_pending(tmp_path, hook):
+    """slurmctld unreachable: the health check's drain waits in the journal (prologs refuse jobs meanwhile). A
+    human hears it now, once, not only when slurmctld is back (issue 27)."""
+    cfg = make_cfg(tmp_path, notify={"urls": [hook.url("/pages")]})
+    slurm = FlakySlurm()
+    run_sim(ctx("healthcheck"), cfg, scenario(tmp_path), slurm_client=slurm)
+    slurm.down = True
+    first = run_sim(ctx("healthcheck"), cfg, scenario(tmp_path, XID119), slurm_client=slurm)
+    assert first.drain["outcome"] == "failed" and first.pending
+    second = run_sim(ctx("healthcheck"), cfg, scenario(tmp_path, XID119), slurm_client=slurm)
+    assert second.pending  # still pending
+    pages = [r["body"] for r in hook.wait_for(1)]
+    time.sleep(0.5)
+    titles = [r["body"]["title"] for r in hook.requests]
+    assert titles == ["gpuguard: DRAIN PENDING n1 gpu.xid"], titles
+    assert "XID119" in pages[0]["message"] and "jobs are refused until it is applied" in pages[0]["message"]
+    slurm.down = False
+    run_sim(ctx("healthcheck"), cfg, scenario(tmp_path, XID119), slurm_client=slurm)
+    assert "XID119" in slurm.reason
+    assert len(hook.wait_for(2)) == 2 and hook.requests[1]["body"]["title"] == "gpuguard: DRAINED n1 gpu.xid"

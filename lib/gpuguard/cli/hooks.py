@@ -113,15 +113,15 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     deadline counts from there). `report(code, ends_s, final)`: told the exit code the hook would end with if it
     were stopped now, whenever that changes, when the run ends at the latest (seconds from `started`) and whether
     the code is the verdict (the node agent's client, gpuguard.agent). `exit_process`: how the watchdog
-    ends the process. `via`: who runs it, for the log line (`agent`). The caller exits right after: notifications
-    still being delivered then are handed to a process of their own (gpuguard.notify.handoff)."""
+    ends the process. `via`: who runs it, for the log line (`agent`). The caller exits right after: the
+    notifications the run spooled are delivered by a process of their own (gpuguard.notify.handoff)."""
     ctx = context_from_env(kind, os.environ)
     if os.geteuid() != 0 and simulate is None:
         return _not_root(kind, ctx.node)
     code = _run(kind, ctx, config_path, simulate, started, report, exit_process, via)
     delivery = sys.modules.get("gpuguard.notify.delivery")  # not imported: this run notified nobody
-    if delivery is not None and delivery.unfinished():
-        from gpuguard.notify.handoff import hand_off  # cold path: a page that missed the hook's budget
+    if delivery is not None and delivery.handoff_wanted():
+        from gpuguard.notify.handoff import hand_off  # cold path: this run has something to tell
 
         hand_off(config_path, ctx.node)
     return code
@@ -238,7 +238,7 @@ def _internal_error(cfg: Any, ctx: Any, kind: str, e: Exception, log: Any, open_
         emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
                         message=f"gpuguard {kind} crashed ({type(e).__name__}: {e}); "
                                 + ("node NOT drained (policy open)" if open_policy else "draining (policy closed)"),
-                        action="see the gpuguard log on the node; report the bug"), budget_s=2.0)
+                        action="see the gpuguard log on the node; report the bug"), budget_s=2.0, defer=True)
     except Exception:  # noqa: BLE001
         pass
     if state.get("verdict"):
@@ -258,7 +258,7 @@ def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> Non
         emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
                         check_id="store", message=f"gpuguard {kind}: history store unusable: {errors[0][:300]}",
                         action="free space / fix permissions on the store's filesystem "
-                               "(store.path); the verdict was still applied"), budget_s=1.0)
+                               "(store.path); the verdict was still applied"), budget_s=1.0, defer=True)
     except Exception:  # noqa: BLE001 - the log line is the primary record
         pass
 

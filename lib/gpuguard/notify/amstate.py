@@ -98,11 +98,24 @@ def payload(conn: Any, keys: list[str], now: float, ttl: float) -> list[dict[str
     return out
 
 
-def due_keepalives(conn: Any, now: float, resend_s: float) -> list[str]:
-    """Keys of firing alerts whose last complete post is older than `resend_s` (or that never got one)."""
-    return [k for (k,) in conn.execute(
-        "SELECT key FROM notify_am_alerts WHERE ends_at IS NULL AND (last_posted IS NULL OR last_posted <= ?) "
-        "ORDER BY starts_at LIMIT 500", (now - resend_s,))]
+def take_keepalives(conn: Any, now: float, resend_s: float) -> dict[str, Optional[float]]:
+    """The firing alerts whose last complete post is older than `resend_s` (or that never got one), taken for one
+    keep-alive post: {key: its last post before}. Taken means their last post reads `now` already, so that a flush
+    running beside this one does not post them too; `return_keepalives` gives back what could not be posted. An
+    alert whose own spooled message is still pending is left to that message. The caller holds a transaction."""
+    due = {k: last for k, last in conn.execute(
+        "SELECT key, last_posted FROM notify_am_alerts WHERE ends_at IS NULL "
+        "AND (last_posted IS NULL OR last_posted <= ?) AND key NOT IN "
+        "(SELECT dedup_key FROM notify_spool WHERE status='pending' AND dedup_key IS NOT NULL) "
+        "ORDER BY starts_at LIMIT 500", (now - resend_s,))}
+    mark_posted(conn, list(due), now)
+    return due
+
+
+def return_keepalives(conn: Any, keys: list[str], taken: dict[str, Optional[float]], now: float) -> None:
+    """A keep-alive post failed: the alerts are due again (unless something posted them since)."""
+    conn.executemany("UPDATE notify_am_alerts SET last_posted=? WHERE key=? AND last_posted=?",
+                     [(taken.get(k), k, now) for k in keys])
 
 
 def mark_posted(conn: Any, keys: list[str], now: float) -> None:

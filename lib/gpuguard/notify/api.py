@@ -58,12 +58,14 @@ def _decide(conn: Any, ncfg: NotifyConfig, event: Event, key: str, now: float,
 
 
 def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optional[str] = None,
-         now: Optional[float] = None) -> str:
+         now: Optional[float] = None, defer: bool = False) -> str:
     """Send `event` (or fold it into its episode / a digest / the spool). Returns "sent" | "suppressed" |
     "spooled" | "disabled" | "failed" (the state could not be used and direct delivery failed too).
     `now`: the caller's clock (default: the event's own time). `state_path`: a caller with its own state (the
     monitor, as the job's user; see user_state_path). A state that cannot be used (untrusted, full disk,
-    read-only, locked) never silences a message: it is then delivered directly, without de-duplication."""
+    read-only, locked) never silences a message: it is then delivered directly, without de-duplication.
+    `defer`: a hook (its process ends right after it): the message is spooled and a process of its own delivers it
+    once the hook has exited (gpuguard.notify.handoff), so that nothing is cut off mid-request and sent again."""
     start = time.monotonic()
     now = event.ts if now is None else now
     ncfg = enabled(cfg)
@@ -98,7 +100,7 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
             conn.close()
         row = delivery.Row(row_id, title, body, event.severity, send, key, "resolved" if event.resolved else "firing")
         job = delivery.Job(path, [row], targets, now, ncfg.timeout_s, ttl, [])
-        done = delivery.deliver(job, budget_s - (time.monotonic() - start))
+        done = delivery.deliver(job, budget_s - (time.monotonic() - start), defer=defer)
         return "sent" if done.get(row_id) else "spooled"
     except Exception as e:  # noqa: BLE001 - notifying must never break a prolog
         log_warning(f"emit {event.kind} {event.node}: {type(e).__name__}: {e}")
@@ -112,7 +114,7 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
 
 
 def _prepare_flush(conn: Any, ncfg: NotifyConfig, targets: dict[str, delivery.Target],
-                   now: float) -> tuple[list[delivery.Row], list[str]]:
+                   now: float) -> tuple[list[delivery.Row], dict[str, Optional[float]]]:
     conn.execute("UPDATE notify_spool SET status='expired' WHERE status IN ('pending','held') AND created < ?",
                  (now - ncfg.spool_max_age_h * 3600,))
     apprise_ids = [i for i, t in targets.items() if t.kind == "apprise"]
@@ -124,10 +126,10 @@ def _prepare_flush(conn: Any, ncfg: NotifyConfig, targets: dict[str, delivery.Ta
             delivery.spool(conn, None, title, body, apprise_ids, "pending", now, severity,
                            key=gate.digest_key(ncfg, now), state=state)
             conn.execute(f"UPDATE notify_spool SET status='digested' WHERE id IN ({','.join('?' * len(ids))})", ids)
-        keepalive: list[str] = []
+        keepalive: dict[str, Optional[float]] = {}
         if ncfg.alertmanager_urls:
             amstate.forget_old(conn, now, ncfg.spool_max_age_h * 3600)
-            keepalive = amstate.due_keepalives(conn, now, ncfg.alertmanager_resend_s)
+            keepalive = amstate.take_keepalives(conn, now, ncfg.alertmanager_resend_s)
         conn.execute("COMMIT")
     except BaseException:
         rollback_if_active(conn)
@@ -136,10 +138,11 @@ def _prepare_flush(conn: Any, ncfg: NotifyConfig, targets: dict[str, delivery.Ta
 
 
 def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None,
-          now: Optional[float] = None, node: Optional[str] = None) -> int:
+          now: Optional[float] = None, node: Optional[str] = None, defer: bool = False) -> int:
     """Retry spooled messages, send the digest of rate-limited ones, keep firing Alertmanager alerts alive.
     Returns how many spooled messages were delivered within `budget_s`. Never raises. `node`: whose hooks' state
-    (default: this node's)."""
+    (default: this node's). `defer`: a hook, whose process ends right after it: deliver nothing from here, leave it
+    to the hand-off process (gpuguard.notify.handoff)."""
     try:
         ncfg = enabled(cfg)
         if ncfg is None:
@@ -155,8 +158,8 @@ def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None
             rows, keepalive = _prepare_flush(conn, ncfg, targets, now)
         finally:
             conn.close()
-        job = delivery.Job(path, rows, targets, now, ncfg.timeout_s, ttl_s(cfg), keepalive)
-        done = delivery.deliver(job, budget_s - (time.monotonic() - start))
+        job = delivery.Job(path, rows, targets, now, ncfg.timeout_s, ttl_s(cfg), list(keepalive), keepalive)
+        done = delivery.deliver(job, budget_s - (time.monotonic() - start), defer=defer)
         return sum(1 for ok in done.values() if ok)
     except Exception as e:  # noqa: BLE001
         log_warning(f"flush: {type(e).__name__}: {e}")

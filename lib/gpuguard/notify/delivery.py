@@ -8,10 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from gpuguard.notify import amstate
+from gpuguard.notify import amstate, claim
 from gpuguard.notify.alertmanager import PostError, post_alerts
 from gpuguard.notify.apprise_target import send_apprise
 from gpuguard.notify.config import NotifyConfig
@@ -79,6 +79,8 @@ class Job:
     timeout_s: float
     ttl_s: float
     keepalive: list[str]
+    taken: dict[str, Optional[float]] = field(default_factory=dict)  # keep-alives taken: their last post before
+    token: str = field(default_factory=claim.new_token)  # this job's claims on spool rows
 
 
 def _post(conn: Any, url: str, keys: list[str], job: Job) -> tuple[bool, Optional[str]]:
@@ -92,11 +94,17 @@ def _post(conn: Any, url: str, keys: list[str], job: Job) -> tuple[bool, Optiona
     return True, None
 
 
-def _deliver_row(conn: Any, row: Row, job: Job) -> bool:
-    left, errors, am_ok = [], [], True
-    for tid in row.targets:
+def _deliver_row(conn: Any, row: Row, job: Job) -> Optional[bool]:
+    """Deliver one spooled row under a claim (gpuguard.notify.claim). None: another worker has it, or it is no
+    longer pending; else whether every target took it."""
+    owed = claim.claim(conn, row.id, job.token, job.now)
+    if owed is None:
+        return None
+    left, errors, am_ok = list(owed), [], True
+    for tid in owed:
         t = job.targets.get(tid)
         if t is None:
+            left.remove(tid)
             continue  # that URL was removed from the config: nobody to deliver to
         if t.kind == "apprise":
             ok, err = send_apprise(t.url, row.title, row.body, row.severity, row.key, row.state, job.timeout_s)
@@ -107,19 +115,13 @@ def _deliver_row(conn: Any, row: Row, job: Job) -> bool:
             errors.append(f"#{tid}: {scrub(err, [t.url])}")
             if ok:  # permanent (a wrong URL, refused credentials): not retried, so say it now
                 log_warning(f"not retried: {errors[-1]}")
-        if not ok:
-            left.append(tid)
-    if am_ok and row.key and any(job.targets.get(t, Target("", "")).kind == "alertmanager" for t in row.targets):
+        if ok:
+            left.remove(tid)
+            claim.reached(conn, row.id, job.token, left)
+    if am_ok and row.key and any(job.targets.get(t, Target("", "")).kind == "alertmanager" for t in owed):
         amstate.mark_posted(conn, [row.key], job.now)
-    error = "; ".join(errors)[:500] or None
-    if left:
-        conn.execute("UPDATE notify_spool SET targets=?, attempts=attempts+1, last_error=?, "
-                     "next_try=? + MIN(3600, 30 * (1 << MIN(attempts, 7))) WHERE id=?",
-                     (json.dumps(left), error, job.now, row.id))
-        return False
-    conn.execute("UPDATE notify_spool SET status='sent', targets='[]', attempts=attempts+1, last_error=? "
-                 "WHERE id=?", (error, row.id))
-    return True
+    claim.finish(conn, row.id, job.token, left, "; ".join(errors)[:500] or None, job.now)
+    return not left
 
 
 def _keepalive(conn: Any, job: Job) -> None:
@@ -129,15 +131,18 @@ def _keepalive(conn: Any, job: Job) -> None:
     results = [_post(conn, t.url, job.keepalive, job) for t in ams]
     if all(ok and not err for ok, err in results):
         amstate.mark_posted(conn, job.keepalive, job.now)
+    else:  # the flush took these keep-alives (amstate.take_keepalives): give them back for the next one
+        amstate.return_keepalives(conn, job.keepalive, job.taken, job.now)
     for t, (_, err) in zip(ams, results):
         if err:
             log_warning(f"keeping {len(job.keepalive)} alert(s) alive: {scrub(err, [t.url])}")
 
 
-# Spooled rows whose delivery was still under way when its caller's budget ran out, in this process. A process
-# that exits (a hook) ends that worker thread with it: gpuguard.notify.handoff passes them to a process of their own.
-_UNFINISHED: set[int] = set()
-_UNFINISHED_LOCK = threading.Lock()
+# A hook's process ends right after the hook: a delivery thread would die with it, possibly in the middle of a
+# request its receiver already has (which the next flush would then send again). Hooks therefore only spool
+# (`deliver(..., defer=True)`) and gpuguard.notify.handoff delivers in a process of its own that outlives the hook.
+_DEFERRED: list[bool] = []
+_DEFERRED_LOCK = threading.Lock()
 
 
 def _work(job: Job, done: dict[int, bool]) -> None:
@@ -148,9 +153,8 @@ def _work(job: Job, done: dict[int, bool]) -> None:
     try:
         for row in job.rows:
             ok = _deliver_row(conn, row, job)
-            with _UNFINISHED_LOCK:
+            if ok is not None:
                 done[row.id] = ok
-                _UNFINISHED.discard(row.id)
         _keepalive(conn, job)
     except Exception as e:  # noqa: BLE001 - a daemon thread's exception would only reach stderr
         log_warning(f"delivery: {type(e).__name__}: {e}")
@@ -158,26 +162,27 @@ def _work(job: Job, done: dict[int, bool]) -> None:
         conn.close()
 
 
-def deliver(job: Job, budget_s: float) -> dict[int, bool]:
+def deliver(job: Job, budget_s: float, defer: bool = False) -> dict[int, bool]:
     """Run `job` in a worker thread for at most `budget_s`; {row id: delivered} of what finished by then. The rest
-    goes on in the worker thread while this process lives (recorded in the spool as it goes); `unfinished()`
-    names it."""
+    goes on in the worker thread while this process lives (recorded in the spool as it goes). `defer` (a hook):
+    nothing is sent from this process; `handoff_wanted()` then says a hand-off process must deliver."""
     done: dict[int, bool] = {}
     if not job.rows and not job.keepalive:
+        return done
+    if defer:
+        with _DEFERRED_LOCK:
+            _DEFERRED.append(True)
         return done
     t = threading.Thread(target=_work, args=(job, done), name="gpuguard-notify", daemon=True)
     t.start()
     t.join(max(0.0, budget_s))
-    with _UNFINISHED_LOCK:
-        if t.is_alive():
-            _UNFINISHED.update(r.id for r in job.rows if r.id not in done)
-        return dict(done)
+    return dict(done)
 
 
-def unfinished() -> list[int]:
-    """The spool rows this process left to a worker thread still running past its budget."""
-    with _UNFINISHED_LOCK:
-        return sorted(_UNFINISHED)
+def handoff_wanted() -> bool:
+    """Whether this process left spooled messages (or keep-alives) for a hand-off process to deliver."""
+    with _DEFERRED_LOCK:
+        return bool(_DEFERRED)
 
 
 def deliver_direct(ncfg: NotifyConfig, event: Event, title: str, body: str, key: str, now: float, ttl: float,

@@ -1,13 +1,13 @@
-"""A hook's notifications outlive the hook: what its delivery thread had not finished when the hook's budget ran
-out is delivered by a process of its own, instead of waiting in the spool for the next health check.
+"""A hook's notifications are delivered by a process of their own, after the hook.
 
-A hook gives notifications at most 2 s (`pipeline.tell`). On a node whose CPUs a job keeps busy, importing apprise
-alone can take that long, and a hook process that exits ends its delivery thread with it: the drain's page then
-waited for the next flush (the health check, every HealthCheckInterval). `hand_off` starts
-`python -I -m gpuguard.notify.handoff` in a session of its own (slurmd does not wait for it, and no kill of the
-hook's process group reaches it); it flushes that node's spool within `BUDGET_S` and exits. A message the hook's
-thread was sending at the moment the hook exited may arrive twice: a duplicate page is better than a late one,
-and every receiver gets the same dedupe key for both.
+A hook's process exits as soon as the hook is done (slurmd waits for it); a delivery thread in it would die with
+it, possibly in the middle of a request the receiver had already taken, which the next flush would then send
+again (a drain paged twice, its Alertmanager alert posted two to four times). So a hook only spools what it has to
+tell (`emit(..., defer=True)`, `flush(..., defer=True)`: gpuguard.pipeline.tell) and `hand_off`, as the hook
+ends, starts `python -I -m gpuguard.notify.handoff` in a session of its own (slurmd does not wait for it, and no
+kill of the hook's process group reaches it). It flushes that node's spool within `BUDGET_S` and exits. Every row
+it sends is claimed first (gpuguard.notify.claim): a hand-off of another hook, the health check's and the watch
+daemon's never send the same message, and each message leaves once.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from typing import Optional, Sequence
 
 from gpuguard.config.lastgood import load_guarded
 from gpuguard.notify.api import flush
-from gpuguard.notify.delivery import unfinished
+from gpuguard.notify.delivery import handoff_wanted
 from gpuguard.util.log import HookLog
 
 BUDGET_S = 30.0  # the flush's own budget; the process ends a few seconds after it whatever hangs
 
 
 def hand_off(config_path: Optional[str], node: str) -> bool:
-    """Start the delivery process when this process leaves spooled messages undelivered. Never raises."""
-    if not unfinished():
+    """Start the delivery process when this process left spooled messages to it. Never raises."""
+    if not handoff_wanted():
         return False
     argv = [sys.executable, "-I", "-m", "gpuguard.notify.handoff", "--node", node]
     if config_path:
@@ -55,7 +55,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_guarded(opts.get("--config"))
     sent = flush(cfg, budget_s=BUDGET_S, node=node)
     log = HookLog(cfg.logging.syslog, cfg.logging.file, cfg.logging.level, stderr=False)
-    log.info(f"notify on {node}: delivered {sent} message(s) a hook had left to its delivery thread")
+    log.info(f"notify on {node}: delivered {sent} message(s) a hook had spooled")
     return 0
 
 

@@ -71,6 +71,8 @@ def action_text(event: Event) -> str:
 
 def title_of(event: Event, prefix: str = "gpuguard") -> str:
     what = TITLES.get(event.kind, event.kind)
+    if event.kind == "drain" and (event.evidence or {}).get("drain") == "pending":
+        what = "DRAIN PENDING"  # decided, Slurm has not taken it yet (slurmctld unreachable)
     return f"{prefix}: {'RESOLVED ' if event.resolved else ''}{what} {event.node}" + \
         (f" {event.check_id}" if event.check_id else "")
 

@@ -55,7 +55,8 @@ CREATE TABLE IF NOT EXISTS notify_am_alerts (
 ADDED_COLUMNS = {
     "notify_keys": (("opened", "REAL"), ("last_seen", "REAL"), ("is_open", "INTEGER"),
                     ("announced", "INTEGER NOT NULL DEFAULT 0")),
-    "notify_spool": (("dedup_key", "TEXT"), ("state", "TEXT")),
+    "notify_spool": (("dedup_key", "TEXT"), ("state", "TEXT"),
+                     ("claimed_by", "TEXT"), ("claimed_at", "REAL")),  # gpuguard.notify.claim
 }
 
 

@@ -342,7 +342,7 @@ class Run:
         if self.journal.error:
             result.notes.append(self.journal.error)
         if not self.dry_run:
-            tell_humans(self.cfg, result, self.budget)
+            tell_humans(self.cfg, result, self.budget, defer=self.hook)
         if self.ctx.kind == "healthcheck" and not self.read_only:
             self._ship(result)
         if self.store.errors:

@@ -45,6 +45,14 @@ def run_events(result: RunResult) -> list[Any]:
         events.append(Event(kind="prolog_failure", severity="critical",
                             message=f"{p.message if p else v.reason} (drain {drain['outcome']}: {drain['detail']})",
                             reason=v.reason, action=p.remediation if p else None, **base))
+    elif v.outcome == "drain" and drain.get("outcome") == "failed" and drain.get("pending"):
+        # slurmctld did not take it: the drain waits in the journal (prologs refuse jobs meanwhile) and is paged
+        # now, once; the page when it is applied says so (result.applied)
+        events.append(Event(kind="drain", severity="critical", reason=v.reason,
+                            message=f"drain PENDING, Slurm did not take it ({drain['detail']}): "
+                                    f"{p.message if p else v.reason}; jobs are refused until it is applied",
+                            action=f"{v.action.value}: {p.remediation}" if p else v.action.value,
+                            **dict(base, evidence={**base["evidence"], "drain": "pending"})))
     for a in result.applied:
         pd = a["pending"]
         if pd.op == "drain" and a["outcome"] == "done":
@@ -101,7 +109,9 @@ def notify_configured(cfg: Config) -> bool:
     return cfg.notify.receivers
 
 
-def tell_humans(cfg: Config, result: RunResult, budget: StageBudget) -> None:
+def tell_humans(cfg: Config, result: RunResult, budget: StageBudget, defer: bool = False) -> None:
+    """Metrics, then notifications. `defer`: run by slurmd, whose hook process ends right after: the messages are
+    spooled and delivered by a process of their own after the hook (gpuguard.notify.handoff)."""
     try:
         if cfg.metrics.textfile_dir:
             from gpuguard.metrics.node import write_run_metrics  # cold path: only where metrics are configured
@@ -118,8 +128,8 @@ def tell_humans(cfg: Config, result: RunResult, budget: StageBudget) -> None:
             from gpuguard.notify import emit, flush
 
             for ev in events:
-                emit(cfg, ev, budget_s=min(2.0, budget.remaining() / 2))
+                emit(cfg, ev, budget_s=min(2.0, budget.remaining() / 2), defer=defer)
             if result.context.kind == "healthcheck":  # deliver what earlier runs had to spool
-                flush(cfg, budget_s=min(3.0, budget.remaining() / 2))
+                flush(cfg, budget_s=min(3.0, budget.remaining() / 2), defer=defer)
     except Exception:  # noqa: BLE001 - telling humans must never change what the run decided
         pass
