@@ -29,9 +29,8 @@ def smtp() -> Iterator[SmtpServer]:
 
 @pytest.fixture(autouse=True)
 def _no_storm_settle(monkeypatch: Any) -> None:
-    """After a drain the pipeline waits up to 2 s (STORM_SETTLE_S) for the other nodes of its health-check round to
-    drain, then asks slurmctld's census whether the drains are a storm. The unit tests run one node at a time with no
-    slurmctld (the in-memory Slurm has no census; a stub scontrol has no sinfo): the check after the wait can hold
-    nothing, so the wait only cost ~2 s per drain. The drain-storm guard itself is tested in test_storm.py and on a
-    real cluster (tests/integration/test_own_faults.py)."""
+    """Before a drain the drain-storm guard may check, a node marks its intent in Slurm and waits up to 2 s
+    (STORM_SETTLE_S) for the other nodes of its health-check round to mark theirs, then takes slurmctld's census. The
+    unit tests run one node at a time (the in-memory Slurm has no census at all), so the wait only costs time. The
+    guard itself is tested in test_storm.py and on a real cluster (tests/integration/test_own_faults.py)."""
     monkeypatch.setattr(pipeline_run, "STORM_SETTLE_S", 0.0)

@@ -1,33 +1,51 @@
-"""gpuguard.pipeline.storm: a check failing on every node at once pages a human instead of draining a fleet."""
+"""The drain-storm guard: a check failing on every node at once pages a human instead of draining a fleet, decided
+before anything is drained (gpuguard.pipeline.storm: the decision, pure; gpuguard.pipeline.stormguard: the marks in
+Slurm, the census, the held node's memory). The same on a real cluster: tests/integration/test_own_faults.py."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from datetime import datetime
+from types import SimpleNamespace
+from typing import Optional
 
-from gpuguard.pipeline.storm import StormSettings, storm_hold
+import pytest
+
+from gpuguard.pipeline.storm import StormSettings, decide, format_mark, may_mark, parse_mark
+from gpuguard.pipeline.stormguard import StormGuard, state_path
+from gpuguard.slurm.client import NodeState, SlurmError, find_sinfo
+from gpuguard.slurm.parse import NodeRow, parse_sinfo_census, parse_sinfo_census_fields
 from gpuguard.slurm.reason import format_reason
-from gpuguard.slurm.parse import NodeRow, parse_sinfo_census
+
+from simnode import make_cfg
 
 S = StormSettings(share=0.1, window_s=3600, min_nodes=2)
 NOW = time.time()
+EFA = format_reason("fabric.efa", "EFA", "28 EFA devices, 32 expected", "healthcheck")
 
 
 def stamp(ago: float) -> str:
     return datetime.fromtimestamp(NOW - ago).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def rows(n: int, drained: dict[str, tuple[str, float]], partition: str = "gpu") -> list[NodeRow]:
+def rows(n: int, drained: dict[str, tuple[str, float]], partition: str = "gpu",
+         marks: Optional[dict[str, str]] = None) -> list[NodeRow]:
     out = []
     for i in range(1, n + 1):
         name = f"n{i:03d}"
+        comment = (marks or {}).get(name, "")
         if name in drained:
             check, ago = drained[name]
-            out.append(NodeRow(name, partition, "drained",
-                               format_reason(check, "EFA", "28 EFA devices, 32 expected", "healthcheck"), stamp(ago)))
+            reason = format_reason(check, "EFA", "28 EFA devices, 32 expected", "healthcheck")
+            out.append(NodeRow(name, partition, "drained", reason, stamp(ago), comment))
         else:
-            out.append(NodeRow(name, partition, "idle", None, None))
+            out.append(NodeRow(name, partition, "idle", None, None, comment))
     return out
+
+
+# --------------------------------------------------------------------------- the census
 
 
 def test_parses_sinfo_with_pipes_in_a_foreign_reason():
@@ -38,40 +56,248 @@ def test_parses_sinfo_with_pipes_in_a_foreign_reason():
     r = parse_sinfo_census(text)
     assert [(x.node, x.partition, x.drained) for x in r] == [("n001", "gpu", True), ("n001", "debug", True),
                                                              ("n002", "gpu", False), ("n003", "gpu", True)]
-    assert r[2].reason is None and r[2].reason_time is None
+    assert r[2].reason is None and r[2].reason_time is None and r[2].comment is None
     assert r[3].reason == "admin: cable|swap | ticket 7"
+
+
+def test_parses_the_census_with_comments():
+    """`sinfo -h -N -O ...` as Slurm 22.05 printed it here (fields ended by the unit separator)."""
+    text = ("node1\x1fgpu*\x1fdrained\x1f2026-12-02T10:50:20\x1f(null)\x1fadmin: a | b with spaces\n"
+            "node2\x1fgpu*\x1fidle\x1fUnknown\x1fgpuguard-storm:intent:fabric.efa:1733140000.52\x1fnone\n"
+            "node3\x1fgpu*\x1fidle\x1fUnknown\x1f''\x1fnone\n")
+    r = parse_sinfo_census_fields(text)
+    assert [(x.node, x.state, x.reason, x.comment) for x in r] == [
+        ("node1", "drained", "admin: a | b with spaces", ""),
+        ("node2", "idle", None, "gpuguard-storm:intent:fabric.efa:1733140000.52"), ("node3", "idle", None, "")]
+    assert parse_mark(r[1].comment).check_id == "fabric.efa" and parse_mark(r[1].comment).ts == 1733140000.52
+
+
+def test_marks_never_take_an_admins_comment():
+    assert may_mark("") and may_mark("(null)") and may_mark(format_mark("held", "sys.memory", NOW))
+    assert not may_mark("rack 7, ticket 42") and not may_mark("gpuguard-undrain:1733140000:alice@login1")
+    assert parse_mark("gpuguard-storm:bogus:x:1") is None and parse_mark("gpuguard-storm:held:x:soon") is None
+
+
+# --------------------------------------------------------------------------- the decision
 
 
 def test_the_first_drains_go_through_then_the_limit_holds():
     census = rows(64, {"n001": ("fabric.efa", 60), "n002": ("fabric.efa", 50)})
-    assert storm_hold(census, "n003", "fabric.efa", NOW, S) is None  # 2 of 64 < ceil(6.4) = 7
+    assert decide(census, "n003", "fabric.efa", NOW, S).hold is None  # 2 of 64 < ceil(6.4) = 7
     census = rows(64, {f"n{i:03d}": ("fabric.efa", 60) for i in range(1, 8)})
-    why = storm_hold(census, "n010", "fabric.efa", NOW, S)
-    assert why and "7 of 64 nodes of partition gpu" in why and "limit 7" in why
+    d = decide(census, "n010", "fabric.efa", NOW, S)
+    assert d.hold and "7 of 64 nodes of partition gpu already drained" in d.hold and "limit 7" in d.hold
+    assert d.page  # the first node held: nobody has told the storm yet
 
 
 def test_other_checks_old_drains_and_flapping_do_not_count():
     census = rows(10, {"n001": ("gpu.temperature", 60), "n002": ("fabric.efa", 7200)})
-    assert storm_hold(census, "n003", "fabric.efa", NOW, S) is None
-    assert storm_hold(census, "n003", "gpu.temperature", NOW, S) is None  # 1 < min_nodes 2
+    assert decide(census, "n003", "fabric.efa", NOW, S).hold is None
+    assert decide(census, "n003", "gpu.temperature", NOW, S).hold is None  # 1 < min_nodes 2
 
 
 def test_a_small_partition_still_takes_min_nodes_drains():
-    census = rows(3, {"n001": ("fabric.efa", 10)})
-    assert storm_hold(census, "n002", "fabric.efa", NOW, S) is None
-    census = rows(3, {"n001": ("fabric.efa", 10), "n002": ("fabric.efa", 5)})
-    assert storm_hold(census, "n003", "fabric.efa", NOW, S)
+    assert decide(rows(3, {"n001": ("fabric.efa", 10)}), "n002", "fabric.efa", NOW, S).hold is None
+    assert decide(rows(3, {"n001": ("fabric.efa", 10), "n002": ("fabric.efa", 5)}), "n003", "fabric.efa", NOW, S).hold
 
 
-def test_after_a_simultaneous_round_only_the_first_limit_keep_their_drain():
-    """Every node drained in the same second and each saw none of the others before: afterwards each computes
-    the same order (reason time, then name) and the ones after the limit lift their own drain."""
-    census = rows(20, {f"n{i:03d}": ("fabric.efa", 1) for i in range(1, 21)})
-    kept = [r.node for r in census if storm_hold(census, r.node, "fabric.efa", NOW, S, drained_self=True) is None]
-    assert kept == ["n001", "n002"]  # limit = max(2, ceil(0.1 * 20))
+def test_a_simultaneous_round_ranks_the_same_for_everyone_and_pages_once():
+    """Twenty nodes marked their intent in the same second, none drained yet: each computes the same order (time,
+    then name); the first `limit` drain, the first held node pages the storm, naming who drains and who is held."""
+    marks = {f"n{i:03d}": format_mark("intent", "fabric.efa", NOW - 2 + (i % 3) * 0.01) for i in range(1, 21)}
+    census = rows(20, {}, marks=marks)
+    decisions = {r.node: decide(census, r.node, "fabric.efa", NOW, S) for r in census}
+    assert sorted(n for n, d in decisions.items() if d.hold is None) == ["n003", "n006"]  # limit 2: earliest marks
+    paging = [n for n, d in decisions.items() if d.page]
+    assert paging == ["n009"]  # the third earliest mark
+    d = decisions["n009"]
+    assert d.drained == ("n003", "n006") and len(d.held) == 18 and (d.partition, d.size, d.limit) == ("gpu", 20, 2)
+
+
+def test_a_node_drained_counts_before_every_intent_and_a_late_node_does_not_page_again():
+    marks = {"n004": format_mark("held", "fabric.efa", NOW - 30), "n005": format_mark("intent", "fabric.efa", NOW)}
+    census = rows(20, {"n001": ("fabric.efa", 1), "n002": ("fabric.efa", 1)}, marks=marks)
+    d = decide(census, "n005", "fabric.efa", NOW, S)
+    assert d.hold and not d.page  # n004 was held (and told) before: the storm is known
+    census = rows(20, {"n001": ("fabric.efa", 1), "n002": ("fabric.efa", 1)},
+                  marks={"n005": format_mark("intent", "fabric.efa", NOW)})
+    assert decide(census, "n005", "fabric.efa", NOW, S).page
+
+
+def test_a_node_held_a_moment_earlier_in_the_same_round_ranks_where_its_intent_did():
+    """Censuses are not taken in the order the marks were written: n004 (after the limit) decided first and is held
+    already when n003 (first after the limit) takes its census. n003 still pages, n004 did not: one page."""
+    marks = {"n001": format_mark("intent", "fabric.efa", NOW), "n002": format_mark("intent", "fabric.efa", NOW + 0.1),
+             "n003": format_mark("intent", "fabric.efa", NOW + 0.2), "n004": format_mark("held", "fabric.efa", NOW + 0.3)}
+    census = rows(20, {}, marks=marks)
+    assert [decide(census, n, "fabric.efa", NOW, S).page for n in ("n001", "n002", "n003")] == [False, False, True]
+    assert decide(census, "n001", "fabric.efa", NOW, S).hold is None
+    marks["n003"] = format_mark("held", "fabric.efa", NOW + 0.2)
+    marks["n004"] = format_mark("intent", "fabric.efa", NOW + 0.3)
+    d = decide(rows(20, {}, marks=marks), "n004", "fabric.efa", NOW, S)
+    assert d.hold and not d.page and d.held == ("n003", "n004")
+
+
+def test_an_intent_left_by_a_dead_hook_expires_and_a_node_without_a_mark_comes_last():
+    stale = {f"n{i:03d}": format_mark("intent", "fabric.efa", NOW - 600) for i in (1, 2)}
+    assert decide(rows(20, {}, marks=stale), "n005", "fabric.efa", NOW, S).hold is None
+    fresh = {f"n{i:03d}": format_mark("intent", "fabric.efa", NOW + 1) for i in (1, 2)}  # they marked after it
+    assert decide(rows(20, {}, marks=fresh), "n005", "fabric.efa", NOW, S).hold  # no mark of its own: last
 
 
 def test_a_node_in_two_partitions_is_held_by_the_stricter():
     census = rows(64, {}) + rows(4, {"n001": ("fabric.efa", 5), "n002": ("fabric.efa", 5)}, partition="small")
-    assert storm_hold(census, "n003", "fabric.efa", NOW, S)
-    assert storm_hold(census, "n010", "fabric.efa", NOW, S) is None  # only in the big one
+    assert decide(census, "n003", "fabric.efa", NOW, S).hold
+    assert decide(census, "n010", "fabric.efa", NOW, S).hold is None  # only in the big one
+
+
+# --------------------------------------------------------------------------- the guard's I/O
+
+
+class Cluster:
+    """slurmctld's view of one partition, shared by every node's guard: Comments, drains and censuses."""
+
+    def __init__(self, n: int, comments: Optional[dict[str, str]] = None) -> None:
+        self.nodes = {f"n{i:02d}": {"comment": (comments or {}).get(f"n{i:02d}", ""), "reason": None, "when": None}
+                      for i in range(1, n + 1)}
+        self.lock = threading.Lock()
+        self.censuses = 0
+        self.broken: Optional[str] = None
+        self.unreachable: Optional[str] = None
+
+    def client(self) -> "Cluster":
+        return self
+
+    def get_node(self, name: str) -> NodeState:
+        n = self.nodes[name]
+        return NodeState(name=name, states=frozenset({"IDLE"} | ({"DRAIN"} if n["reason"] else set())),
+                         reason=n["reason"], fields={"Comment": n["comment"]})
+
+    def set_comment(self, name: str, comment: str) -> None:
+        with self.lock:
+            self.nodes[name]["comment"] = comment
+
+    def drain(self, name: str, reason: str) -> None:
+        with self.lock:
+            self.nodes[name].update(reason=reason, when=stamp(0))
+
+    def census(self) -> list[NodeRow]:
+        if self.broken:
+            raise SlurmError(self.broken)
+        with self.lock:
+            self.censuses += 1
+            return [NodeRow(name, "gpu", "drained" if n["reason"] else "idle", n["reason"], n["when"], n["comment"])
+                    for name, n in self.nodes.items()]
+
+
+def verdict(check: str = "fabric.efa") -> SimpleNamespace:
+    return SimpleNamespace(primary=SimpleNamespace(check_id=check), reason=EFA)
+
+
+def guard(tmp_path, cluster: Cluster, node: str, settle: float = 0.3) -> StormGuard:
+    cfg = make_cfg(tmp_path, notify={"urls": ["json://127.0.0.1:1/x"]})
+    return StormGuard(cfg, cluster, node, time.time, lambda: settle)
+
+
+def round_of(tmp_path, cluster: Cluster) -> dict[str, tuple[StormGuard, object]]:
+    """Every node's guard deciding at the same moment, as one health-check round does."""
+    out: dict[str, tuple[StormGuard, object]] = {}
+
+    def one(node: str) -> None:
+        g = guard(tmp_path, cluster, node)
+        out[node] = (g, g.decide(verdict()))
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in cluster.nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_a_round_decides_before_draining_holds_all_but_the_limit_and_pages_once(tmp_path):
+    cluster = Cluster(10)
+    decided = round_of(tmp_path, cluster)
+    going = sorted(n for n, (_, hold) in decided.items() if hold is None)
+    held = {n: hold for n, (_, hold) in decided.items() if hold is not None}
+    assert len(going) == 2 and len(held) == 8 and cluster.censuses == 10
+    assert all(cluster.nodes[n]["reason"] is None for n in cluster.nodes)  # nothing was drained to decide
+    pages = [e for h in held.values() for e in h.events]
+    assert len(pages) == 1 and pages[0].kind == "storm" and pages[0].dedup_key == "gpuguard/storm/gpu/fabric.efa"
+    from gpuguard.slurm.hostlist import compress_hostlist
+
+    assert f"Drained (the first 2): {compress_hostlist(going)}." in pages[0].message
+    assert f"Held, not drained: {compress_hostlist(sorted(held))}." in pages[0].message
+    assert all(parse_mark(cluster.nodes[n]["comment"]).state == "held" for n in held)
+    for n in going:  # the two drain; their intent marks go once the drain is in
+        cluster.drain(n, EFA)
+        decided[n][0].after_drain()
+        assert cluster.nodes[n]["comment"] == ""
+
+
+def test_a_held_node_takes_no_census_and_sends_no_page_for_the_rest_of_the_window(tmp_path):
+    cluster = Cluster(10)
+    decided = round_of(tmp_path, cluster)
+    held = sorted(n for n, (_, hold) in decided.items() if hold is not None)
+    before = cluster.censuses
+    for n in held:
+        again = guard(tmp_path, cluster, n).decide(verdict())
+        assert again is not None and again.events == [] and "no new census" in again.why
+    assert cluster.censuses == before
+    # the check passes again on one of them: its mark leaves Slurm, its decision is forgotten
+    g = guard(tmp_path, cluster, held[0])
+    g.release(set())
+    assert cluster.nodes[held[0]]["comment"] == "" and not os.path.exists(state_path(g.cfg, held[0]))
+    guard(tmp_path, cluster, held[1]).release({"fabric.efa"})  # still failing: still held
+    assert parse_mark(cluster.nodes[held[1]]["comment"]).state == "held"
+
+
+def test_no_census_holds_and_pages_every_time_and_keeps_nothing(tmp_path):
+    cluster = Cluster(3)
+    cluster.broken = "cannot run sinfo: sinfo not found"
+    for _ in range(2):
+        g = guard(tmp_path, cluster, "n01", settle=0)
+        hold = g.decide(verdict())
+        assert hold is not None and "no census of the partitions could be taken" in hold.why
+        assert "sinfo not found" in hold.why and [e.kind for e in hold.events] == ["storm"]
+        assert cluster.nodes["n01"]["comment"] == "" and not os.path.exists(state_path(g.cfg, "n01"))
+    cluster.broken = None
+    assert guard(tmp_path, cluster, "n01", settle=0).decide(verdict()) is None  # sinfo works again: it drains
+
+
+def test_an_admins_comment_is_never_overwritten(tmp_path):
+    cluster = Cluster(3, comments={"n01": "rack 7, ticket 42"})
+    assert guard(tmp_path, cluster, "n01", settle=0).decide(verdict()) is None  # decided without a mark of its own
+    assert cluster.nodes["n01"]["comment"] == "rack 7, ticket 42"
+
+
+# --------------------------------------------------------------------------- where sinfo is
+
+
+def test_sinfo_is_found_like_scontrol(tmp_path):
+    bin_dir = tmp_path / "opt" / "slurm" / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("scontrol", "sinfo"):
+        (bin_dir / tool).write_text("#!/bin/sh\n")
+        (bin_dir / tool).chmod(0o755)
+    wrapper = tmp_path / "wrap" / "scontrol"
+    wrapper.parent.mkdir()
+    wrapper.write_text("#!/bin/sh\nexec /opt/slurm/bin/scontrol \"$@\"\n")
+    assert find_sinfo(str(bin_dir / "scontrol")) == str(bin_dir / "sinfo")
+    assert find_sinfo(str(wrapper)) == "sinfo"  # no sinfo beside the wrapper: PATH, as for a bare "scontrol"
+    assert find_sinfo("scontrol") == "sinfo"
+    assert find_sinfo(str(wrapper), "/site/bin/sinfo") == "/site/bin/sinfo"  # slurm.sinfo
+
+
+@pytest.mark.parametrize("where", ["beside", "key"])
+def test_the_census_runs_the_sinfo_the_config_finds(tmp_path, where):
+    from gpuguard.slurm.client import client_from_config
+
+    stub = tmp_path / "bin" / "sinfo"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\nprintf 'n1\\037gpu*\\037idle\\037Unknown\\037(null)\\037none\\n'\n")
+    stub.chmod(0o755)
+    scontrol = str(tmp_path / "bin" / "scontrol") if where == "beside" else "/nonexistent/wrapper/scontrol"
+    cfg = make_cfg(tmp_path, slurm={"scontrol": scontrol, "backend": "cli",
+                                    **({"sinfo": str(stub)} if where == "key" else {})})
+    assert [r.node for r in client_from_config(cfg.slurm, 5.0).census()] == ["n1"]

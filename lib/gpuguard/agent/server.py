@@ -53,7 +53,7 @@ def _log(msg: str) -> None:
 # optional NCCL/DCGM tier): imported here once, so that no child pays for it. One that cannot be imported (an
 # optional dependency missing) is left to the child, which handles it as the hook process would.
 WARM_MODULES = ("gpuguard.nccl.tier", "gpuguard.nccl.probe", "gpuguard.probes.dcgm", "gpuguard.probes.efa_counters",
-                "gpuguard.fleet.ship", "gpuguard.notify", "gpuguard.pipeline.storm", "gpuguard.metrics.node")
+                "gpuguard.fleet.ship", "gpuguard.notify", "gpuguard.pipeline.stormguard", "gpuguard.metrics.node")
 
 
 def warm() -> None:

@@ -42,7 +42,6 @@ from gpuguard.pipeline.tell import tell_humans
 from gpuguard.pipeline.undrain import adopt_store_drain, clear_by_evidence, driver_seen, lift_conditions
 from gpuguard.probes.system import read_driver_fingerprint
 from gpuguard.profiles import Profile
-from gpuguard.slurm.client import SlurmError
 from gpuguard.store.guarded import GuardedStore, Store
 from gpuguard.store.retention import RETENTION_CURSOR, prune_due
 
@@ -77,7 +76,7 @@ def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = F
 # what making Slurm agree may have done: the node is drained for its conditions (or the drain is pending), so a
 # drain verdict only adds to them
 SLURM_SHOWS_IT = ("agreed", "applied", "replaced", "redrained", "admin", "pending")
-STORM_SETTLE_S = 2.0  # how long a storm-guarded drain waits for the rest of its health-check round to land
+STORM_SETTLE_S = 2.0  # how long a node waits for the rest of its health-check round to mark its storm intent
 
 
 class Run:
@@ -102,6 +101,7 @@ class Run:
         self.pending: Optional[PendingDrain] = None
         self.agreement: dict[str, Any] = {"outcome": "none"}  # what making Slurm agree with the conditions did
         self.new_conditions: list[Condition] = []
+        self.storm: Any = None  # the drain-storm guard that let this run's drain go ahead (its mark goes after it)
 
     # ------------------------------------------------------------------ the stages, in order
     def execute(self) -> RunResult:
@@ -115,8 +115,7 @@ class Run:
         if verdict.outcome == "drain" and not self.dry_run:
             # conditions Slurm already shows (or a drain already pending): the new ones join them, Slurm is not asked
             self.kept = self.agreement["outcome"] in SLURM_SHOWS_IT
-            if not self.kept:
-                self.storm_check(verdict, drained_self=False)
+        self.storm_check(verdict)
         result = RunResult(self.ctx, self.profile, obs, findings, verdict, self.exit_code(verdict), 0.0,
                            self.started, simulated=self.sources.simulated, boot_id=self.boot_id, notes=self.notes)
         if self.on_verdict is not None:  # the hook's watchdog exits with the verdict, whatever happens next
@@ -217,25 +216,27 @@ class Run:
         """Unambiguous hardware evidence is never held back by the drain-storm guard."""
         return any(is_unambiguous(f) for f in verdict.failing if f.severity is Severity.FAIL)
 
-    def storm_check(self, verdict: Verdict, drained_self: bool) -> None:
-        """Hold a drain back (and page) when it would be part of a drain storm (gpuguard.pipeline.storm)."""
-        if self.storm_exempt(verdict):
+    def storm_check(self, verdict: Verdict) -> None:
+        """The drain-storm guard decides before anything is drained (gpuguard.pipeline.stormguard): a drain that would
+        be part of a storm is held, never applied, and the storm is paged once. A health check lets go of a hold
+        whose check passes again."""
+        guarded = verdict.outcome == "drain" and verdict.primary is not None and not self.kept \
+            and not self.storm_exempt(verdict)
+        if self.dry_run or not (guarded or self.ctx.kind == "healthcheck"):
             return
-        from gpuguard.pipeline.storm import census_hold  # cold path: only a drain verdict gets here
+        from gpuguard.pipeline.stormguard import StormGuard  # cold path: a drain verdict, or a health check
 
-        why = census_hold(self.slurm, self.ctx.node, verdict, self.cfg, drained_self, now=self.clock())
-        if why is None:
+        guard = StormGuard(self.cfg, self.slurm, self.ctx.node, self.clock,
+                           lambda: min(STORM_SETTLE_S, self.budget.remaining() - 1.0))
+        if self.ctx.kind == "healthcheck" and not self.read_only:
+            guard.release({f.check_id for f in verdict.failing} if verdict.outcome == "drain" else set())
+        hold = guard.decide(verdict) if guarded else None
+        self.storm = guard if guarded and hold is None else None
+        if hold is None:
             return
-        verdict.outcome, verdict.held_by, verdict.reported_only = "warn", f"drain-storm guard: {why}", True
+        verdict.outcome, verdict.held_by, verdict.reported_only = "warn", f"drain-storm guard: {hold.why}", True
         self.notes.append(verdict.held_by)
-        from gpuguard.notify import Event  # cold path: a held drain pages
-
-        p = verdict.primary
-        self.events.append(Event(
-            kind="storm", severity="critical", node=self.ctx.node, check_id=p.check_id if p else None,
-            reason=verdict.reason, message=f"not drained ({verdict.reason}): {why}",
-            action="a human decides: if the hardware is really broken drain it by hand; if it is a configuration "
-                   "or launch choice applied to every node, fix the profile/config (gpuguard status shows the drains)"))
+        self.events.extend(hold.events)
 
     def note_config(self) -> None:
         """A broken configuration is remembered in the journal (for `gpuguard status` and the metrics) and paged
@@ -291,14 +292,8 @@ class Run:
                                        self.cfg.reboot.auto, now=self.clock())
             if result.drain["outcome"] in ("done", "already", "foreign"):
                 mark_applied(self.new_conditions)
-            if result.drain["outcome"] == "done" and not self.storm_exempt(v):
-                # the nodes of one health-check round drain within a second or so of each other: let them land,
-                # so that every node ranks the same set of drains (gpuguard.pipeline.storm)
-                time.sleep(max(0.0, min(STORM_SETTLE_S, self.budget.remaining() - 1.0)))
-                self.storm_check(v, drained_self=True)
-                if v.held_by:
-                    result.drain = self._undo_own_drain(result.drain)
-                    self.journal.conditions = [c for c in self.journal.conditions if c not in self.new_conditions]
+            if self.storm is not None:  # the drain is in: this node's storm intent mark goes
+                self.storm.after_drain()
             if not self.read_only:
                 self._save_journal()
         elif v.outcome == "drain" and v.reason and self.dry_run:
@@ -317,16 +312,6 @@ class Run:
         result.refused = result.exit_code == 1 and v.outcome != "drain"
         if self.on_verdict is not None:
             self.on_verdict(result.exit_code)
-
-    def _undo_own_drain(self, drain: dict[str, Any]) -> dict[str, Any]:
-        """This node came after the storm guard's limit: lift the drain it just set (only if it is still ours)."""
-        try:
-            state = self.slurm.client().get_node(self.ctx.node)
-            if state is not None and state.reason == drain["reason"]:
-                self.slurm.client().undrain(self.ctx.node)
-            return {**drain, "outcome": "held", "detail": "lifted again by the drain-storm guard"}
-        except SlurmError as e:
-            return {**drain, "detail": f"drain-storm guard could not lift it: {e}"}
 
     def record(self, result: RunResult, specs: list[CheckSpec], obs: Observations,
                position: Optional[dict[str, Any]]) -> None:

@@ -1,32 +1,41 @@
 """The drain-storm guard: gpuguard never drains a fleet because of something that is the same on every node.
 
 A configuration or launch choice applied to every node at once (a profile expecting 32 EFA interfaces on nodes
-launched with 4, a threshold too tight for this driver) makes every health check fail at the same moment. When
-gpuguard has already drained a configured share of a partition for the same check within a window, further drains
-for that check become a page to a human. Unambiguous per-node hardware evidence (fatal Xid, GPU gone, uncorrectable
-ECC, row-remap failure, recovery action needing a reset) is never held back.
+launched with 4, a threshold too tight for this driver) makes every health check fail at the same moment. Only the
+first `limit` nodes of a partition (`policy.storm_share` of it, at least `policy.storm_min_nodes`) drain for the same
+check within `policy.storm_window_s`; the others are held (not drained, they keep running jobs) and one page per
+storm tells a human. Unambiguous per-node hardware evidence (fatal Xid, GPU gone, uncorrectable ECC, row-remap
+failure, recovery action needing a reset) is never held back.
 
-The guard reads slurmctld's own view (one `sinfo` call, only when about to drain), so it holds across every node
-without any shared file. Nodes of one health-check round drain at the same instant and each sees none of the
-others yet: after draining, a node waits a moment for the rest of its round to land, reads the census again and,
-if it is not among the first `limit` drains of the window (ordered by Slurm's reason time, then name: every node
-computes the same order over the same set), it lifts its own drain and pages instead.
+The decision is taken before anything is drained, from slurmctld's own view, so it holds across every node without
+a shared file and Slurm never sees a drain undone. The nodes of one health-check round fail at the same instant
+and none of them has drained yet: each first marks its intent in its own node's Comment
+(`gpuguard-storm:intent:<check>:<time>`, only where the Comment is empty or gpuguard's), waits a moment for the
+rest of the round to mark theirs, then reads one census (`sinfo`: states, reasons, Comments). Every node ranks the
+same set the same way: the nodes already drained for the check within the window first, then the intents by
+time and name (a held node's mark keeps its intent's time, so a node held a moment ago ranks where its intent
+did). A node within the first `limit` drains (and removes its mark); the others mark themselves
+`gpuguard-storm:held:<check>:<time>` and are held. The first node held pages the storm; the nodes after it, in this
+round or a later one (the marks of held nodes show the storm is known), do not. Pure: the census and the clock come in as arguments
+(gpuguard.pipeline.stormguard does the I/O).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from gpuguard.config.core import PolicyConfig
-from gpuguard.slurm.reason import parse_reason
 from gpuguard.slurm.parse import NodeRow, slurm_time
+from gpuguard.slurm.reason import parse_reason
+from gpuguard.util.record import Frozen, record
+
+MARK = "gpuguard-storm"
+INTENT_TTL_S = 60.0  # an intent mark older than this is a hook that died between marking and deciding
 
 
-@dataclass(frozen=True)
-class StormSettings:
+@record
+class StormSettings(Frozen):
     share: float  # policy.storm_share: of a partition's nodes
     window_s: float  # policy.storm_window_s
     min_nodes: int  # policy.storm_min_nodes: never held below this many drains per partition and check
@@ -35,8 +44,58 @@ class StormSettings:
         return max(self.min_nodes, math.ceil(self.share * partition_size))
 
 
-def _same_check_drains(rows: Sequence[NodeRow], partition: str, check_id: str, now: float,
-                       window_s: float) -> list[tuple[float, str]]:
+def settings_from(policy: PolicyConfig) -> StormSettings:
+    return StormSettings(share=float(policy.storm_share), window_s=float(policy.storm_window_s),
+                         min_nodes=int(policy.storm_min_nodes))
+
+
+# --------------------------------------------------------------------------- marks in a node's Comment
+
+
+@record
+class Mark(Frozen):
+    state: str  # intent | held
+    check_id: str
+    ts: float
+
+
+def format_mark(state: str, check_id: str, ts: float) -> str:
+    return f"{MARK}:{state}:{check_id}:{ts:.2f}"
+
+
+def parse_mark(comment: Optional[str]) -> Optional[Mark]:
+    parts = (comment or "").strip().split(":")
+    if len(parts) != 4 or parts[0] != MARK or parts[1] not in ("intent", "held"):
+        return None
+    try:
+        return Mark(parts[1], parts[2], float(parts[3]))
+    except ValueError:
+        return None
+
+
+def may_mark(comment: Optional[str]) -> bool:
+    """A node's Comment gpuguard may write its mark into: empty, or a mark of its own (never an admin's text, nor
+    gpuguard's undrain token)."""
+    text = (comment or "").strip()
+    return text in ("", "(null)", "''") or parse_mark(text) is not None
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+@record
+class Decision(Frozen):
+    hold: Optional[str]  # why the node must not drain; None: it drains
+    page: bool = False  # this node tells the storm (the first held, and no node was held for it before)
+    partition: str = ""
+    size: int = 0
+    limit: int = 0
+    drained: tuple[str, ...] = ()  # the nodes that have (or take) the partition's drains for the check
+    held: tuple[str, ...] = ()  # the nodes held back, this one included
+
+
+def _drains(rows: Sequence[NodeRow], partition: str, check_id: str, now: float,
+            window_s: float) -> list[tuple[float, str]]:
     out = []
     for r in rows:
         if r.partition != partition or not r.drained or not r.reason:
@@ -49,46 +108,47 @@ def _same_check_drains(rows: Sequence[NodeRow], partition: str, check_id: str, n
     return sorted(out)
 
 
-def storm_hold(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings,
-               drained_self: bool = False) -> Optional[str]:
-    """Why `node` must not (stay) drained for `check_id`, or None. Before draining (`drained_self` False): the
-    other nodes already drained for it fill the limit. After (`drained_self` True): `node` is not among the first
-    `limit` drains of the window."""
+def _marks(rows: Sequence[NodeRow], partition: str, check_id: str, state: str, now: float,
+           max_age_s: float) -> list[tuple[float, str]]:
+    out = []
+    for r in rows:
+        m = parse_mark(r.comment) if r.partition == partition else None
+        if m is not None and m.state == state and m.check_id == check_id and -max_age_s <= now - m.ts <= max_age_s:
+            out.append((m.ts, r.node))
+    return sorted(out)
+
+
+def _in_partition(rows: Sequence[NodeRow], node: str, partition: str, check_id: str, now: float,
+                  s: StormSettings) -> Decision:
+    size = len({r.node for r in rows if r.partition == partition})
+    limit = s.limit(size)
+    drains = _drains(rows, partition, check_id, now, s.window_s)
+    drained = {n for _, n in drains}
+    # intents, and the nodes already held (a held mark keeps its intent's time): one order for everyone, whichever
+    # of the two a node's mark was when each census was taken
+    queued = sorted(_marks(rows, partition, check_id, "intent", now, INTENT_TTL_S)
+                    + _marks(rows, partition, check_id, "held", now, s.window_s))
+    order = [n for _, n in drains] + [n for _, n in queued if n not in drained]
+    order = list(dict.fromkeys(order))
+    if node not in order:
+        order.append(node)  # no mark of its own to be seen (its Comment is someone else's): it comes last
+    pos = order.index(node)
+    if pos < limit:
+        return Decision(None, partition=partition, size=size, limit=limit, drained=tuple(order[:limit]))
+    why = (f"{len(drains)} of {size} nodes of partition {partition} already drained for {check_id} within "
+           f"{s.window_s / 60:g} min (limit {limit})" if len(drains) >= limit else
+           f"{len(order)} nodes of partition {partition} ({size}) failed {check_id} at once (limit {limit}); this "
+           f"node came after the first {limit}")
+    # the first node held tells the storm; the nodes after it (in this round or later ones) know it was told
+    return Decision(why, page=pos == limit, partition=partition, size=size, limit=limit,
+                    drained=tuple(order[:limit]), held=tuple(order[limit:]))
+
+
+def decide(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings) -> Decision:
+    """Whether `node` may drain for `check_id`, from one census taken after the node marked its intent (or without
+    a mark, when it could not write one). Held in any of its partitions: held (the first such one)."""
     for partition in sorted({r.partition for r in rows if r.node == node}):
-        size = len({r.node for r in rows if r.partition == partition})
-        limit = s.limit(size)
-        drains = _same_check_drains(rows, partition, check_id, now, s.window_s)
-        others = [d for d in drains if d[1] != node]
-        if not drained_self and len(others) >= limit:
-            return (f"{len(others)} of {size} nodes of partition {partition} already drained for {check_id} within "
-                    f"{s.window_s / 60:g} min (limit {limit})")
-        if drained_self:
-            order = [d[1] for d in drains]
-            if node in order and order.index(node) >= limit:
-                return (f"{len(drains)} of {size} nodes of partition {partition} drained for {check_id} at once "
-                        f"(limit {limit}); this node came after the first {limit}")
-    return None
-
-
-def settings_from(policy: PolicyConfig) -> StormSettings:
-    return StormSettings(share=float(policy.storm_share), window_s=float(policy.storm_window_s),
-                         min_nodes=int(policy.storm_min_nodes))
-
-
-def census_hold(slurm: Any, node: str, verdict: Any, cfg: Any, drained_self: bool,
-                now: Optional[float] = None) -> Optional[str]:
-    """Ask slurmctld for its census (one sinfo call) and apply `storm_hold` to the verdict's check. No census
-    (slurmctld unreachable, a Slurm client without one): no hold, the drain goes its normal way."""
-    from gpuguard.slurm.client import SlurmError
-
-    if slurm.unreachable or verdict.primary is None:
-        return None
-    census = getattr(slurm.client(), "census", None)
-    if census is None:
-        return None
-    try:
-        rows = census()
-    except SlurmError:
-        return None
-    return storm_hold(rows, node, verdict.primary.check_id, now if now is not None else time.time(),
-                      settings_from(cfg.policy), drained_self)
+        d = _in_partition(rows, node, partition, check_id, now, s)
+        if d.hold is not None:
+            return d
+    return Decision(None)

@@ -17,8 +17,9 @@ import threading
 from typing import Optional, Protocol
 
 from gpuguard.slurm.config import SlurmConfig
-from gpuguard.slurm.parse import (SINFO_CENSUS_FORMAT, NodeRow, NodeState, node_state_from_fields, parse_node_line,
-                                  parse_sinfo_census)
+from gpuguard.slurm.parse import (SINFO_CENSUS_FIELDS, SINFO_CENSUS_FORMAT, NodeRow, NodeState,
+                                  node_state_from_fields, parse_node_line, parse_sinfo_census,
+                                  parse_sinfo_census_fields)
 from gpuguard.slurm.reason import is_ours, is_slurm_generic
 from gpuguard.util.toolrun import run_tool
 from gpuguard.util.record import Record, record
@@ -84,7 +85,15 @@ class CliSlurmClient:
         return run.text()
 
     def census(self) -> list[NodeRow]:
-        """Every node of every partition with its state and reason: one `sinfo` call."""
+        """Every node of every partition with its state, reason and Comment: one `sinfo` call (a Slurm whose sinfo
+        cannot print Comment: a second one without)."""
+        try:
+            return parse_sinfo_census_fields(self._run(self.sinfo, ["-h", "-N", "-O", SINFO_CENSUS_FIELDS]))
+        except SlurmTimeout:
+            raise
+        except SlurmError as e:
+            if "cannot run" in str(e):
+                raise
         return parse_sinfo_census(self._run(self.sinfo, ["-h", "-N", "-o", SINFO_CENSUS_FORMAT]))
 
     def get_node(self, name: str) -> Optional[NodeState]:
@@ -124,10 +133,11 @@ class CliSlurmClient:
 class PyslurmClient:
     """pyslurm >= 23.2 object API. Used only when `pyslurm_usable()` says it matches the running Slurm."""
 
-    def __init__(self, timeout_s: float = 5.0) -> None:
+    def __init__(self, timeout_s: float = 5.0, sinfo: str = "sinfo") -> None:
         importlib.import_module("pyslurm")  # fails fast when absent
 
         self.timeout_s = timeout_s
+        self.sinfo = sinfo
 
     def _bounded(self, fn, *args):  # type: ignore[no-untyped-def]
         # libslurm calls block on slurmctld; run them in a daemon thread so the deadline still holds.
@@ -186,7 +196,7 @@ class PyslurmClient:
         CliSlurmClient(timeout_s=self.timeout_s).reboot(name, reason)
 
     def census(self) -> list[NodeRow]:
-        return CliSlurmClient(timeout_s=self.timeout_s).census()
+        return CliSlurmClient(timeout_s=self.timeout_s, sinfo=self.sinfo).census()
 
 
 def pyslurm_usable(slurm_version: Optional[str]) -> bool:
@@ -211,24 +221,35 @@ def running_slurm_version(scontrol: str = "scontrol", timeout_s: float = 2.0,
     return run.text().strip() or None if run.ok else None
 
 
+def find_sinfo(scontrol: str = "scontrol", sinfo: Optional[str] = None) -> str:
+    """The sinfo to run: `sinfo` when configured; the one beside `scontrol` when that is a path with a sinfo in its
+    directory (/opt/slurm/bin/scontrol); else plain "sinfo", found on PATH like scontrol (a site whose scontrol is a
+    wrapper script has no sinfo beside it)."""
+    if sinfo:
+        return sinfo
+    beside = os.path.join(os.path.dirname(scontrol), "sinfo") if os.path.dirname(scontrol) else ""
+    if beside and os.access(beside, os.X_OK):
+        return beside
+    return "sinfo"  # util.toolrun looks it up on PATH (slurmd gives hooks none: its default PATH then)
+
+
 def make_client(backend: str = "auto", scontrol: str = "scontrol", timeout_s: float = 5.0,
-                slurm_conf: Optional[str] = None) -> SlurmClient:
+                slurm_conf: Optional[str] = None, sinfo: Optional[str] = None) -> SlurmClient:
     """`cli` always works. `pyslurm` / `auto` use pyslurm only when it is installed *and* built for the
     running Slurm major.minor (checked against `scontrol --version`); `auto` falls back to the CLI."""
     if backend != "cli":
         if importlib.util.find_spec("pyslurm") is not None and \
                 pyslurm_usable(running_slurm_version(scontrol, min(timeout_s, 2.0), slurm_conf)):
-            return PyslurmClient(timeout_s)
+            return PyslurmClient(timeout_s, sinfo=find_sinfo(scontrol, sinfo))
         if backend == "pyslurm":
             raise SlurmError("slurm.backend is pyslurm but pyslurm is not installed or not built for this Slurm")
-    # sinfo beside the configured scontrol (a site that names /opt/slurm/bin/scontrol has its sinfo there too)
-    sinfo = os.path.join(os.path.dirname(scontrol), "sinfo") if os.path.dirname(scontrol) else "sinfo"
-    return CliSlurmClient(scontrol, timeout_s, slurm_conf, sinfo=sinfo)
+    return CliSlurmClient(scontrol, timeout_s, slurm_conf, sinfo=find_sinfo(scontrol, sinfo))
 
 
 def client_from_config(slurm_cfg: SlurmConfig, timeout_s: float) -> SlurmClient:
     """The client the `slurm:` config section asks for."""
-    return make_client(slurm_cfg.backend, slurm_cfg.scontrol, timeout_s=timeout_s, slurm_conf=slurm_cfg.conf)
+    return make_client(slurm_cfg.backend, slurm_cfg.scontrol, timeout_s=timeout_s, slurm_conf=slurm_cfg.conf,
+                       sinfo=slurm_cfg.sinfo)
 
 
 # --------------------------------------------------------------------------- ownership-safe drain

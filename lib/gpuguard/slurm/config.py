@@ -18,3 +18,6 @@ class SlurmConfig(Section):
     # what the integers in SLURM_JOB_GPUS are: "minor" = GRES index = /dev/nvidiaN minor number (gres.conf
     # File=/dev/nvidia[0-7] and AutoDetect=nvml), "nvml_index" = NVML's index (a gres.conf written that way)
     gpu_ids: str = key(choice("minor", "nvml_index"), "minor")
+    # sinfo, for the drain-storm guard's census of the partitions; default: beside `scontrol` when that names a path
+    # with sinfo in it, else found on PATH like scontrol (a site whose scontrol is a wrapper names it here)
+    sinfo: Optional[str] = key(string(allow_none=True), None)

@@ -159,6 +159,7 @@ class NodeRow(Frozen):
     state: str  # sinfo's long state, lower case: idle, drained, draining, mixed, down*, ...
     reason: Optional[str]
     reason_time: Optional[str]  # 2026-11-25T18:35:50 (local time, as Slurm prints it) or None
+    comment: Optional[str] = None  # the node's Comment (the storm guard's marks live there); None: not read
 
     @property
     def drained(self) -> bool:
@@ -177,6 +178,11 @@ def slurm_time(text: Optional[str]) -> Optional[float]:
 
 # Node name, partition, long state, reason time, reason (last: free text that may hold the separator).
 SINFO_CENSUS_FORMAT = "%N|%P|%T|%H|%E"
+# The same and the node's Comment (`sinfo -O`, Slurm >= 20.11), fields ended by the ASCII unit separator, which
+# neither a reason gpuguard writes nor any sane comment holds; the reason is still last.
+CENSUS_SEP = "\x1f"
+SINFO_CENSUS_FIELDS = ",".join(f"{name}:0{CENSUS_SEP}" for name in
+                               ("NodeList", "Partition", "StateLong", "Timestamp", "Comment")) + ",Reason:0"
 
 
 def parse_sinfo_census(text: str) -> list[NodeRow]:
@@ -191,4 +197,19 @@ def parse_sinfo_census(text: str) -> list[NodeRow]:
         rows.append(NodeRow(node=node, partition=part.rstrip("*"), state=state.lower(),
                             reason=None if reason in ("", "none", "(null)") else reason,
                             reason_time=None if when in ("", "Unknown", "None", "(null)") else when))
+    return rows
+
+
+def parse_sinfo_census_fields(text: str) -> list[NodeRow]:
+    """`sinfo -h -N -O SINFO_CENSUS_FIELDS` -> rows, with each node's Comment ('(null)': none)."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.split(CENSUS_SEP, 5)
+        if len(parts) != 6 or not parts[0].strip():
+            continue
+        node, part, state, when, comment, reason = (x.strip() for x in parts)
+        rows.append(NodeRow(node=node, partition=part.rstrip("*"), state=state.lower(),
+                            reason=None if reason in ("", "none", "(null)") else reason,
+                            reason_time=None if when in ("", "Unknown", "None", "(null)") else when,
+                            comment="" if comment in ("(null)", "''") else comment))
     return rows
