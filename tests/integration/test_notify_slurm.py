@@ -43,13 +43,14 @@ def site(tmp_path_factory, hook):
 
 
 def pages(hook, what: str, n: int, timeout: float = 20.0) -> list[dict]:
+    """The apprise pages whose title holds `what` (Alertmanager's notifications to the same server have none)."""
+    def got() -> list[dict]:
+        return [r["body"] for r in hook.requests if what in str(r["body"].get("title", ""))]
+
     end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = [r["body"] for r in hook.requests if what in r["body"]["title"]]
-        if len(got) >= n:
-            return got
+    while time.monotonic() < end and len(got()) < n:
         time.sleep(0.1)
-    return [r["body"] for r in hook.requests if what in r["body"]["title"]]
+    return got()
 
 
 def test_a_hung_three_node_job_pages_once_and_resolves_once(site, hook, tmp_path):
@@ -152,11 +153,10 @@ def test_a_drain_page_the_prolog_could_not_finish_is_delivered_after_it_exits_ex
         assert p.returncode == 1 and "drain=done" in p.stderr, p.stderr
         assert took < 4.0, took  # it did not wait for the receiver
         end = time.monotonic() + 30
-        while time.monotonic() < end and not site.log_lines("message(s) a hook had spooled"):
+        while time.monotonic() < end and spool_of(site, "node1") != [("drain", "sent")]:
             time.sleep(0.2)
         time.sleep(slow.delay_s + 1.0)  # a second copy of anything would have arrived by now
-        with sqlite3.connect(site.workdir / "state" / "node1.db") as db:
-            spool = db.execute("SELECT kind, status FROM notify_spool WHERE node='node1'").fetchall()
+        spool = spool_of(site, "node1")
         assert spool == [("drain", "sent")], (spool, site.log_lines("node1"))
         assert [r["body"]["title"] for r in slow.requests if r["path"] == "/slow"] == [
             "gpuguard: DRAINED node1 gpu.xid"], slow.requests
@@ -182,7 +182,7 @@ def test_a_drain_the_health_check_could_not_apply_pages_once_while_pending(site,
             assert site.run_hook("healthcheck", "node2").returncode == 0
         got = pages(hook, "DRAIN PENDING node2", 1)
         time.sleep(2.0)
-        new = [r["body"]["title"] for r in hook.requests[before:]]
+        new = [r["body"].get("title") for r in hook.requests[before:] if r["path"] == "/pending"]
         assert new == ["gpuguard: DRAIN PENDING node2 gpu.xid"], (new, site.log_lines("node2"))
         assert "jobs are refused until it is applied" in got[0]["message"]
     finally:
@@ -191,6 +191,11 @@ def test_a_drain_the_health_check_could_not_apply_pages_once_while_pending(site,
     assert "DRAIN" in site.cluster.node_info("node2")["State"]
     assert pages(hook, "DRAINED node2", 1)
     site.set_scenario("node2", "healthy-p5")
+
+
+def spool_of(site, node: str) -> list[tuple[str, str]]:
+    with sqlite3.connect(site.workdir / "state" / f"{node}.db") as db:
+        return db.execute("SELECT kind, status FROM notify_spool WHERE node=?", (node,)).fetchall()
 
 
 def pages_at(hook, path: str, pred, timeout: float = 30.0) -> list[dict]:
