@@ -11,7 +11,7 @@ import pytest
 
 from gpuguard.templates.attempts import (AttemptFacts, Budget, DEFAULT_NO_RETRY, NodeInfo, Policy, WorkerExit,
                                          budget_from_ledger, decide, no_retry_match, node_failures_in_log)
-from gpuguard.templates.exclusions import Excluded, plan_exclusions, unschedulable
+from gpuguard.templates.exclusions import Excluded, nodes_needed, plan_exclusions, unschedulable
 from gpuguard.templates.torchrun_report import parse_error_file, parse_torchrun_failures
 from gpuguard.templates.jobattempt import CheckpointSpec, JobContext, begin, end, policy_from_args
 from gpuguard.templates.jobfiles import user_store_path, worker_exits
@@ -206,6 +206,14 @@ def test_unschedulable_warning():
     w = unschedulable(3, parts, ["node2"])
     assert "needs 3 node(s) but only 2" in w and "BadConstraints" in w
     assert unschedulable(3, [], ["node2"]) is None  # partition unknown: no guess
+
+
+def test_nodes_needed_is_not_fooled_by_a_job_still_completing_after_a_node_failure():
+    """Issue 29 item 2: Slurm showed NumNodes=1 for a 2-node job it had requeued after node2 failed (node1 still
+    completing): the exclusion of node2 passed the check and the job pended forever."""
+    assert nodes_needed("1", 2) == 2 and nodes_needed("2", 2) == 2 and nodes_needed("4", 2) == 4
+    assert nodes_needed("2-4", 3) == 2  # a range: its lower bound
+    assert nodes_needed("", 0) == 0 and nodes_needed("garbage", 2) == 2
 
 
 # --------------------------------------------------------------------------- job-attempt at the I/O edge
