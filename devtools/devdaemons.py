@@ -25,6 +25,7 @@ class SlurmDaemons:
     node_command: Any
     node_dir: Any
     node_names: list[str]
+    host_view: Any
     log_tails: Any
     run: Any
     _daemon_env: Any
@@ -119,10 +120,11 @@ class SlurmDaemons:
     def power_off(self, node: str) -> None:
         """The node loses power: slurmd and everything running on it die at once, nothing is told. Needs
         per-node namespaces (`devtools.devnetns.NodeNetworks`), where "on it" is well defined."""
-        view = getattr(self, "host_view", None)
+        view = self.host_view
         if view is None or not hasattr(view, "node_pids"):
             raise DevClusterError("power_off needs a cluster with per-node namespaces (NodeNetworks)")
         index = self.node_names.index(node) + 1
+        view.cut_link(index)  # first: a node without power sends nothing more (no FIN, no RST to its peers)
         self.kill_slurmd(node)
         for _ in range(20):  # a task may fork while we kill: until nothing is left
             pids = view.node_pids(index)
@@ -132,6 +134,11 @@ class SlurmDaemons:
                 kill_quietly(pid, signal.SIGKILL)
             time.sleep(0.05)
         raise DevClusterError(f"processes on {node} survived its power-off: {view.node_pids(index)}")
+
+    def power_on(self, node: str) -> None:
+        """The node after `power_off` boots again: its link is back and its slurmd registers."""
+        self.host_view.restore_link(self.node_names.index(node) + 1)
+        self.start_slurmd(node)
 
     def start_slurmd(self, node: str) -> None:
         """slurmd back on `node` (after kill_slurmd or power_off): it registers again."""

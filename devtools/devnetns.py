@@ -19,7 +19,8 @@ on the bridge's address (10.77.<n>.1). Traffic between nodes crosses the bridge,
 routed beyond the subnet: a job on a node cannot reach services on the machine's 127.0.0.1.
 
 Clean-up: a node's namespaces go away with its holder and the processes in them; its veth goes with its network
-namespace; `stop()` deletes the bridge. A bridge left behind by a killed test (its alias names the owner's pid) is
+namespace (the kernel may keep both a while, until orphaned connections to a node whose link was cut give up: link
+names carry a per-cluster token and are never reused); `stop()` deletes the bridge. A bridge left behind by a killed test (its alias names the owner's pid) is
 deleted by the next start. The machine's /etc/hosts, host name, addresses and routes are never touched. Named
 network namespaces (`ip netns add`, /etc/netns/<name>/hosts) are not used: nothing would remove them after a
 SIGKILL. Needs root, util-linux's unshare/nsenter/mount, iproute2's ip (and tc for `slow_link`), bridge and veth.
@@ -87,6 +88,9 @@ class NodeNetworks:
     holders: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
     subnet_index: int = 0
     names: list[str] = field(default_factory=list)
+    # in the link names: a node's namespace can outlive the cluster for a while (the kernel keeps it, and its veth,
+    # until orphaned TCP connections to a node whose link was cut give up), so names are never reused
+    token: str = field(default_factory=lambda: os.urandom(3).hex())
 
     # ------------------------------------------------------------ what the cluster asks
     @property
@@ -106,7 +110,7 @@ class NodeNetworks:
 
     @property
     def bridge(self) -> str:
-        return f"ggnb{self.subnet_index}"
+        return f"ggb{self.token}"
 
     def node_addr(self, index: int) -> str:
         """NodeAddr of the index-th node (1-based)."""
@@ -117,7 +121,7 @@ class NodeNetworks:
 
     def veth(self, index: int) -> str:
         """The machine-side end of the node's link (the one in the bridge)."""
-        return f"ggnb{self.subnet_index}v{index}"
+        return f"gg{self.token}v{index}"
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """Client commands run in the machine's own namespaces."""
@@ -206,7 +210,7 @@ class NodeNetworks:
         _wait_unshared(holder, timeout)
         pid = str(holder.pid)
         inside = [tool("nsenter"), "-t", pid, "-n", tool("ip")]
-        peer = f"ggnb{self.subnet_index}p{index}"
+        peer = f"gg{self.token}p{index}"
         _ip("link", "add", self.veth(index), "type", "veth", "peer", "name", peer, "netns", pid)
         _ip("link", "set", self.veth(index), "master", self.bridge)
         _ip("link", "set", self.veth(index), "up")

@@ -199,6 +199,14 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
                            exit_code, ckpt_step, keep_excluded)
 
 
+def slurm_requeued(ctx: JobContext) -> bool:
+    """Whether Slurm has requeued the job since this attempt started (its Restarts went up)."""
+    try:
+        return int(ctx.scontrol.job(ctx.job_id)["Restarts"]) > ctx.restarts_at_start
+    except (KeyError, ValueError):
+        return False
+
+
 def _slurm_requeued_since(ctx: JobContext, facts: AttemptFacts, policy: Policy,
                           decision: Decision) -> tuple[AttemptFacts, Decision]:
     """Facts and decision again if `scontrol show job` now says Slurm requeued the job (Restarts went up)."""
