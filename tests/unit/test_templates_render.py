@@ -281,3 +281,18 @@ def test_site_template_directory_wins(tmp_path):
         "{#- gpuguard:variables\nnodes: {type: int, required: true, help: n}\n-#}\n#!/bin/bash\n# site {{ nodes }}\n")
     assert render_template("torchrun.sbatch.j2", {"nodes": 3}, template_dirs=[str(tmp_path)]) == \
         "#!/bin/bash\n# site 3\n"
+
+
+def test_a_job_name_with_a_slash_is_refused_when_the_output_file_is_named_after_it():
+    """Issue 29: job_name 'a/b' with output '%x-%j.out' made Slurm fail the job with no output file at all."""
+    with pytest.raises(TemplateError, match="'job_name'.*contains '/'"):
+        _render("torchrun.sbatch.j2", {**TRAIN, "job_name": "exp/1"})
+    assert "#SBATCH --job-name=exp/1" in _render("torchrun.sbatch.j2",
+                                                  {**TRAIN, "job_name": "exp/1", "output": "logs/%j.out"})
+
+
+def test_no_checkpoint_dir_is_warned_about():
+    """Issue 29: without checkpoint_dir every time-limit requeue restarted from step 0, silently."""
+    warning = "# WARNING: checkpoint_dir is not set"
+    assert warning in _render("torchrun.sbatch.j2", {k: v for k, v in TRAIN.items() if k != "checkpoint_dir"})
+    assert warning not in _render("torchrun.sbatch.j2", TRAIN)
