@@ -33,6 +33,7 @@ from devtools.devdaemons import SlurmDaemons
 from devtools.devenv import (CLIENTS, DAEMONS, TERMINAL_JOB_STATES, UNUSABLE, DevClusterError, clean_environ,
                              free_tcp_ports, missing_requirements)
 from devtools.devhost import DebianHostView
+from devtools.devnetns import NodeNetworks
 from devtools.devprocs import MARKER_VAR, cluster_processes, kill_quietly, terminate_group
 
 # The cluster's public face (tests, the demo and the benchmark import these from here).
@@ -65,7 +66,7 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
         boot_timeout: float = 30.0,
         command_timeout: float = 20.0,
         keep_workdir: bool = False,
-        host_view: Optional[DebianHostView] = None,
+        host_view: Optional[DebianHostView | NodeNetworks] = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("nodes must be >= 1")
@@ -85,7 +86,8 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
         self.command_timeout = command_timeout
         self.cluster_id = uuid.uuid4().hex[:12]
         # None: the daemons run on this host as it is, every node at 127.0.0.1 (the default). A DebianHostView:
-        # they run in private namespaces laid out like a stock Debian node, each node at its own address.
+        # they run in private namespaces laid out like a stock Debian node, each node at its own address. A
+        # NodeNetworks: each node's slurmd in network/UTS/mount namespaces of its own, on a bridge (devnetns).
         self.host_view = host_view
         self.hostname = host_view.hostname if host_view else socket.gethostname().split(".")[0]
         self._own_workdir = workdir is None
@@ -154,6 +156,22 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
         """`argv` as it must run to see this cluster (inside the host view's namespaces, if any)."""
         return self.host_view.wrap(argv) if self.host_view else list(argv)
 
+    def node_command(self, node: str, argv: Sequence[str]) -> list[str]:
+        """`argv` as it runs on `node` (as slurmd and its hooks and jobs do there)."""
+        if self.host_view is None:
+            return list(argv)
+        return self.host_view.wrap_node(self.node_names.index(node) + 1, argv)
+
+    def node_hostname(self, node: str) -> str:
+        """The node's NodeHostname: the host name its processes see."""
+        if self.host_view is None:
+            return self.hostname
+        return self.host_view.node_hostname(self.node_names.index(node) + 1)
+
+    @property
+    def controller_addr(self) -> str:
+        return self.host_view.controller_addr if self.host_view else "127.0.0.1"
+
     def node_addr(self, node: str) -> str:
         """The node's NodeAddr in slurm.conf."""
         if self.host_view is None:
@@ -181,9 +199,9 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
         self._started = True
         try:
             self._prepare_dirs()
+            if self.host_view is not None:  # first: slurm.conf names the addresses it chose
+                self.host_view.start(self.base / "etc", len(self.node_names), self.env, names=self.node_names)
             self._write_configs()
-            if self.host_view is not None:
-                self.host_view.start(self.base / "etc", len(self.node_names), self.env)
             self._start_munged()
             self._start_slurmctld()
             for node in self.node_names:

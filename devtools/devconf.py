@@ -29,6 +29,8 @@ class SlurmConfFiles:
     health_check_interval: int
     extra_conf: dict[str, str]
     node_addr: Any
+    node_hostname: Any
+    controller_addr: str
     node_dir: Any
 
     def _write_configs(self) -> None:
@@ -57,7 +59,7 @@ class SlurmConfFiles:
         base = self.base
         return {
             "ClusterName": "gpuguard-dev",
-            "SlurmctldHost": f"{self.hostname}(127.0.0.1)",
+            "SlurmctldHost": f"{self.hostname}({self.controller_addr})",
             "SlurmctldPort": str(self.ctld_port),
             "SlurmUser": "root",
             "SlurmdUser": "root",
@@ -115,7 +117,7 @@ class SlurmConfFiles:
     def _node_lines(self) -> list[str]:
         cpus = os.cpu_count() or 1
         gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
-        return [f"NodeName={node} NodeHostname={self.hostname} NodeAddr={self.node_addr(node)} "
+        return [f"NodeName={node} NodeHostname={self.node_hostname(node)} NodeAddr={self.node_addr(node)} "
                 f"Port={self.node_ports[node]} "
                 f"CPUs={cpus} RealMemory=1024{gres} State=UNKNOWN" for node in self.node_names]
 

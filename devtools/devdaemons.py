@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from devtools.devenv import DevClusterError, which
-from devtools.devprocs import killpg_quietly, terminate_group
+from devtools.devprocs import kill_quietly, killpg_quietly, terminate_group
 
 
 class SlurmDaemons:
@@ -22,18 +22,22 @@ class SlurmDaemons:
     boot_timeout: float
     _procs: dict[str, subprocess.Popen[bytes]]
     command: Any
+    node_command: Any
     node_dir: Any
+    node_names: list[str]
+    host_view: Any
     log_tails: Any
     run: Any
     _daemon_env: Any
 
     # ---------------------------------------------------------------- daemons
 
-    def _spawn(self, name: str, argv: list[str], log_stem: Path) -> subprocess.Popen[bytes]:
-        """Start a daemon in the foreground of its own session (so its whole process group can be killed)."""
+    def _spawn(self, name: str, argv: list[str], log_stem: Path, node: str = "") -> subprocess.Popen[bytes]:
+        """Start a daemon in the foreground of its own session (so its whole process group can be killed); a
+        node's daemon runs as on that node."""
         with open(log_stem.with_suffix(".stderr"), "ab") as stderr:
             proc = subprocess.Popen(
-                self.command(argv),
+                self.node_command(node, argv) if node else self.command(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,
@@ -101,7 +105,45 @@ class SlurmDaemons:
             node,
             [which("slurmd") or "slurmd", "-D", "-N", node, "-f", str(self.conf_path)],
             self.node_dir(node) / "slurmd.log",
+            node=node,
         )
+
+    # ---------------------------------------------------------------- node faults
+
+    def kill_slurmd(self, node: str) -> None:
+        """slurmd dies (SIGKILL); its job steps (slurmstepd, tasks) go on, as after a slurmd crash."""
+        proc = self._procs.pop(node, None)
+        if proc is not None:
+            killpg_quietly(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def power_off(self, node: str) -> None:
+        """The node loses power: slurmd and everything running on it die at once, nothing is told. Needs
+        per-node namespaces (`devtools.devnetns.NodeNetworks`), where "on it" is well defined."""
+        view = self.host_view
+        if view is None or not hasattr(view, "node_pids"):
+            raise DevClusterError("power_off needs a cluster with per-node namespaces (NodeNetworks)")
+        index = self.node_names.index(node) + 1
+        view.cut_link(index)  # first: a node without power sends nothing more (no FIN, no RST to its peers)
+        self.kill_slurmd(node)
+        for _ in range(20):  # a task may fork while we kill: until nothing is left
+            pids = view.node_pids(index)
+            if not pids:
+                return
+            for pid in pids:
+                kill_quietly(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        raise DevClusterError(f"processes on {node} survived its power-off: {view.node_pids(index)}")
+
+    def power_on(self, node: str) -> None:
+        """The node after `power_off` boots again: its link is back and its slurmd registers."""
+        self.host_view.restore_link(self.node_names.index(node) + 1)
+        self.start_slurmd(node)
+
+    def start_slurmd(self, node: str) -> None:
+        """slurmd back on `node` (after kill_slurmd or power_off): it registers again."""
+        if node not in self._procs:
+            self._start_slurmd(node)
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():

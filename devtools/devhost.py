@@ -42,7 +42,7 @@ def missing_host_view_requirements() -> list[str]:
     return [f"{tool} not found (util-linux / iproute2)" for tool in TOOLS if shutil.which(tool, path=path) is None]
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     return shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin") or name
 
 
@@ -62,11 +62,23 @@ class DebianHostView:
             raise RuntimeError("DebianHostView not started")
         return self.holder.pid
 
+    @property
+    def controller_addr(self) -> str:
+        return "127.0.0.1"
+
+    def node_hostname(self, index: int) -> str:
+        """Every node of this view runs on the one host."""
+        return self.hostname
+
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """`argv` run inside the view (its host name, /etc/hosts and addresses)."""
-        return [_tool("nsenter"), "-t", str(self.pid), "-m", "-u", "-n", "--", *argv]
+        return [tool("nsenter"), "-t", str(self.pid), "-m", "-u", "-n", "--", *argv]
 
-    def start(self, workdir: Path, node_count: int, env: Mapping[str, str], timeout: float = 20.0) -> None:
+    def wrap_node(self, index: int, argv: Sequence[str]) -> list[str]:
+        return self.wrap(argv)
+
+    def start(self, workdir: Path, node_count: int, env: Mapping[str, str], timeout: float = 20.0,
+              names: Optional[Sequence[str]] = None) -> None:
         """Create the namespaces (held by a sleeping process) and lay the host out in them."""
         missing = missing_host_view_requirements()
         if missing:
@@ -75,17 +87,17 @@ class DebianHostView:
         hosts.write_text(STOCK_DEBIAN_HOSTS.format(hostname=self.hostname))
         hosts.chmod(0o644)
         self.holder = subprocess.Popen(
-            [_tool("unshare"), "--mount", "--uts", "--net", "--propagation", "private", "--", "sleep", "infinity"],
+            [tool("unshare"), "--mount", "--uts", "--net", "--propagation", "private", "--", "sleep", "infinity"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(env),
             start_new_session=True)
-        enter = [_tool("nsenter"), "-t", str(self.holder.pid)]
+        enter = [tool("nsenter"), "-t", str(self.holder.pid)]
         steps: list[list[str]] = [
-            [*enter, "-n", _tool("ip"), "link", "set", "lo", "up"],
-            *([*enter, "-n", _tool("ip"), "addr", "add", f"{self.node_addr(i)}/32", "dev", "lo"]
+            [*enter, "-n", tool("ip"), "link", "set", "lo", "up"],
+            *([*enter, "-n", tool("ip"), "addr", "add", f"{self.node_addr(i)}/32", "dev", "lo"]
               for i in range(1, node_count + 1)),
             [*enter, "-u", sys.executable, "-c", "import socket, sys; socket.sethostname(sys.argv[1])",
              self.hostname],
-            [*enter, "-m", _tool("mount"), "--bind", str(hosts), "/etc/hosts"],
+            [*enter, "-m", tool("mount"), "--bind", str(hosts), "/etc/hosts"],
         ]
         try:
             self._wait_entered(enter, timeout)

@@ -19,6 +19,7 @@ import yaml
 
 from devtools.devcluster import DevCluster
 from devtools.devhost import DebianHostView
+from devtools.devnetns import NodeNetworks
 from gpuguard.util.fs import atomic_write
 from gpuguard.cli.install import install_hooks, repo_root
 from gpuguard.store.sqlite import Store
@@ -88,7 +89,7 @@ class DevSite:
                  config: Optional[Mapping[str, Any]] = None, prolog: bool = True, epilog: bool = False,
                  healthcheck: bool = False, health_check_interval: int = 0, keep: bool = False,
                  python: Optional[str] = None, slurm_conf: Optional[Mapping[str, str]] = None,
-                 host_view: Optional[DebianHostView] = None, agent: Optional[bool] = None) -> None:
+                 host_view: Optional[DebianHostView | NodeNetworks] = None, agent: Optional[bool] = None) -> None:
         self._own = workdir is None
         self.keep = keep
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gg-site-"))
@@ -202,7 +203,7 @@ class DevSite:
     def run_hook(self, kind: str, node: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
         """Run an installed hook the way slurmd does (e.g. for a node Slurm would not schedule on)."""
         script = self.libexec / f"gpuguard-{kind}"
-        return subprocess.run(self.cluster.command([str(script)]), env=self.hook_env(node, kind, **env),
+        return subprocess.run(self.cluster.node_command(node, [str(script)]), env=self.hook_env(node, kind, **env),
                               capture_output=True, text=True, timeout=timeout, cwd="/")
 
     def write_scenario(self, node: str, base: str, **changes: Any) -> Path:

@@ -186,3 +186,11 @@ def oldest_torch_venv() -> Path:
                                f"{check.stderr[-2000:]}")
         (root / ".ok").write_text(check.stdout)
     return root
+
+
+def netns_site(site_factory, **kw):
+    """A DevSite whose nodes are really apart (devtools.devnetns.NodeNetworks): each in its own network namespace
+    with its own host name, on 127.0.1.1 in its own stock Debian /etc/hosts."""
+    from devtools.devnetns import NodeNetworks
+
+    return site_factory(host_view=NodeNetworks(), **kw)

@@ -11,9 +11,9 @@ import pytest
 
 from gpuguard.templates.attempts import (AttemptFacts, Budget, DEFAULT_NO_RETRY, NodeInfo, Policy, WorkerExit,
                                          budget_from_ledger, decide, no_retry_match, node_failures_in_log)
-from gpuguard.templates.exclusions import Excluded, plan_exclusions, unschedulable
+from gpuguard.templates.exclusions import Excluded, nodes_needed, plan_exclusions, unschedulable
 from gpuguard.templates.torchrun_report import parse_error_file, parse_torchrun_failures
-from gpuguard.templates.jobattempt import CheckpointSpec, JobContext, begin, end, policy_from_args
+from gpuguard.templates.jobattempt import CheckpointSpec, JobContext, begin, end, policy_from_args, slurm_requeued
 from gpuguard.templates.jobfiles import user_store_path, worker_exits
 from gpuguard.templates.jobslurm import Scontrol
 
@@ -206,6 +206,14 @@ def test_unschedulable_warning():
     w = unschedulable(3, parts, ["node2"])
     assert "needs 3 node(s) but only 2" in w and "BadConstraints" in w
     assert unschedulable(3, [], ["node2"]) is None  # partition unknown: no guess
+
+
+def test_nodes_needed_is_not_fooled_by_a_job_still_completing_after_a_node_failure():
+    """Issue 29 item 2: Slurm showed NumNodes=1 for a 2-node job it had requeued after node2 failed (node1 still
+    completing): the exclusion of node2 passed the check and the job pended forever."""
+    assert nodes_needed("1", 2) == 2 and nodes_needed("2", 2) == 2 and nodes_needed("4", 2) == 4
+    assert nodes_needed("2-4", 3) == 2  # a range: its lower bound
+    assert nodes_needed("", 0) == 0 and nodes_needed("garbage", 2) == 2
 
 
 # --------------------------------------------------------------------------- job-attempt at the I/O edge
@@ -462,6 +470,26 @@ def test_slurm_had_already_requeued_the_job_when_the_step_ended(fake):
     assert not any(c.startswith("requeue") for c in calls)
     assert "update JobId=77 ExcNodeList=node2" in calls
     assert [(r["action"], r["excluded"]) for r in _ledger(job_dir)] == [("requeued", ["node2"])]
+
+
+def test_slurm_requeue_of_a_job_still_completing_never_excludes_the_last_nodes_it_needs(fake):
+    """Issue 29 item 2: Slurm requeued a 2-node job after node2 failed; while node1 was still completing, scontrol
+    said NumNodes=1, the check passed, ExcNodeList=node2 was set and the job pended forever on a 2-node partition.
+    Also what the batch script asks at the SIGTERM (job-attempt end --if-requeued)."""
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    assert not slurm_requeued(ctx)
+    (d / "job.txt").write_text("JobId=77 JobState=PENDING Reason=BeginTime Restarts=1 ExcNodeList=(null) "
+                               f"NodeList=node1 NumNodes=1 Partition=gpu StdOut={log}\n")
+    (d / "partition.txt").write_text("PartitionName=gpu AllowGroups=ALL Nodes=node[1-2] TotalNodes=2\n")
+    (d / "nodes.txt").write_text("NodeName=node1 State=IDLE+COMPLETING\nNodeName=node2 State=DOWN+NOT_RESPONDING "
+                                 "Reason=Not responding [slurm@2026-11-22T04:07:37]\n")
+    assert slurm_requeued(ctx)
+    dec = end(ctx, job_dir, 1, 143, "term", policy_from_args(3, [], []))
+    assert (dec.reason, dec.action, dec.exclude) == ("node_failure", "requeued", ())
+    assert not any(c.startswith("update") for c in _calls(d))
+    rec = _ledger(job_dir)[0]
+    assert (rec["exclusions"], rec["unexcluded"]) == ([], ["node2"]) and "2 needed of 2" in rec["exclusion_note"]
 
 
 def test_a_requeue_refused_because_slurm_requeued_first_is_still_a_requeue(fake):

@@ -19,6 +19,9 @@ def test_parse_set():
         "nodes": 4, "monitor": True, "command": ["a.py", "--x", "1"], "env": {"FOO": "bar baz"}, "job_name": ""}
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_set(["nodes"])
+    # issue 29: a bad name is named, not called a missing '='
+    with pytest.raises(ValueError, match="'BAD-NAME' is not a valid name"):
+        parse_set(["env.BAD-NAME=1"])
     assert merge_values({"env": {"A": 1}, "nodes": 2}, {"env": {"B": 2}}, {"nodes": 3}) == \
         {"env": {"A": 1, "B": 2}, "nodes": 3}
 

@@ -215,3 +215,32 @@ def test_the_rendezvous_address_is_never_a_resolved_loopback(tmp_path, addr1, ad
                             "ADDR2": addr2, "RESOLVED": resolved, "SLURMD_NODENAME": batch_host})
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == f"HEAD_ADDR={expect}"
+
+
+@pytest.mark.parametrize("finished_first", [True, False])
+def test_a_time_limit_warning_after_the_training_finished_is_not_a_time_limit(tmp_path, finished_first):
+    """Issue 29: the time-limit warning (USR1) came while the step was winding down after the training had finished:
+    the attempt was recorded as a time limit and the job requeued once more for nothing. Now a USR1 that reached no
+    running torchrun leaves the event `none` (the attempt finished); one that stopped a running training is still
+    the time limit."""
+    stubs, env = _setup(tmp_path)
+    # srun runs the node's part, then the warning reaches the batch shell (its parent) while srun is still there
+    (stubs / "srun").write_text("#!/bin/bash\ncase \" $* \" in *\" monitor \"*) exit 0 ;; esac\n"
+                                "while [ $# -gt 0 ] && [ \"$1\" != bash ]; do shift; done\n"
+                                "export SLURM_NODEID=0 SLURMD_NODENAME=node1\n"
+                                "\"$@\" &\nnode=$!\n"
+                                + ("wait $node\nkill -USR1 $PPID\nsleep 1\n" if finished_first else
+                                   "sleep 1\nkill -USR1 $PPID\nsleep 0.5\nkill -USR2 $node\nwait $node\n"))
+    (stubs / "scancel").write_text("#!/bin/bash\nexit 0\n")
+    (stubs / "scancel").chmod(0o755)
+    (stubs / "torchrun x").write_text("#!/bin/bash\nif [ \"$1\" = --help ]; then exit 0; fi\n"
+                                      "trap 'exit 0' TERM\nsleep " + ("0" if finished_first else "5 & wait") + "\n")
+    values = {"nodes": 1, "command": ["train.py"], "checkpoint_dir": "c", "local_dir": str(tmp_path),
+              "gpuguard": str(stubs / "gg"), "torchrun": str(stubs / "torchrun x"), "job_root": "jobs"}
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_template("torchrun.sbatch.j2", values))
+    p = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**env, "SLURM_JOB_NUM_NODES": "1"},
+                       capture_output=True, text=True, timeout=60)
+    end = [a.decode() for a in (tmp_path / "end.args").read_bytes().split(b"\0")[:-1]]
+    assert end[end.index("--event") + 1] == ("none" if finished_first else "timelimit"), p.stderr
+    assert ("had finished before the time-limit warning" in p.stderr) == finished_first, p.stderr

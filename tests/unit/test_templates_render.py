@@ -103,7 +103,10 @@ def test_preset_environment_is_in_the_script():
     assert 'export TRITON_CACHE_DIR="${LOCAL_DIR}"/triton-cache' in node_fn and 'mkdir -m 700' in node_fn
     # modern stack: no protocol/algorithm pinning (it disables the aws-ofi-nccl tuner), not even inherited
     assert "export NCCL_PROTO" not in p5 and "unset NCCL_PROTO" in p5 and "unset NCCL_ALGO" in p5
-    assert "NCCL_SOCKET_IFNAME" not in p5.split("# Preset:")[1].split("\n", 1)[1]
+    # never NCCL_SOCKET_IFNAME on P5 (AWS: leave it to NCCL), not even the node's own interface (issue 29)
+    ifname_fn = p5[p5.index("gpuguard_socket_ifname() {"):p5.index("gpuguard_route_dev() {")]
+    assert "export GPUGUARD_NCCL_IFNAME=0" in p5
+    assert "NCCL_SOCKET_IFNAME=" not in p5.split("# Preset:")[1].split("\n", 1)[1].replace(ifname_fn, "")
     assert "FI_EFA_USE_DEVICE_RDMA" not in p5 and "FI_PROVIDER" not in p5
     legacy = _render("torchrun.sbatch.j2", {**TRAIN, "preset": "p4d.24xlarge", "stack": "efa-ofi-1.5"})
     for line in ("export FI_EFA_USE_DEVICE_RDMA=1", "export FI_PROVIDER=efa", "export NCCL_PROTO=simple"):
@@ -278,3 +281,18 @@ def test_site_template_directory_wins(tmp_path):
         "{#- gpuguard:variables\nnodes: {type: int, required: true, help: n}\n-#}\n#!/bin/bash\n# site {{ nodes }}\n")
     assert render_template("torchrun.sbatch.j2", {"nodes": 3}, template_dirs=[str(tmp_path)]) == \
         "#!/bin/bash\n# site 3\n"
+
+
+def test_a_job_name_with_a_slash_is_refused_when_the_output_file_is_named_after_it():
+    """Issue 29: job_name 'a/b' with output '%x-%j.out' made Slurm fail the job with no output file at all."""
+    with pytest.raises(TemplateError, match="'job_name'.*contains '/'"):
+        _render("torchrun.sbatch.j2", {**TRAIN, "job_name": "exp/1"})
+    assert "#SBATCH --job-name=exp/1" in _render("torchrun.sbatch.j2",
+                                                  {**TRAIN, "job_name": "exp/1", "output": "logs/%j.out"})
+
+
+def test_no_checkpoint_dir_is_warned_about():
+    """Issue 29: without checkpoint_dir every time-limit requeue restarted from step 0, silently."""
+    warning = "# WARNING: checkpoint_dir is not set"
+    assert warning in _render("torchrun.sbatch.j2", {k: v for k, v in TRAIN.items() if k != "checkpoint_dir"})
+    assert warning not in _render("torchrun.sbatch.j2", TRAIN)

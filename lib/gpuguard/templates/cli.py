@@ -73,8 +73,12 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
+        if not sep or not key:
             raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        bad = [part for part in key.split(".") if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part)]
+        if bad:
+            raise ValueError(f"--set {item!r}: {bad[0]!r} is not a valid name (letters, digits and '_', not starting "
+                             "with a digit; '.' separates nested keys, e.g. env.WANDB_PROJECT=x)")
         try:
             value = load_yaml_text(raw, f"--set {key}") if raw.strip() else ""
         except YamlError:

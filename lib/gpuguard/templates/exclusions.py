@@ -76,6 +76,19 @@ def fit_exclusions(plan: ExclusionPlan, needed: int, partition: Sequence[str], s
     return tuple(sorted(exclude)), tuple(dropped)
 
 
+def nodes_needed(num_nodes: str, this_attempt: int) -> int:
+    """How many nodes the job needs to start again, from scontrol's `NumNodes` and the number of nodes this attempt
+    ran on. While a job that Slurm requeued after a node failure is still completing, `NumNodes` counts only the
+    nodes left completing (1 of 2 on Slurm 22.05: a check against it let an exclusion through that left the job
+    pending forever), so a fixed size is at least this attempt's; a range ("2-4") needs its lower bound. Pure."""
+    low, sep, _high = (num_nodes or "").partition("-")
+    try:
+        count = int(low)
+    except ValueError:
+        count = 0
+    return count if sep else max(count, this_attempt)
+
+
 def unschedulable(needed: int, partition_nodes: Sequence[str], excluded: Sequence[str]) -> Optional[str]:
     """A warning when the partition has fewer nodes than the job needs once ExcNodeList is applied. Pure."""
     if not partition_nodes or needed <= 0:

@@ -33,7 +33,8 @@ from gpuguard.notify import Event, emit, user_state_path
 from gpuguard.templates.attempts import (DEFAULT_NO_RETRY, AttemptFacts, Decision, NodeInfo, Policy,
                                          budget_from_ledger, decide)
 from gpuguard.templates.checkpoint import find_checkpoint
-from gpuguard.templates.exclusions import Excluded, ExclusionPlan, fit_exclusions, plan_exclusions, unschedulable
+from gpuguard.templates.exclusions import (Excluded, ExclusionPlan, fit_exclusions, nodes_needed, plan_exclusions,
+                                           unschedulable)
 from gpuguard.templates.jobfiles import (LEDGER, STATE, append_ledger, fabric_summary, monitor_requeue_since,
                                          read_ledger, read_log_since, record_store, user_store_path, warn,
                                          worker_exits, write_json_atomic)
@@ -198,6 +199,14 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
                            exit_code, ckpt_step, keep_excluded)
 
 
+def slurm_requeued(ctx: JobContext) -> bool:
+    """Whether Slurm has requeued the job since this attempt started (its Restarts went up)."""
+    try:
+        return int(ctx.scontrol.job(ctx.job_id)["Restarts"]) > ctx.restarts_at_start
+    except (KeyError, ValueError):
+        return False
+
+
 def _slurm_requeued_since(ctx: JobContext, facts: AttemptFacts, policy: Policy,
                           decision: Decision) -> tuple[AttemptFacts, Decision]:
     """Facts and decision again if `scontrol show job` now says Slurm requeued the job (Restarts went up)."""
@@ -256,8 +265,10 @@ def _record_and_act(ctx: JobContext, job_dir: Path, job: Mapping[str, str], ledg
         # eligible to start again before this (Slurm waits out EligibleTime), so the next attempt sees it.
         if not ctx.scontrol.exclude(ctx.job_id, plan.exclude):
             warn(f"could not set ExcNodeList={','.join(plan.exclude)} on the requeued job")
-        elif plan.dropped:
-            warn(f"no longer excluding {','.join(plan.dropped)}: healthy again")
+        elif healthy := [n for n in plan.dropped if n not in rec.get("_room", ())]:
+            warn(f"no longer excluding {','.join(healthy)}: healthy again")
+    if plan is not None:  # what is said from here on is what was set: not a node dropped to let the job fit
+        return replace(decision, exclude=tuple(n for n in decision.exclude if n in plan.exclude))
     return decision
 
 
@@ -274,10 +285,7 @@ def _plan_exclusions(ctx: JobContext, job: Mapping[str, str], ledger: Sequence[M
     infos.update(ctx.scontrol.nodes(earlier))
     plan = plan_exclusions(current, static, ours, infos, decision.exclude)
     rec["_current_exclusions"] = current
-    try:
-        needed = int(job.get("NumNodes", "0").split("-")[0])
-    except ValueError:
-        needed = 0
+    needed = nodes_needed(job.get("NumNodes", ""), len(nodes))
     partition = ctx.scontrol.partition_nodes(job.get("Partition", "")) if plan.exclude else []
     order = [n for n in ours if n in plan.exclude] + [n for n in decision.exclude if n not in ours]
     fitted, room = fit_exclusions(plan, needed, partition, static, order)
@@ -289,6 +297,7 @@ def _plan_exclusions(ctx: JobContext, job: Mapping[str, str], ledger: Sequence[M
                 + (f"{states}: " if states else "") + "Slurm does not use a drained or down node, so the job "
                 "starts once it is back")
         rec["exclusion_note"] = note
+        rec["_room"] = room
         print(f"gpuguard: {note}", file=sys.stderr)
     if plan.dropped:
         rec["unexcluded"] = list(plan.dropped)

@@ -45,6 +45,8 @@ def add_parser(sub: Any) -> None:
                            help="nodes the job itself excludes (kept on every requeue)")
             s.add_argument("--no-retry-exit-code", type=int, action="append", default=[])
             s.add_argument("--no-retry-pattern", action="append", default=[])
+            s.add_argument("--if-requeued", action="store_true",
+                           help="only if Slurm already requeued the job (else print 'running 0' and record nothing)")
         if name == "fabric":
             s.add_argument("--expect", required=True, choices=("efa", "ib"))
             s.add_argument("--ranks", type=int, required=True)
@@ -69,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.attempt_cmd == "end":
         ja.ignore_term()
+        if args.if_requeued and not ja.slurm_requeued(ctx):
+            print("running 0")
+            return 0
         for p in args.no_retry_pattern:
             re.compile(p)
         max_failures = args.max_failures if args.max_failures is not None else \

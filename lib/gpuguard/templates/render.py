@@ -335,6 +335,14 @@ def _computed(values: dict[str, Any], template: str, site_presets: Optional[Mapp
                                    values.get("container_mounts") or [], [values.get("local_dir") or ""])
         if problem:
             gg.setdefault("warnings", []).append(problem + " (the job checks it on the nodes and stops if so)")
+    output, name = str(values.get("output") or ""), str(values.get("job_name") or "")
+    if "%x" in output and "/" in name:
+        raise TemplateError(f"{template}: variable 'job_name': {name!r} contains '/', and output {output!r} puts the "
+                            "job name (%x) into a file name: Slurm would fail the job without any output file")
+    if "checkpoint_dir" in values and not values["checkpoint_dir"]:
+        gg.setdefault("warnings", []).append(
+            "checkpoint_dir is not set: the job is never given a checkpoint to resume from, so every requeue (the "
+            "time limit's included) restarts the training from step 0")
     if "requeue_grace_s" in values:
         gg["shutdown_timeout_s"] = shutdown_timeout(values["requeue_grace_s"], values.get("shutdown_timeout_s"))
         if gg["shutdown_timeout_s"] >= values["requeue_grace_s"]:
