@@ -42,11 +42,12 @@ def test_a_scaffolded_check_is_registered_and_its_fixture_must_be_written(tmp_pa
                        "lib/gpuguard/checks/registered.py", "tests/unit/test_check_registry.py"]
     assert sorted(re.findall(r"^edited (\S+)$", run.stdout, re.M)) == changed
     env = {"PYTHONPATH": f"{copy / 'lib'}:{copy}", "PATH": "/usr/bin:/bin"}
+    # registered with its derived tables, in the group of gpu/identity's checks (after the last of them)
     probe = ("from gpuguard.checks import get_check, node_scope, registry\n"
              "from gpuguard.slurm.reason import valid_keyword\n"
              f"s = get_check('{CHECK_ID}'); ids = [c.id for c in registry()]\n"
              f"print(s.keyword, s.scope, '{CHECK_ID}' in node_scope(), valid_keyword('{KEYWORD}'),\n"
-             f"      ids.index('{CHECK_ID}') == ids.index('gpu.memory') + 1)")  # in gpu/identity's group
+             f"      registry()[ids.index('{CHECK_ID}') - 1].func.__module__ == 'gpuguard.checks.gpu.identity')")
     out = subprocess.run([sys.executable, "-c", probe], cwd=copy, env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == [KEYWORD, "node", "True", "True", "True"], out.stderr
     assert f'<a id="{CHECK_ID}"></a>' in (copy / "docs" / "runbooks.md").read_text()
