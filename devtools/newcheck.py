@@ -10,7 +10,8 @@
 3. its registry entry: a `CheckSpec` in lib/gpuguard/checks/registered.py, in the group that holds the module's
    other checks, with the next free priority (after every other check: move it up if it is a root cause);
 4. its documentation: its section in docs/runbooks.md (the anchor the registry test looks for) and its row in
-   README's check table (with its keyword in README's list), both with TODOs the registry test refuses.
+   README's check table (with its keyword in README's list), both with TODOs the registry test refuses; a prolog
+   check is also counted in README's demo description (the checks the demo's healthy prolog passes).
 
 It edits the files in place (a checkout, never an installed package) and prints what it did; `--dry-run` only
 prints. Nothing else needs editing: keywords, priorities, node scope and what the probe reads are derived from the
@@ -183,7 +184,17 @@ def _with_readme_row(readme_src: str, check_id: str, keyword: str) -> str:
     listed = out[out.index("Keywords: ") + len("Keywords: "):out.index(marker)]
     if keyword not in re.findall(r"[A-Z]+", listed):
         out = out.replace(marker, f", {keyword}{marker}", 1)
-    return out
+    return _counted_in_demo(out)
+
+
+def _counted_in_demo(readme_src: str) -> str:
+    """README's demo description with one more check in "the prolog passes (N checks": a prolog check passes on
+    the demo's healthy nodes (tests/unit/test_newcomer.py compares N with what that prolog reports)."""
+    demo = readme_src.find("## What `make demo` shows")
+    m = re.compile(r"\((\d+) checks").search(readme_src, demo) if demo >= 0 else None
+    if m is None or readme_src.find("\n## ", demo + 1) < m.start():
+        return readme_src
+    return readme_src[:m.start(1)] + str(int(m.group(1)) + 1) + readme_src[m.end(1):]
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -26,6 +26,10 @@ def _newcheck(copy: Path, *extra: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
+def _demo_count(readme: Path) -> int:
+    return int(re.search(r"\((\d+) checks", readme.read_text().split("## What `make demo` shows", 1)[1]).group(1))
+
+
 @pytest.mark.slow(8)  # a copy of the checkout, three interpreters and a pytest run in it
 def test_a_scaffolded_check_is_registered_and_its_fixture_must_be_written(tmp_path):
     copy = tmp_path / "repo"
@@ -41,6 +45,8 @@ def test_a_scaffolded_check_is_registered_and_its_fixture_must_be_written(tmp_pa
     assert changed == ["README.md", "docs/runbooks.md", "lib/gpuguard/checks/gpu/identity.py",
                        "lib/gpuguard/checks/registered.py", "tests/unit/test_check_registry.py"]
     assert sorted(re.findall(r"^edited (\S+)$", run.stdout, re.M)) == changed
+    # README's demo description counts the checks the healthy prolog passes (tests/unit/test_newcomer.py): one more
+    assert _demo_count(copy / "README.md") == _demo_count(ROOT / "README.md") + 1
     env = {"PYTHONPATH": f"{copy / 'lib'}:{copy}", "PATH": "/usr/bin:/bin"}
     # registered with its derived tables, in the group of gpu/identity's checks (after the last of them)
     probe = ("from gpuguard.checks import get_check, node_scope, registry\n"
