@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -22,7 +21,7 @@ from gpuguard.checks import (ALL_KINDS, CheckInput, CheckSpec, cleared_only_by_r
                              node_scope, param_defaults, probe_options, registry, run_check)
 from gpuguard.checks.gpu.memory_errors import RECOVERY_ACTIONS
 from gpuguard.config.schema import parse_config
-from gpuguard.model import (Action, DiskUsage, FabricObservation, FiInfo, Finding, GpuInfo, GpuProcess, JobCleanup,
+from gpuguard.model import (Action, DiskUsage, FabricObservation, FiInfo, Finding, GpuProcess, JobCleanup,
                             KernelLogObservation, NvmlObservation, Observations, ProbeStatus, RdmaDevice, RdmaPort,
                             Severity, SystemObservation, XidEvent)
 from gpuguard.nccl.parse import parse_nccl
@@ -31,30 +30,14 @@ from gpuguard.probes.dcgm import parse_dcgm_diag
 from gpuguard.probes.efa_counters import EfaCounterObservation, EfaPortCounters
 from gpuguard.profiles import Profile, load_profile
 from gpuguard.xid.catalog import load_catalog
+from h100 import bad_gpu, h100, node
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 P5 = load_profile("p5.48xlarge")
 DGX = load_profile("dgx-h100-ib")
-BUS = ["53", "64", "75", "86", "97", "a8", "b9", "ca"]
-
-
-def h100(i: int, **kw) -> GpuInfo:
-    """An idle, healthy H100 SXM as NVML reports it (values from tests/fixtures/nvml/)."""
-    g = GpuInfo(index=i, uuid=f"GPU-{i}", pci_bus_id=f"0000:{BUS[i]}:00.0", name="NVIDIA H100 80GB HBM3",
-                memory_total_mib=81559, memory_used_mib=0, ecc_enabled=True, ecc_pending_enabled=True,
-                ecc_volatile_uncorrected=0, ecc_aggregate_uncorrected=0, remapped_rows_correctable=0,
-                remapped_rows_uncorrectable=0, remapped_rows_pending=False, remapped_rows_failure=False,
-                recovery_action=0, temperature_c=31, temperature_slowdown_c=89, temperature_gpu_max_c=87,
-                temperature_mem_max_c=95, memory_temperature_c=36, clock_event_reasons=0x1, pcie_gen_current=5,
-                pcie_gen_max=5, pcie_width_current=16, pcie_width_max=16, nvlink_active=[True] * 18,
-                fabric_state=3, fabric_status=0, fabric_health_mask=0)
-    return replace(g, **kw)
-
-
-def gpus(bad: int = 2, **kw) -> Observations:
-    gl = [h100(i, **kw) if i == bad else h100(i) for i in range(8)]
-    return Observations(nvml=NvmlObservation(driver_version="550.90.07", device_count=8, gpus=gl))
+# A check id and keyword no real check or documented example uses: the tests' stand-ins for "not registered"
+UNREGISTERED_ID, UNREGISTERED_KEYWORD = "testonly.unregistered", "TESTONLY"
 
 
 def with_previous(obs: Observations, **previous) -> Observations:
@@ -94,6 +77,11 @@ def sys_obs(**kw) -> Observations:
     return Observations(system=SystemObservation(**base))
 
 
+def _todo(what: str) -> Observations:
+    """A scaffolded check's failing fixture, still to write (devtools/newcheck.py puts it in FAILING)."""
+    raise NotImplementedError(what)
+
+
 # check id -> failing fixtures: (observations, profile, params, job GPUs). Real-world shapes: NVML values as a real
 # H100 SXM reports them, a real Xid 79 line, recorded nccl-tests and dcgmi outputs (tests/fixtures/).
 Case = tuple[Callable[[], Observations], Profile, dict, "tuple[int, ...] | None"]
@@ -103,36 +91,36 @@ FAILING: dict[str, list[Case]] = {
          P5, {}, None),
         (lambda: Observations(nvml=NvmlObservation(status=ProbeStatus(complete=False, timed_out=True),
                                                    init_error="TIMEOUT")), P5, {}, None),
-        (lambda: gpus(3, fatal_error="GPU_IS_LOST"), P5, {}, None),
+        (lambda: bad_gpu(3, fatal_error="GPU_IS_LOST"), P5, {}, None),
     ],
     "gpu.count": [(lambda: Observations(nvml=NvmlObservation(device_count=7, gpus=[h100(i) for i in range(7)])),
                    P5, {}, None)],
-    "gpu.model": [(lambda: gpus(1, name="NVIDIA A100-SXM4-80GB"), P5, {"severity": "fail"}, None)],
-    "gpu.memory": [(lambda: gpus(1, memory_total_mib=40_000), P5, {}, None)],
-    "gpu.ecc": [(lambda: gpus(5, ecc_volatile_uncorrected=2), P5, {}, None),
-                (lambda: gpus(5, ecc_volatile_uncorrected=None, errors={"ecc_volatile_uncorrected": "UNKNOWN"}),
+    "gpu.model": [(lambda: bad_gpu(1, name="NVIDIA A100-SXM4-80GB"), P5, {"severity": "fail"}, None)],
+    "gpu.memory": [(lambda: bad_gpu(1, memory_total_mib=40_000), P5, {}, None)],
+    "gpu.ecc": [(lambda: bad_gpu(5, ecc_volatile_uncorrected=2), P5, {}, None),
+                (lambda: bad_gpu(5, ecc_volatile_uncorrected=None, errors={"ecc_volatile_uncorrected": "UNKNOWN"}),
                  P5, {}, None)],
     "gpu.retired_pages": [(lambda: Observations(nvml=NvmlObservation(device_count=1, gpus=[h100(
         0, retired_pages_pending=True, retired_pages_sbe=2, retired_pages_dbe=1)])), P5, {}, None)],
-    "gpu.row_remap": [(lambda: gpus(2, remapped_rows_failure=True), P5, {}, None),
-                      (lambda: gpus(2, remapped_rows_pending=True), P5, {}, None)],
-    "gpu.recovery_action": [(lambda: gpus(2, recovery_action=code), P5, {}, None) for code in RECOVERY_ACTIONS]
-    + [(lambda: gpus(2, recovery_action=None), P5, {}, None)],
-    "gpu.xid": [(lambda: Observations(kernel_log=xid_log(79), nvml=gpus().nvml), P5, {}, None),
+    "gpu.row_remap": [(lambda: bad_gpu(2, remapped_rows_failure=True), P5, {}, None),
+                      (lambda: bad_gpu(2, remapped_rows_pending=True), P5, {}, None)],
+    "gpu.recovery_action": [(lambda: bad_gpu(2, recovery_action=code), P5, {}, None) for code in RECOVERY_ACTIONS]
+    + [(lambda: bad_gpu(2, recovery_action=None), P5, {}, None)],
+    "gpu.xid": [(lambda: Observations(kernel_log=xid_log(79), nvml=node().nvml), P5, {}, None),
                 (lambda: Observations(kernel_log=KernelLogObservation(source="kmsg", rejected_non_kernel=2)), P5, {},
                  None)],  # forged NVRM lines (logger): warned, never drained
-    "gpu.temperature": [(lambda: gpus(6, temperature_c=91), P5, {}, None)],
-    "gpu.throttle": [(lambda: gpus(6, clock_event_reasons=0x48), P5, {}, None)],
-    "gpu.pcie": [(lambda: with_previous(gpus(6, pcie_width_current=8, clock_event_reasons=0, utilization_gpu_pct=99),
+    "gpu.temperature": [(lambda: bad_gpu(6, temperature_c=91), P5, {}, None)],
+    "gpu.throttle": [(lambda: bad_gpu(6, clock_event_reasons=0x48), P5, {}, None)],
+    "gpu.pcie": [(lambda: with_previous(bad_gpu(6, pcie_width_current=8, clock_event_reasons=0, utilization_gpu_pct=99),
                                         inventory={"pcie": {"GPU-6": [5, 16]}}), P5, {}, None)],
-    "gpu.nvlink": [(lambda: gpus(2, nvlink_active=[True] * 3 + [False] + [True] * 14), P5, {}, None),
-                   (lambda: with_previous(gpus(2, nvlink_active=[True] * 12), inventory={"nvlinks": {"GPU-2": 18}}),
+    "gpu.nvlink": [(lambda: bad_gpu(2, nvlink_active=[True] * 3 + [False] + [True] * 14), P5, {}, None),
+                   (lambda: with_previous(bad_gpu(2, nvlink_active=[True] * 12), inventory={"nvlinks": {"GPU-2": 18}}),
                     P5, {}, None)],
-    "gpu.fabric": [(lambda: gpus(2, fabric_state=1), P5, {}, None),
-                   (lambda: gpus(2, fabric_health_mask=0x1), P5, {}, None)],
-    "gpu.processes": [(lambda: gpus(1, processes=[GpuProcess(4242, 30_000, "python")]), P5, {}, (0, 1))],
+    "gpu.fabric": [(lambda: bad_gpu(2, fabric_state=1), P5, {}, None),
+                   (lambda: bad_gpu(2, fabric_health_mask=0x1), P5, {}, None)],
+    "gpu.processes": [(lambda: bad_gpu(1, processes=[GpuProcess(4242, 30_000, "python")]), P5, {}, (0, 1))],
     "gpu.leftovers": [(lambda: Observations(cleanup=JobCleanup(survivors=[GpuProcess(77)])), P5, {}, (0,))],
-    "gpu.memory_released": [(lambda: gpus(0, memory_used_mib=8000), P5, {}, (0,))],
+    "gpu.memory_released": [(lambda: bad_gpu(0, memory_used_mib=8000), P5, {}, (0,))],
     "fabric.efa": [(lambda: Observations(fabric=efa(down=(5,))), P5, {}, None),
                    (lambda: with_previous(Observations(fabric=efa(28)), inventory={"efa": 32}), P5, {}, None)],
     "fabric.ib": [(lambda: with_previous(Observations(fabric=FabricObservation(devices=[
@@ -183,6 +171,8 @@ def test_checks_emit_only_keywords_their_spec_declares(check_id):
 def test_every_check_is_described_in_one_place(spec):
     runbooks = (ROOT / "docs" / "runbooks.md").read_text()
     assert f'<a id="{spec.runbook_anchor}"></a>' in runbooks, f"docs/runbooks.md has no section for {spec.id}"
+    section = runbooks.split(f'<a id="{spec.runbook_anchor}"></a>', 1)[1].split("\n<a id=", 1)[0].split("\n## ")[0]
+    assert "TODO" not in section, section  # written, not the scaffold's placeholder
     assert spec.keywords and all(re.fullmatch(r"[A-Z]+", k) for k in spec.keywords)
     assert spec.scope in ("node", "job") and spec.needs in {
         "nvml", "kernel_log", "fabric", "system", "nccl", "dcgm", "efa_counters"}
@@ -194,8 +184,44 @@ def test_priorities_are_unique_and_root_causes_come_first():
     prio = [s.priority for s in registry()]
     assert len(set(prio)) == len(prio)
     order = checks.check_priority()
-    assert order[:3] == ["gpu.xid", "gpu.nvml", "gpu.count"] and order[-1] == "sys.cpu"
+    assert order[:3] == ["gpu.xid", "gpu.nvml", "gpu.count"]
+    # a reason names unambiguous hardware evidence before any configuration or environment check
+    assert max(s.priority for s in registry() if s.hardware_evidence) < min(
+        s.priority for s in registry() if not s.hardware_evidence)
     assert policy.CHECK_PRIORITY == order  # the name policy used to define by hand, now derived
+
+
+def _readme_check_table() -> list[list[str]]:
+    """README's table under "What the prolog checks": its rows' cells."""
+    section = (ROOT / "README.md").read_text().split("## What the prolog checks", 1)[1].split("\n## ", 1)[0]
+    table = section[section.index("\n| check | keyword |"):].split("\n\n", 1)[0].strip().splitlines()[2:]
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
+
+
+def test_readme_lists_the_checks_the_registry_has():
+    """README's check table has a row for every registered check a prolog runs, with the keywords it declares
+    (XID<code> is XID) and no TODO the scaffold left; its list of drain keywords is the vocabulary. A check added
+    without its row fails here."""
+    rows = [(re.findall(r"[a-z]+\.[a-z_]+", r[0]), set(re.findall(r"[A-Z]+", r[1])), r) for r in _readme_check_table()]
+    listed = [i for ids, _, _ in rows for i in ids]
+    assert sorted(listed) == sorted(s.id for s in registry() if "prolog" in s.kinds)
+    for ids, kws, cells in rows:
+        assert kws == {k for i in ids for k in get_check(i).keywords}, ids
+        assert not any("TODO" in c for c in cells), cells
+    drain = (ROOT / "README.md").read_text().split("## Drain reasons", 1)[1]
+    listed_kws = drain[drain.index("Keywords: ") + len("Keywords: "):drain.index("(each check declares")]
+    assert set(re.findall(r"[A-Z]+", listed_kws)) == reason.keywords()
+
+
+def test_each_check_modules_docstring_names_its_checks():
+    """The first paragraph of a check module's docstring names exactly the checks whose functions it holds."""
+    ids = {s.id for s in registry()}
+    held: dict[str, set[str]] = {}
+    for s in registry():
+        held.setdefault(s.func.__module__, set()).add(s.id)
+    for module, own in held.items():
+        first = (sys.modules[module].__doc__ or "").split("\n\n", 1)[0]
+        assert set(re.findall(r"[a-z]+\.[a-z_]+", first)) & ids == own, module
 
 
 def test_derived_tables():
@@ -218,7 +244,7 @@ def test_hardware_evidence_is_a_failure_of_such_a_check_never_a_mismatch():
     ecc = get_check("gpu.ecc")
     dbe = _run(ecc, FAILING["gpu.ecc"][0])[0]
     assert is_hardware_evidence(dbe)
-    disabled = _run(ecc, (lambda: gpus(1, ecc_enabled=False), P5, {"require_enabled": True}, None))[0]
+    disabled = _run(ecc, (lambda: bad_gpu(1, ecc_enabled=False), P5, {"require_enabled": True}, None))[0]
     assert disabled.severity is Severity.FAIL and not is_hardware_evidence(disabled)  # a setting, not a fault
     assert not is_hardware_evidence(_run(get_check("sys.disk"), FAILING["sys.disk"][0])[0])
 
@@ -227,36 +253,38 @@ def test_hardware_evidence_is_a_failure_of_such_a_check_never_a_mismatch():
 
 
 @pytest.mark.parametrize("check_id, keyword, expected", [
-    ("gpu.ecc", "PERSIST", "ECC"),  # a keyword missing from the vocabulary: the check's default
+    ("gpu.ecc", UNREGISTERED_KEYWORD, "ECC"),  # a keyword missing from the vocabulary: the check's default
     ("gpu.ecc", "XID79", "ECC"),  # a real keyword, but not one gpu.ecc declares
     ("gpu.nvml", "TIMEOUT", "TIMEOUT"),  # declared: kept
     ("gpu.xid", "XID79", "XID79"),
-    ("gpu.persistence", "PERSIST", "INTERNAL"),  # not even a registered check
+    (UNREGISTERED_ID, UNREGISTERED_KEYWORD, "INTERNAL"),  # not even a registered check
     ("gpu.ecc", "", "ECC"),
 ])
 def test_decide_never_raises_for_an_undeclared_keyword(check_id, keyword, expected):
-    f = Finding(check_id, Severity.FAIL, "persistence mode is off on GPU 3", keyword=keyword, action=Action.DRAIN)
+    f = Finding(check_id, Severity.FAIL, "something is off on GPU 3", keyword=keyword, action=Action.DRAIN)
     v = policy.decide([f], "prolog")
     assert v.outcome == "drain" and v.reason.startswith(f"gpuguard: {expected} {check_id}: ")
 
 
 def test_a_new_check_is_one_registry_entry(monkeypatch):
-    """What adding "persistence mode must be on" takes: the function and one CheckSpec. Its keyword reaches the
-    reason vocabulary and its priority the decision without touching reason.py or policy.py."""
+    """What adding a check takes: the function and one CheckSpec (here under an id no real check uses). Its keyword
+    reaches the reason vocabulary and its priority the decision without touching reason.py or policy.py."""
     from gpuguard.checks._util import fail, ok, spec_of
 
-    def check_persistence(obs: Observations, inp: CheckInput) -> list[Finding]:
+    def check_widget(obs: Observations, inp: CheckInput) -> list[Finding]:
         s = spec_of(inp)
         off = [g.index for g in obs.nvml.gpus if g.persistence_mode is False]
         return [fail(s, f"persistence mode off on GPU {off}", "nvidia-smi -pm 1")] if off else [ok(s, "on")]
 
-    spec = CheckSpec("gpu.persistence", ("PERSIST",), "nvml", check_persistence, ALL_KINDS, {},
+    assert UNREGISTERED_ID not in {s.id for s in registry()} and not reason.valid_keyword(UNREGISTERED_KEYWORD)
+    spec = CheckSpec(UNREGISTERED_ID, (UNREGISTERED_KEYWORD,), "nvml", check_widget, ALL_KINDS, {},
                      "persistence mode is on", priority=5)
     monkeypatch.setattr(registered, "_REGISTRY", registry() + [spec])
     monkeypatch.setattr(reason, "_keywords", None)
-    found = run_check(spec, gpus(3, persistence_mode=False), CheckInput(profile=P5))
+    found = run_check(spec, bad_gpu(3, persistence_mode=False), CheckInput(profile=P5))
     v = policy.decide(found + _run(get_check("sys.disk"), FAILING["sys.disk"][0]), "prolog")  # both drain
-    assert v.reason.startswith("gpuguard: PERSIST gpu.persistence: persistence mode off on GPU 3 +1 more")
+    assert v.reason.startswith(f"gpuguard: {UNREGISTERED_KEYWORD} {UNREGISTERED_ID}: persistence mode off on GPU 3 "
+                               "+1 more")
 
 
 # --------------------------------------------------------------------------- what a check asks of its probe

@@ -1,5 +1,5 @@
-"""GPU checks over NVML observations. Values mirror a real p5.48xlarge (8x H100 80GB HBM3, driver 550):
-81559 MiB framebuffer, PCIe Gen5 x16, 18 NVLinks, idle at ~30C with the GPU-idle clock reason set."""
+"""GPU checks over NVML observations of a p5.48xlarge's eight H100 80GB HBM3 (tests/unit/h100.py: 81559 MiB
+framebuffer, PCIe Gen5 x16, 18 NVLinks, idle at ~30C with the GPU-idle clock reason set, persistence mode on)."""
 
 from dataclasses import replace
 
@@ -8,33 +8,9 @@ import pytest
 from gpuguard.checks import CheckInput, get_check, param_defaults
 from gpuguard.model import Action, GpuInfo, GpuProcess, NvmlObservation, Observations, ProbeStatus, Severity
 from gpuguard.profiles import load_profile
+from h100 import bad_gpu, h100, node
 
 P5 = load_profile("p5.48xlarge")
-BUS = ["53", "64", "75", "86", "97", "a8", "b9", "ca"]
-
-
-def h100(i: int, **kw) -> GpuInfo:
-    g = GpuInfo(index=i, uuid=f"GPU-{i}", pci_bus_id=f"0000:{BUS[i]}:00.0", name="NVIDIA H100 80GB HBM3",
-                memory_total_mib=81559, memory_used_mib=0, ecc_enabled=True, ecc_pending_enabled=True,
-                ecc_volatile_uncorrected=0, ecc_volatile_corrected=0, ecc_aggregate_uncorrected=0,
-                ecc_aggregate_corrected=2, remapped_rows_correctable=0, remapped_rows_uncorrectable=0,
-                remapped_rows_pending=False, remapped_rows_failure=False, recovery_action=0, temperature_c=31,
-                # NVML's own limits on a real H100 SXM, driver 580 (tests/fixtures/nvml/): slowdown 89, shutdown
-                # 95, GPU max operating 87, HBM max 95; HBM at 36 C idle
-                temperature_slowdown_c=89, temperature_shutdown_c=95, temperature_gpu_max_c=87,
-                temperature_mem_max_c=95, memory_temperature_c=36, clock_event_reasons=0x1, pcie_gen_current=1,
-                pcie_gen_max=5, pcie_width_current=16, pcie_width_max=16, nvlink_active=[True] * 18)
-    return replace(g, **kw)
-
-
-def node(*gpus: GpuInfo, count=None) -> Observations:
-    gl = list(gpus) or [h100(i) for i in range(8)]
-    return Observations(nvml=NvmlObservation(status=ProbeStatus(), driver_version="550.90.07",
-                                              device_count=len(gl) if count is None else count, gpus=gl))
-
-
-def bad_gpu(i: int, **kw) -> Observations:
-    return node(*[h100(j, **kw) if j == i else h100(j) for j in range(8)])
 
 
 def run(check_id: str, obs: Observations, job_gpus=None, params=None, profile=P5):

@@ -25,7 +25,7 @@ sys.path.insert(0, str(LIB))  # run from a checkout without install
 import pynvml  # noqa: E402
 
 from gpuguard.probes.nvml import install_nvml_library  # noqa: E402
-from h100_nvml import BUSES, GIB, H100_MEMORY, h100_gpu  # noqa: E402
+from h100 import BUSES, GIB, H100_MEMORY, h100_gpu  # noqa: E402
 from gpuguard.simulate.build import build_fake_nvml  # noqa: E402
 
 def h100_scenario(*extra: str) -> str:
@@ -146,7 +146,7 @@ def test_healthy_h100_values_round_trip(nvml) -> None:
         assert n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU) == 30 + i
         assert n.nvmlDeviceGetTemperatureV(h, n.NVML_TEMPERATURE_GPU) == 30 + i
         thresholds = [n.nvmlDeviceGetTemperatureThreshold(h, t) for t in range(4)]
-        assert thresholds == [92, 87, 95, 85]  # SHUTDOWN, SLOWDOWN, MEM_MAX, GPU_MAX
+        assert thresholds == [95, 89, 95, 87]  # SHUTDOWN, SLOWDOWN, MEM_MAX, GPU_MAX
         assert n.nvmlDeviceGetCurrentClocksEventReasons(h) == 1
         assert n.nvmlDeviceGetCurrentClocksThrottleReasons(h) == 1
         assert n.nvmlDeviceGetSupportedClocksEventReasons(h) == 0x1FF

@@ -3,22 +3,15 @@ functions over observations (the runner keeps the remembered one in the store, l
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpuguard.checks.inventory import inventory, update_inventory
 from gpuguard.model import (FabricObservation, FiInfo, GpuInfo, NvmlObservation, Observations, ProbeStatus, RdmaDevice,
                             RdmaPort)
 from gpuguard.profiles import load_profile
+from h100 import h100  # idle and healthy: 18 NVLinks, PCIe Gen5 x16
 
 P5 = load_profile("p5.48xlarge")
 DGX = load_profile("dgx-h100-ib")
 BUSY = dict(clock_event_reasons=0, utilization_gpu_pct=99)  # a loaded H100 SXM: no idle reason, 99 % busy
-
-
-def gpu(i: int, **kw) -> GpuInfo:
-    g = GpuInfo(index=i, uuid=f"GPU-{i}", nvlink_active=[True] * 18, pcie_gen_current=5, pcie_width_current=16,
-                clock_event_reasons=0x1, utilization_gpu_pct=0)
-    return replace(g, **kw)
 
 
 def fabric(efa: int = 32, ib: tuple[str, ...] = (), complete: bool = True) -> FabricObservation:
@@ -33,7 +26,7 @@ def obs(*gpus: GpuInfo, fab: FabricObservation | None = None) -> Observations:
 
 
 def test_what_a_run_saw():
-    o = obs(gpu(0, **BUSY), gpu(1), gpu(2, nvlink_active=[True] * 17 + [None]), gpu(3, fatal_error="GPU_IS_LOST"),
+    o = obs(h100(0, **BUSY), h100(1), h100(2, nvlink_active=[True] * 17 + [None]), h100(3, fatal_error="GPU_IS_LOST"),
             fab=fabric(32, ib=("mlx5_0", "mlx5_1")))
     inv = inventory(o, P5)
     assert inv["efa"] == 32 and inv["ib"] == 2
@@ -58,21 +51,21 @@ def test_a_partial_fabric_read_counts_nothing():
 
 
 def test_the_node_remembers_the_most_it_was_ever_seen_with():
-    first = update_inventory(None, obs(gpu(0, **BUSY), fab=fabric(4)), P5)
+    first = update_inventory(None, obs(h100(0, **BUSY), fab=fabric(4)), P5)
     assert first == {"efa": 4, "ib": 0, "nvlinks": {"GPU-0": 18}, "pcie": {"GPU-0": [5, 16]}}
-    assert update_inventory(first, obs(gpu(0, **BUSY), fab=fabric(4)), P5) is None  # nothing new: nothing to save
+    assert update_inventory(first, obs(h100(0, **BUSY), fab=fabric(4)), P5) is None  # nothing new: nothing to save
     # fewer devices and a narrower link do not lower what the node had ...
-    assert update_inventory(first, obs(gpu(0, pcie_width_current=8, **BUSY), fab=fabric(3)), P5) is None
+    assert update_inventory(first, obs(h100(0, pcie_width_current=8, **BUSY), fab=fabric(3)), P5) is None
     # ... more do raise it, per GPU and per part of the link
-    more = update_inventory(first, obs(gpu(0, pcie_gen_current=4, **BUSY), gpu(1), fab=fabric(32)), P5)
+    more = update_inventory(first, obs(h100(0, pcie_gen_current=4, **BUSY), h100(1), fab=fabric(32)), P5)
     assert more == {"efa": 32, "ib": 0, "nvlinks": {"GPU-0": 18, "GPU-1": 18}, "pcie": {"GPU-0": [5, 16]}}
     assert first["efa"] == 4  # the input is not changed
 
 
 def test_garbage_in_the_store_is_replaced_not_fatal():
-    assert update_inventory("not a dict", obs(gpu(0), fab=fabric(2)), P5) == {"efa": 2, "ib": 0,
+    assert update_inventory("not a dict", obs(h100(0), fab=fabric(2)), P5) == {"efa": 2, "ib": 0,
                                                                               "nvlinks": {"GPU-0": 18}}
-    assert update_inventory({"efa": "x", "nvlinks": [1]}, obs(gpu(0), fab=fabric(2)), P5) == {
+    assert update_inventory({"efa": "x", "nvlinks": [1]}, obs(h100(0), fab=fabric(2)), P5) == {
         "efa": 2, "ib": 0, "nvlinks": {"GPU-0": 18}}
 
 
@@ -80,7 +73,7 @@ def test_checks_ignore_an_unusable_remembered_inventory():
     """A hand-edited or damaged inventory in the store never crashes a check (it reads as "not remembered")."""
     from gpuguard.checks import CheckInput, get_check
 
-    o = obs(gpu(0, nvlink_active=[True] * 12, pcie_width_current=8, **BUSY), fab=fabric(28))
+    o = obs(h100(0, nvlink_active=[True] * 12, pcie_width_current=8, **BUSY), fab=fabric(28))
     o.previous = {"inventory": {"efa": "32", "nvlinks": {"GPU-0": None}, "pcie": {"GPU-0": ["5", 16]}}}
     for cid in ("fabric.efa", "gpu.nvlink", "gpu.pcie"):
         found = get_check(cid)(o, CheckInput(profile=P5))

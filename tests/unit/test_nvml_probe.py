@@ -25,8 +25,8 @@ import pynvml  # noqa: E402
 from gpuguard.model import GpuInfo, GpuProcess, NvmlObservation  # noqa: E402
 from gpuguard.probes.nvml import normalize_pci_bus_id, nvml_error_name, read_nvml  # noqa: E402
 from gpuguard.simulate.build import build_fake_nvml  # noqa: E402
-import h100_nvml  # noqa: E402
-from h100_nvml import BUSES, MIB  # noqa: E402
+import h100  # noqa: E402
+from h100 import BUSES, MIB  # noqa: E402
 
 ENV_VAR = "GPUGUARD_FAKE_NVML_FILE"
 # The fake's H100 without what this probe reads as NOT_SUPPORTED (GPU/HBM max thresholds, persistence), used
@@ -37,7 +37,7 @@ PROBE_LEAVES_OUT = ("pci_subsystem_id", "temp_gpu_max", "temp_mem_max", "pcie.gp
 
 
 def h100_gpu(i: int) -> str:
-    return h100_nvml.h100_gpu(i, PROBE_LEAVES_OUT, {"memory_used": i * 1024 * MIB + 12345, "utilization.memory": 0,
+    return h100.h100_gpu(i, PROBE_LEAVES_OUT, {"memory_used": i * 1024 * MIB + 12345, "utilization.memory": 0,
                                                     "process.0": f"{1000 + i}:{(512 + i) * MIB + 999}"})
 
 
@@ -73,8 +73,8 @@ def expected_gpu(i: int) -> GpuInfo:
         remapped_rows_failure=False,
         recovery_action=0,
         temperature_c=30 + i,
-        temperature_slowdown_c=87,
-        temperature_shutdown_c=92,
+        temperature_slowdown_c=89,
+        temperature_shutdown_c=95,
         clock_event_reasons=1,
         pcie_gen_current=5,
         pcie_gen_max=5,

@@ -7,9 +7,9 @@ drain keywords it may emit, whether only a GPU reset clears what it found, wheth
 evidence, and its runbook section. Every table other modules used to keep (the node-scoped checks, the priority
 order, the reset-only checks, the keyword vocabulary) is derived from here.
 
-Adding a check = one function (it receives its spec as `inp.spec`: no re-typed id or keyword) + its fixture test
-(tests/unit/test_check_registry.py lists a failing fixture for every check) + one `CheckSpec` line + its section in
-docs/runbooks.md.
+Adding a check (ARCHITECTURE.md, "Adding a check"; `python -m devtools.newcheck` writes the skeleton): one function
+(it receives its spec as `inp.spec`: no re-typed id or keyword), its failing fixture in
+tests/unit/test_check_registry.py, one `CheckSpec` line, its documentation (docs/runbooks.md, README's table).
 
 This package re-exports the public names of `spec` (what a check is) and `registered` (the registry and its
 tables); the check modules import from those two, never from the package, so there is no import cycle.

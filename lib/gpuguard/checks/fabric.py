@@ -1,4 +1,4 @@
-"""Fabric checks: EFA (AWS) and InfiniBand devices from sysfs, libfabric provider from fi_info.
+"""Fabric checks: fabric.efa (EFA devices from sysfs, libfabric provider from fi_info), fabric.ib (InfiniBand).
 
 Device counts below the profile are judged against the node's own history (gpuguard.checks.inventory): a device
 this node had and lost drains; fewer than the profile on a node that never had more (a p5 launched with 4 of its

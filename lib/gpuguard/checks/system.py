@@ -1,4 +1,4 @@
-"""Host checks: memory, disk space, CPUs."""
+"""Host checks: sys.memory, sys.disk (free space), sys.cpu."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Xid check: fatal Xids in the kernel log since the last check drain the node.
+"""gpu.xid: fatal Xids in the kernel log since the last check drain the node.
 
 `judge_kernel_log` is the one Xid verdict: the hooks (through `check_xid`), the watch daemon and `gpuguard xid scan`
 all judge their kernel-log observations with it, and `xid_info` is how it reads one event (the catalog entry,

@@ -1,10 +1,12 @@
 """GPU checks over the NVML observation, by domain. Pure functions: no I/O, no clock, no Slurm.
 
-- identity: gpu.nvml, gpu.count, gpu.model, gpu.memory
-- memory_errors: gpu.ecc, gpu.retired_pages, gpu.row_remap, gpu.recovery_action
-- thermal: gpu.temperature, gpu.throttle
-- links: gpu.pcie, gpu.nvlink, gpu.fabric
-- processes: gpu.processes, gpu.leftovers, gpu.memory_released
+- identity: whether NVML answers and the GPUs are the ones the profile says
+- memory_errors: memory errors and what only a reset clears
+- thermal: temperature and clocks
+- links: PCIe, NVLink, the NVSwitch fabric
+- processes: processes and memory on the job's GPUs
+
+Each module's docstring names its checks (tests/unit/test_check_registry.py keeps them in step with the registry).
 """
 
 from gpuguard.checks.gpu.links import FABRIC_STATES, decode_fabric_health, gpu_busy
