@@ -49,7 +49,9 @@ def test_slow_node_is_drained_by_the_tier_once_per_boot(tmp_path):
     cfg, scen = setup(tmp_path, {"slow_factor": 0.4})
     first = check(cfg, scen, "0-7")
     [f] = nccl_findings(first)
-    assert f["severity"] == "fail" and first["verdict"] == "drain"
+    # no Slurm here: the drain-storm guard cannot take its census, so a prolog's drain for a check that could fail on
+    # every node at once (a threshold) is held and paged (verdict warn, reported only) rather than applied
+    assert f["severity"] == "fail" and first["action"] == "drain" and first["reported_only"]
     r = parse_reason(first["reason"])
     assert (r.check_id, r.keyword) == ("nccl.busbw", "NCCL") and "159.5 GB/s < 300 GB/s" in r.detail  # ~400 GB/s x 0.4
     again = check(cfg, scen, "0-7")

@@ -219,9 +219,10 @@ class Run:
     def storm_check(self, verdict: Verdict) -> None:
         """The drain-storm guard decides before anything is drained (gpuguard.pipeline.stormguard): a drain that would
         be part of a storm is held, never applied, and the storm is paged once. A health check lets go of a hold
-        whose check passes again."""
+        whose check passes again. An admin's own `gpuguard check` of a node is never held (it is no storm: someone
+        asked for this node's verdict)."""
         guarded = verdict.outcome == "drain" and verdict.primary is not None and not self.kept \
-            and not self.storm_exempt(verdict)
+            and not self.storm_exempt(verdict) and self.ctx.kind != "manual"
         if self.dry_run or not (guarded or self.ctx.kind == "healthcheck"):
             return
         from gpuguard.pipeline.stormguard import StormGuard  # cold path: a drain verdict, or a health check
