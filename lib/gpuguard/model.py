@@ -342,6 +342,14 @@ class PendingDrain(Record):
 
 
 @record
+class Handoff(Record):
+    """What one hook run left to the notification hand-off process (gpuguard.notify.handoff): `wanted` once a
+    delivery was deferred to it. The caller owns it (one per run), so nothing about it is process-wide state."""
+
+    wanted: bool = False
+
+
+@record
 class RunResult(Record):
     """One run, end to end: what was seen, concluded, decided and done. `context` is a gpuguard.context.RunContext,
     `profile` a gpuguard.profiles.Profile (typed loosely here: this module imports nothing of gpuguard's)."""
@@ -368,3 +376,4 @@ class RunResult(Record):
     conditions: list[Any] = field(default_factory=list)  # the node's conditions after this run (pipeline.conditions)
     agreement: dict[str, Any] = field(default_factory=dict)  # what making Slurm agree with them did (reconcile)
     refused: bool = False  # exit 1 for a condition or drain decided earlier, while this run's own verdict was not
+    handoff: bool = False  # notifications were spooled for the hand-off process to deliver after the hook

@@ -18,6 +18,7 @@ import yaml
 from notify_servers import SmtpServer
 
 from gpuguard.config.schema import parse_config
+from gpuguard.model import Handoff
 from gpuguard.notify import Event, compress_hostlist, emit, flush, render
 
 pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")
@@ -271,7 +272,8 @@ def test_a_hook_only_spools_and_one_flush_sends_it_once_however_many_run_at_once
     receiver that takes a second to answer: the page arrives once."""
     cfg = make_cfg(tmp_path, urls=[hook.url("/pages")])
     cfg.node = replace(cfg.node, name="node7")
-    assert emit(cfg, xid_drain(), defer=True) == "spooled"
+    handoff = Handoff()
+    assert emit(cfg, xid_drain(), defer=handoff) == "spooled" and handoff.wanted  # the run says: hand it off
     time.sleep(0.3)
     assert hook.requests == []  # nothing left the hook's process
     hook.delay_s = 1.0
@@ -290,7 +292,7 @@ def test_a_worker_lost_mid_message_is_taken_over_for_the_targets_it_had_not_reac
     receiver it had not reached, and not again to the one it had."""
     cfg = make_cfg(tmp_path, urls=[hook.url("/first"), hook.url("/second")])
     cfg.node = replace(cfg.node, name="node7")
-    assert emit(cfg, xid_drain(), defer=True) == "spooled"
+    assert emit(cfg, xid_drain(), defer=Handoff()) == "spooled"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     from gpuguard.notify.claim import process_identity
     from gpuguard.notify.delivery import url_id
@@ -308,7 +310,7 @@ def test_a_live_workers_claim_is_respected_until_its_lease_ends(tmp_path, hook):
     cfg = make_cfg(tmp_path, urls=[hook.url("/pages")])
     cfg.node = replace(cfg.node, name="node7")
     t0 = time.time()
-    assert emit(cfg, xid_drain(), defer=True, now=t0) == "spooled"
+    assert emit(cfg, xid_drain(), defer=Handoff(), now=t0) == "spooled"
     from gpuguard.notify.claim import LEASE_S, new_token
 
     with _spool_db(tmp_path) as db:  # this process (alive) is sending it

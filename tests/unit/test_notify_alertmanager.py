@@ -20,6 +20,7 @@ from alertmanager_server import AMTOOL, BINARY, EXAMPLE, Alertmanager, HungServe
 from notify_servers import WebhookServer
 
 from gpuguard.config.schema import parse_config
+from gpuguard.model import Handoff
 from gpuguard.notify import Event, emit, flush
 
 needs_am = pytest.mark.skipif(not BINARY or not AMTOOL, reason="prometheus-alertmanager / amtool missing: make deps")
@@ -431,7 +432,7 @@ def test_a_spooled_alert_is_posted_once_not_again_as_its_own_keep_alive(tmp_path
         cfg = make_cfg(tmp_path, [f"http://127.0.0.1:{api.port}"])
         cfg.node = replace(cfg.node, name="node7")
         now = time.time()
-        assert emit(cfg, drain("node7"), now=now, defer=True) == "spooled"
+        assert emit(cfg, drain("node7"), now=now, defer=Handoff()) == "spooled"
         assert posts(api) == []
         with ThreadPoolExecutor(3) as pool:  # the hand-offs of two hooks and the health check's, side by side
             assert sorted(pool.map(lambda _: flush(cfg, now=now + 1), range(3))) == [0, 0, 1]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from gpuguard.config.lastgood import describe, load_guarded
 from gpuguard.context import context_from_env
+from gpuguard.model import Handoff
 from gpuguard.pipeline.run import execute
 from gpuguard.simulate.sources import resolve_sources
 from gpuguard.slurm.client import client_from_config, drain_node
@@ -118,9 +119,9 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     ctx = context_from_env(kind, os.environ)
     if os.geteuid() != 0 and simulate is None:
         return _not_root(kind, ctx.node)
-    code = _run(kind, ctx, config_path, simulate, started, report, exit_process, via)
-    delivery = sys.modules.get("gpuguard.notify.delivery")  # not imported: this run notified nobody
-    if delivery is not None and delivery.handoff_wanted():
+    handoff = Handoff()
+    code = _run(kind, ctx, config_path, simulate, started, report, exit_process, via, handoff)
+    if handoff.wanted:
         from gpuguard.notify.handoff import hand_off  # cold path: this run has something to tell
 
         hand_off(config_path, ctx.node)
@@ -143,7 +144,7 @@ def _not_root(kind: str, node: str) -> int:
 
 def _run(kind: str, ctx: Any, config_path: Optional[str], simulate: Optional[str], started: Optional[float],
          report: Optional[Callable[[int, float, bool], None]], exit_process: Callable[[int], Any],
-         via: Optional[str]) -> int:
+         via: Optional[str], handoff: Handoff) -> int:
     t0 = time.monotonic() if started is None else started
     cfg = load_guarded(config_path, read_timeout_s=_config_read_timeout())  # never raises: last good, loudly
     lg = cfg.logging
@@ -174,10 +175,11 @@ def _run(kind: str, ctx: Any, config_path: Optional[str], simulate: Optional[str
         result = execute(ctx, cfg, resolve_sources(cfg, ctx.node, simulate), deadline_s=budget_s,
                          on_verdict=verdict_known, log=log, hook=True)
     except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback
-        return _internal_error(cfg, ctx, kind, e, log, open_policy, state)
+        return _internal_error(cfg, ctx, kind, e, log, open_policy, state, handoff)
     _log_result(kind, ctx, result, log, via)
+    handoff.wanted = handoff.wanted or bool(getattr(result, "handoff", False))
     if getattr(result, "store_errors", None):
-        _tell_store_trouble(cfg, ctx, kind, result.store_errors)
+        _tell_store_trouble(cfg, ctx, kind, result.store_errors, handoff)
     set_exit_code(result.exit_code)
     return result.exit_code
 
@@ -221,7 +223,7 @@ def _iso(ts: float) -> str:
 
 
 def _internal_error(cfg: Any, ctx: Any, kind: str, e: Exception, log: Any, open_policy: bool,
-                    state: dict[str, Any]) -> int:
+                    state: dict[str, Any], handoff: Handoff) -> int:
     """A gpuguard bug: logged with its traceback, recorded, told; the exit code is the verdict if one was already
     reached (the hardware had spoken), else the on_internal_error policy's."""
     import traceback  # cold path: only a gpuguard bug gets here
@@ -238,7 +240,7 @@ def _internal_error(cfg: Any, ctx: Any, kind: str, e: Exception, log: Any, open_
         emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
                         message=f"gpuguard {kind} crashed ({type(e).__name__}: {e}); "
                                 + ("node NOT drained (policy open)" if open_policy else "draining (policy closed)"),
-                        action="see the gpuguard log on the node; report the bug"), budget_s=2.0, defer=True)
+                        action="see the gpuguard log on the node; report the bug"), budget_s=2.0, defer=handoff)
     except Exception:  # noqa: BLE001
         pass
     if state.get("verdict"):
@@ -249,7 +251,7 @@ def _internal_error(cfg: Any, ctx: Any, kind: str, e: Exception, log: Any, open_
     return 1 if kind != "healthcheck" else 0
 
 
-def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> None:
+def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str], handoff: Handoff) -> None:
     """The history store failed (disk full, read-only, locked): the run still judged the hardware, but its
     memory (cursors, drain records, undrain counters) is not being kept. A human should know."""
     try:
@@ -258,7 +260,7 @@ def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str]) -> Non
         emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical", job_id=ctx.job_id,
                         check_id="store", message=f"gpuguard {kind}: history store unusable: {errors[0][:300]}",
                         action="free space / fix permissions on the store's filesystem "
-                               "(store.path); the verdict was still applied"), budget_s=1.0, defer=True)
+                               "(store.path); the verdict was still applied"), budget_s=1.0, defer=handoff)
     except Exception:  # noqa: BLE001 - the log line is the primary record
         pass
 

@@ -8,7 +8,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from gpuguard.model import Handoff
 from gpuguard.notify import amstate, delivery, gate
+from gpuguard.notify.budget import state_timeout_s
 from gpuguard.notify.alertmanager import ttl_s
 from gpuguard.notify.config import NotifyConfig
 from gpuguard.notify.event import Event, dedupe_key, wanted
@@ -58,14 +60,15 @@ def _decide(conn: Any, ncfg: NotifyConfig, event: Event, key: str, now: float,
 
 
 def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optional[str] = None,
-         now: Optional[float] = None, defer: bool = False) -> str:
+         now: Optional[float] = None, defer: Optional[Handoff] = None) -> str:
     """Send `event` (or fold it into its episode / a digest / the spool). Returns "sent" | "suppressed" |
     "spooled" | "disabled" | "failed" (the state could not be used and direct delivery failed too).
     `now`: the caller's clock (default: the event's own time). `state_path`: a caller with its own state (the
     monitor, as the job's user; see user_state_path). A state that cannot be used (untrusted, full disk,
     read-only, locked) never silences a message: it is then delivered directly, without de-duplication.
-    `defer`: a hook (its process ends right after it): the message is spooled and a process of its own delivers it
-    once the hook has exited (gpuguard.notify.handoff), so that nothing is cut off mid-request and sent again."""
+    `defer`: a hook's run (its process ends right after it): the message is spooled, the run's Handoff says so, and a
+    process of its own delivers it once the hook has exited (gpuguard.notify.handoff), so that nothing is cut off
+    mid-request and sent again."""
     start = time.monotonic()
     now = event.ts if now is None else now
     ncfg = enabled(cfg)
@@ -84,7 +87,7 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
 
     try:
         targets = delivery.targets_of(ncfg)
-        conn, path, why = _open(cfg, ncfg, event.node, state_path, max(0.2, min(1.0, budget_s / 4)))
+        conn, path, why = _open(cfg, ncfg, event.node, state_path, state_timeout_s(budget_s))
         if conn is None:
             return direct(str(why))
         try:
@@ -138,18 +141,18 @@ def _prepare_flush(conn: Any, ncfg: NotifyConfig, targets: dict[str, delivery.Ta
 
 
 def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None,
-          now: Optional[float] = None, node: Optional[str] = None, defer: bool = False) -> int:
+          now: Optional[float] = None, node: Optional[str] = None, defer: Optional[Handoff] = None) -> int:
     """Retry spooled messages, send the digest of rate-limited ones, keep firing Alertmanager alerts alive.
     Returns how many spooled messages were delivered within `budget_s`. Never raises. `node`: whose hooks' state
-    (default: this node's). `defer`: a hook, whose process ends right after it: deliver nothing from here, leave it
-    to the hand-off process (gpuguard.notify.handoff)."""
+    (default: this node's). `defer`: a hook's run, whose process ends right after it: deliver nothing from here, leave
+    it to the hand-off process (gpuguard.notify.handoff) and say so in the run's Handoff."""
     try:
         ncfg = enabled(cfg)
         if ncfg is None:
             return 0
         start = time.monotonic()
         now = time.time() if now is None else now
-        conn, path, why = _open(cfg, ncfg, node, state_path, max(0.2, min(1.0, budget_s / 4)))
+        conn, path, why = _open(cfg, ncfg, node, state_path, state_timeout_s(budget_s))
         if conn is None:
             log_warning(f"not using notification state ({why}); nothing flushed")
             return 0

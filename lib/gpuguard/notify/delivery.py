@@ -11,6 +11,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from gpuguard.model import Handoff
 from gpuguard.notify import amstate, claim
 from gpuguard.notify.alertmanager import PostError, post_alerts
 from gpuguard.notify.apprise_target import send_apprise
@@ -140,9 +141,8 @@ def _keepalive(conn: Any, job: Job) -> None:
 
 # A hook's process ends right after the hook: a delivery thread would die with it, possibly in the middle of a
 # request its receiver already has (which the next flush would then send again). Hooks therefore only spool
-# (`deliver(..., defer=True)`) and gpuguard.notify.handoff delivers in a process of its own that outlives the hook.
-_DEFERRED: list[bool] = []
-_DEFERRED_LOCK = threading.Lock()
+# (`deliver(..., defer=<the run's Handoff>)`) and gpuguard.notify.handoff delivers in a process of its own that
+# outlives the hook.
 
 
 def _work(job: Job, done: dict[int, bool]) -> None:
@@ -162,27 +162,20 @@ def _work(job: Job, done: dict[int, bool]) -> None:
         conn.close()
 
 
-def deliver(job: Job, budget_s: float, defer: bool = False) -> dict[int, bool]:
+def deliver(job: Job, budget_s: float, defer: Optional[Handoff] = None) -> dict[int, bool]:
     """Run `job` in a worker thread for at most `budget_s`; {row id: delivered} of what finished by then. The rest
-    goes on in the worker thread while this process lives (recorded in the spool as it goes). `defer` (a hook):
-    nothing is sent from this process; `handoff_wanted()` then says a hand-off process must deliver."""
+    goes on in the worker thread while this process lives (recorded in the spool as it goes). `defer` (a hook's
+    run): nothing is sent from this process; the run's Handoff says a hand-off process must deliver."""
     done: dict[int, bool] = {}
     if not job.rows and not job.keepalive:
         return done
-    if defer:
-        with _DEFERRED_LOCK:
-            _DEFERRED.append(True)
+    if defer is not None:
+        defer.wanted = True
         return done
     t = threading.Thread(target=_work, args=(job, done), name="gpuguard-notify", daemon=True)
     t.start()
     t.join(max(0.0, budget_s))
     return dict(done)
-
-
-def handoff_wanted() -> bool:
-    """Whether this process left spooled messages (or keep-alives) for a hand-off process to deliver."""
-    with _DEFERRED_LOCK:
-        return bool(_DEFERRED)
 
 
 def deliver_direct(ncfg: NotifyConfig, event: Event, title: str, body: str, key: str, now: float, ttl: float,

@@ -3,7 +3,7 @@
 A hook's process exits as soon as the hook is done (slurmd waits for it); a delivery thread in it would die with
 it, possibly in the middle of a request the receiver had already taken, which the next flush would then send
 again (a drain paged twice, its Alertmanager alert posted two to four times). So a hook only spools what it has to
-tell (`emit(..., defer=True)`, `flush(..., defer=True)`: gpuguard.pipeline.tell) and `hand_off`, as the hook
+tell (`emit(..., defer=handoff)`, `flush(..., defer=handoff)`: gpuguard.pipeline.tell) and `hand_off`, as the hook
 ends, starts `python -I -m gpuguard.notify.handoff` in a session of its own (slurmd does not wait for it, and no
 kill of the hook's process group reaches it). It flushes that node's spool within `BUDGET_S` and exits. Every row
 it sends is claimed first (gpuguard.notify.claim): a hand-off of another hook, the health check's and the watch
@@ -20,16 +20,14 @@ from typing import Optional, Sequence
 
 from gpuguard.config.lastgood import load_guarded
 from gpuguard.notify.api import flush
-from gpuguard.notify.delivery import handoff_wanted
 from gpuguard.util.log import HookLog
 
 BUDGET_S = 30.0  # the flush's own budget; the process ends a few seconds after it whatever hangs
 
 
 def hand_off(config_path: Optional[str], node: str) -> bool:
-    """Start the delivery process when this process left spooled messages to it. Never raises."""
-    if not handoff_wanted():
-        return False
+    """Start the delivery process for what a hook run spooled (its RunResult.handoff / Handoff said so). Never
+    raises."""
     argv = [sys.executable, "-I", "-m", "gpuguard.notify.handoff", "--node", node]
     if config_path:
         argv += ["--config", config_path]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.config.schema import Config
-from gpuguard.model import RunResult
+from gpuguard.model import Handoff, RunResult
 from gpuguard.pipeline.budget import StageBudget
 
 
@@ -110,8 +110,9 @@ def notify_configured(cfg: Config) -> bool:
 
 
 def tell_humans(cfg: Config, result: RunResult, budget: StageBudget, defer: bool = False) -> None:
-    """Metrics, then notifications. `defer`: run by slurmd, whose hook process ends right after: the messages are
-    spooled and delivered by a process of their own after the hook (gpuguard.notify.handoff)."""
+    """Metrics, then notifications (their budget: gpuguard.notify.budget). `defer`: run by slurmd, whose hook process
+    ends right after: the messages are spooled, `result.handoff` says so, and a process of its own delivers them
+    after the hook (gpuguard.notify.handoff)."""
     try:
         if cfg.metrics.textfile_dir:
             from gpuguard.metrics.node import write_run_metrics  # cold path: only where metrics are configured
@@ -126,10 +127,13 @@ def tell_humans(cfg: Config, result: RunResult, budget: StageBudget, defer: bool
         events = run_events(result)
         if events or result.context.kind == "healthcheck":
             from gpuguard.notify import emit, flush
+            from gpuguard.notify.budget import emit_budget_s, flush_budget_s
 
+            handoff = Handoff() if defer else None
             for ev in events:
-                emit(cfg, ev, budget_s=min(2.0, budget.remaining() / 2), defer=defer)
+                emit(cfg, ev, budget_s=emit_budget_s(budget.remaining()), defer=handoff)
             if result.context.kind == "healthcheck":  # deliver what earlier runs had to spool
-                flush(cfg, budget_s=min(3.0, budget.remaining() / 2), defer=defer)
+                flush(cfg, budget_s=flush_budget_s(budget.remaining()), defer=handoff)
+            result.handoff = bool(handoff and handoff.wanted)
     except Exception:  # noqa: BLE001 - telling humans must never change what the run decided
         pass
