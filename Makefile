@@ -140,7 +140,13 @@ install: fakenvml
 	@install -d $(PREFIX)/share/gpuguard/sbatch_templates $(PREFIX)/share/gpuguard/examples
 	@install -m 644 sbatch_templates/*.j2 sbatch_templates/README.md $(PREFIX)/share/gpuguard/sbatch_templates/
 	@cp -r examples/scenarios $(PREFIX)/share/gpuguard/examples/
-	@install -d $(PREFIX)/share/gpuguard/observability && install -m 644 observability/gpuguard-dashboard.json docs/runbooks.md $(PREFIX)/share/gpuguard/observability/ && u='$(RUNBOOK_URL)' && sed "s|@RUNBOOK_URL@|$${u:-file://$(PREFIX)/share/gpuguard/observability/runbooks.md}|g" observability/gpuguard.rules.yml > $(PREFIX)/share/gpuguard/observability/gpuguard.rules.yml
+	@# the rules with their promtool tests beside them (`promtool test rules gpuguard.rules.test.yml` there), the
+	@# example Alertmanager configuration (routing, grouping, inhibition: docs/alerts.md) and the dashboard
+	@# (the tests expect the runbook links the rules got)
+	@install -d $(PREFIX)/share/gpuguard/observability && install -m 644 observability/gpuguard-dashboard.json \
+	  observability/alertmanager.yml docs/runbooks.md $(PREFIX)/share/gpuguard/observability/ && u='$(RUNBOOK_URL)' && \
+	  for f in gpuguard.rules.yml gpuguard.rules.test.yml; do sed "s|@RUNBOOK_URL@|$${u:-file://$(PREFIX)/share/gpuguard/observability/runbooks.md}|g" \
+	  observability/$$f > $(PREFIX)/share/gpuguard/observability/$$f && chmod 644 $(PREFIX)/share/gpuguard/observability/$$f || exit 1; done
 	@for unit in gpuguard-watch gpuguard-watch-agent; do sed "s|/usr/local/libexec|$(PREFIX)/libexec|g" \
 	  healthcheck/$$unit.service > $(PREFIX)/share/gpuguard/$$unit.service; done
 	@echo ">> the watch daemon (drains within a second of a fatal Xid):"

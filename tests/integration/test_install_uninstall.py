@@ -31,6 +31,20 @@ def test_uninstall_removes_the_install_and_keeps_config_and_history_unless_purge
               prefix / "libexec" / "gpuguard" / "gpuguard-prolog", prefix / "libexec" / "gpuguard" / "gpuguard.env",
               prefix / "share" / "gpuguard" / "sbatch_templates" / "torchrun.sbatch.j2", confdir / "config.yaml"]
     assert all(p.exists() for p in placed), [str(p) for p in placed if not p.exists()]
+    # issue 29: the example Alertmanager configuration and the rules' tests are installed beside the rules, and
+    # the installed tests pass against the installed rules (runbook links and all)
+    obs = prefix / "share" / "gpuguard" / "observability"
+    shared = [obs / n for n in ("gpuguard.rules.yml", "gpuguard.rules.test.yml", "alertmanager.yml")]
+    assert all(p.is_file() for p in shared), [str(p) for p in shared if not p.is_file()]
+    assert "@RUNBOOK_URL@" not in (obs / "gpuguard.rules.test.yml").read_text()
+    if shutil.which("promtool"):
+        rules = subprocess.run(["promtool", "test", "rules", "gpuguard.rules.test.yml"], cwd=obs, capture_output=True,
+                               text=True, timeout=120)
+        assert rules.returncode == 0 and "SUCCESS" in rules.stdout, rules.stdout[-2000:] + rules.stderr[-2000:]
+    if shutil.which("amtool"):
+        am = subprocess.run(["amtool", "check-config", str(obs / "alertmanager.yml")], capture_output=True, text=True,
+                            timeout=60)
+        assert am.returncode == 0, am.stdout + am.stderr
     # the venv once had no psycopg: `gpuguard fleet init-db` and every ship to store.url failed with "psycopg (3) is
     # not installed". Now it has one with its libpq (the binary or the C build, not the pure-Python fallback).
     venv_python = prefix / "lib" / "gpuguard" / "current" / "venv" / "bin" / "python"

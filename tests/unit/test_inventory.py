@@ -52,21 +52,23 @@ def test_a_partial_fabric_read_counts_nothing():
 
 def test_the_node_remembers_the_most_it_was_ever_seen_with():
     first = update_inventory(None, obs(h100(0, **BUSY), fab=fabric(4)), P5)
-    assert first == {"efa": 4, "ib": 0, "nvlinks": {"GPU-0": 18}, "pcie": {"GPU-0": [5, 16]}}
+    assert first == {"efa": 4, "ib": 0, "nvlinks": {"GPU-0": 18}, "pcie": {"GPU-0": [5, 16]},
+                     "gpu_pci": {"0000:53:00": "0"}}  # where each GPU sits: names a GPU NVML lost (an Xid 79)
     assert update_inventory(first, obs(h100(0, **BUSY), fab=fabric(4)), P5) is None  # nothing new: nothing to save
     # fewer devices and a narrower link do not lower what the node had ...
     assert update_inventory(first, obs(h100(0, pcie_width_current=8, **BUSY), fab=fabric(3)), P5) is None
     # ... more do raise it, per GPU and per part of the link
     more = update_inventory(first, obs(h100(0, pcie_gen_current=4, **BUSY), h100(1), fab=fabric(32)), P5)
-    assert more == {"efa": 32, "ib": 0, "nvlinks": {"GPU-0": 18, "GPU-1": 18}, "pcie": {"GPU-0": [5, 16]}}
+    assert more == {"efa": 32, "ib": 0, "nvlinks": {"GPU-0": 18, "GPU-1": 18}, "pcie": {"GPU-0": [5, 16]},
+                    "gpu_pci": {"0000:53:00": "0", "0000:64:00": "1"}}
     assert first["efa"] == 4  # the input is not changed
 
 
 def test_garbage_in_the_store_is_replaced_not_fatal():
-    assert update_inventory("not a dict", obs(h100(0), fab=fabric(2)), P5) == {"efa": 2, "ib": 0,
-                                                                              "nvlinks": {"GPU-0": 18}}
-    assert update_inventory({"efa": "x", "nvlinks": [1]}, obs(h100(0), fab=fabric(2)), P5) == {
-        "efa": 2, "ib": 0, "nvlinks": {"GPU-0": 18}}
+    assert update_inventory("not a dict", obs(h100(0), fab=fabric(2)), P5) == {
+        "efa": 2, "ib": 0, "nvlinks": {"GPU-0": 18}, "gpu_pci": {"0000:53:00": "0"}}
+    assert update_inventory({"efa": "x", "nvlinks": [1], "gpu_pci": 7}, obs(h100(0), fab=fabric(2)), P5) == {
+        "efa": 2, "ib": 0, "nvlinks": {"GPU-0": 18}, "gpu_pci": {"0000:53:00": "0"}}
 
 
 def test_checks_ignore_an_unusable_remembered_inventory():

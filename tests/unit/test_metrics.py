@@ -163,7 +163,9 @@ def test_every_hook_run_writes_one_node_file_that_promtool_accepts(tmp_path):
     assert 0 < value(m, "gpuguard_probe_duration_seconds", kind="prolog", probe="nvml") < 10
     # the drain state, from gpuguard's own record of its drain
     assert value(m, "gpuguard_node_drained", node="node2") == 1
-    assert m["gpuguard_node_drained"][0][0] == {"node": "node2", "check": "gpu.xid", "keyword": "XID79"}
+    # the GPU NVML lost, by the Xid line's PCI address: this node was never seen before it fell off the bus
+    assert m["gpuguard_node_drained"][0][0] == {"node": "node2", "check": "gpu.xid", "keyword": "XID79",
+                                                "gpu": "0000:86:00"}
     assert abs(value(m, "gpuguard_node_drained_since_timestamp_seconds") - time.time()) < 60
     assert value(m, "gpuguard_drain_operations_total", op="drain", outcome="done") == 1
     # the health check found the drain in place: not an operation (issue 16: "already" grew every health check)

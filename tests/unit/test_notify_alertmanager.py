@@ -266,7 +266,7 @@ def test_the_payload_labels_annotations_and_times(tmp_path):
         assert emit(cfg, drain("node7", gpus=gpus, ts=t0, evidence={"xid": 79})) == "sent"
         [fired] = posts(api)[0]
         assert fired["labels"] == {"alertname": "GpuguardDrain", "node": "node7", "cluster": "c1", "partition": "gpu",
-                                   "severity": "critical", "check": "gpu.xid", "keyword": "XID79",
+                                   "severity": "critical", "check": "gpu.xid", "keyword": "XID79", "gpu": "5",
                                    "gpu_uuid": "GPU-5ca1ab1e", "gpu_serial": "1652000000005",
                                    "gpu_pci": "0000:a8:00.0"}
         assert fired["annotations"]["summary"] == "gpuguard: DRAINED node7 gpu.xid"

@@ -12,7 +12,8 @@ node's remembered inventory, the most it was ever seen with:
 
 Pure functions. The remembered inventory comes in as `Observations.previous["inventory"]` (the pipeline loads it from
 the store, like `previous["pcie_replay"]`), and `update_inventory` gives the new one to save after the run.
-Shape: {"efa": n, "ib": n, "nvlinks": {gpu: n}, "pcie": {gpu: [gen, width]}}; gpu = UUID (index when none).
+Shape: {"efa": n, "ib": n, "nvlinks": {gpu: n}, "pcie": {gpu: [gen, width]}, "gpu_pci": {pci: "index"}}; gpu = UUID
+(index when none).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import fnmatch
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from gpuguard.checks._util import fail, warn
+from gpuguard.util.pci import pci_key
 from gpuguard.model import Action, FabricObservation, Finding, GpuInfo, Observations, RdmaDevice
 
 if TYPE_CHECKING:
@@ -40,6 +42,13 @@ def remembered(obs: Observations) -> dict[str, Any]:
     """The most this node was ever seen with, before this run ({} when nothing is remembered)."""
     prev = (obs.previous or {}).get(PREVIOUS_KEY)
     return prev if isinstance(prev, dict) else {}
+
+
+def known_pci(obs: Observations) -> dict[str, Any]:
+    """{PCI address (pci_key): GPU index} of the GPUs this node had in earlier runs (a GPU fallen off the bus is
+    missing from NVML, not from here)."""
+    known = remembered(obs).get("gpu_pci")
+    return dict(known) if isinstance(known, dict) else {}
 
 
 def _count(v: Any) -> Optional[int]:
@@ -101,6 +110,10 @@ def inventory(obs: Observations, profile: "Profile") -> dict[str, Any]:
     if obs.nvml is not None:
         nvlinks: dict[str, int] = {}
         pcie: dict[str, list[int]] = {}
+        # where each GPU sits (index as text: the newest mapping wins, never the larger number)
+        addresses = {pci_key(g.pci_bus_id): str(g.index) for g in obs.nvml.gpus if g.pci_bus_id}
+        if addresses:
+            out["gpu_pci"] = addresses
         for g in obs.nvml.gpus:
             if g.fatal_error is not None:
                 continue

@@ -6,11 +6,13 @@ with the driver's own Fatal/Nonfatal token for NVLink5 Xids 144-150 and Xid 154'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from gpuguard.checks._util import fail, incomplete, ok, spec_of, warn
+from gpuguard.checks.inventory import known_pci
 from gpuguard.checks.spec import CheckInput, CheckSpec
 from gpuguard.model import Action, Finding, GpuInfo, KernelLogObservation, Observations, XidEvent
+from gpuguard.util.pci import pci_key
 
 if TYPE_CHECKING:
     from gpuguard.xid.catalog import XidCatalog, XidInfo
@@ -24,10 +26,22 @@ _WHERE = {"epilog": "during the job", "watch": "in the kernel log", "scan": "in 
 
 
 def _gpu_for(event: XidEvent, gpus: Sequence[GpuInfo]) -> Optional[GpuInfo]:
+    """NVML's GPU at the Xid line's PCI address (the kernel writes `0000:86:00`, NVML `00000000:86:00.0`)."""
+    want = pci_key(event.pci)
     for g in gpus:
-        if g.pci_bus_id and g.pci_bus_id.lower().startswith(event.pci.lower()):
+        if g.pci_bus_id and pci_key(g.pci_bus_id) == want:
             return g
     return None
+
+
+def _gpu_index(event: XidEvent, gpus: Sequence[GpuInfo], known: Mapping[str, Any]) -> Optional[int]:
+    """The GPU index of the Xid's PCI address: from NVML, else (a GPU fallen off the bus is missing from NVML) from
+    the addresses this node's GPUs had in earlier runs (the inventory in the store, `known`)."""
+    g = _gpu_for(event, gpus)
+    if g is not None:
+        return g.index
+    idx = known.get(pci_key(event.pci))
+    return int(idx) if isinstance(idx, (int, str)) and str(idx).isdigit() else None
 
 
 def xid_info(event: XidEvent, catalog: "XidCatalog") -> "XidInfo":
@@ -43,13 +57,15 @@ def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
     if inp.xid_catalog is None:
         return [incomplete(s, "Xid catalog not loaded")]
     return judge_kernel_log(obs.kernel_log, inp.xid_catalog, gpus=obs.nvml.gpus if obs.nvml else [], kind=inp.kind,
-                            spec=s)
+                            spec=s, known=known_pci(obs))
 
 
 def judge_kernel_log(log: KernelLogObservation, catalog: "XidCatalog", *, spec: CheckSpec,
-                     gpus: Sequence[GpuInfo] = (), kind: str = "manual") -> list[Finding]:
+                     gpus: Sequence[GpuInfo] = (), kind: str = "manual",
+                     known: Mapping[str, Any] = {}) -> list[Finding]:  # noqa: B006 - read only
     """The gpu.xid findings for the Xid events of a kernel-log observation (`spec`: gpu.xid's, from the registry;
-    `gpus`: NVML's, to name GPU indices)."""
+    `gpus`: NVML's, to name GPU indices; `known`: {PCI address: index} the node's GPUs had before, for a GPU NVML
+    no longer sees). A finding whose GPU has no known index keeps its PCI address (evidence `pci`)."""
     s = spec
     findings: list[Finding] = []
     fatal: list[tuple[XidEvent, "XidInfo"]] = []
@@ -62,9 +78,8 @@ def judge_kernel_log(log: KernelLogObservation, catalog: "XidCatalog", *, spec: 
         if info.severity == "fatal":
             fatal.append((ev, info))
         elif info.severity == "warn":
-            g = _gpu_for(ev, gpus)
             findings.append(warn(s, f"Xid {ev.code} ({info.name}) on {ev.pci}", info.nvidia_action_text or "",
-                                 keyword=f"XID{ev.code}", gpu=g.index if g else None, xid=entry))
+                                 keyword=f"XID{ev.code}", gpu=_gpu_index(ev, gpus, known), xid=entry, pci=ev.pci))
     if fatal:
         # One finding per GPU (the most invasive action wins); the reason names the first fatal Xid.
         by_pci: dict[str, list[tuple[XidEvent, "XidInfo"]]] = {}
@@ -74,12 +89,12 @@ def judge_kernel_log(log: KernelLogObservation, catalog: "XidCatalog", *, spec: 
             ev, info = max(items, key=lambda x: _ACTIONS.get(x[1].action, Action.DRAIN).rank)
             action = _ACTIONS.get(info.action, Action.DRAIN)
             codes = sorted({e.code for e, _ in items})
-            g = _gpu_for(ev, gpus)
-            where = f"GPU {g.index} {pci}" if g else pci
+            index = _gpu_index(ev, gpus, known)
+            where = f"GPU {index} {pci}" if index is not None else pci
             extra = f" (also Xid {','.join(map(str, [c for c in codes if c != ev.code]))})" if len(codes) > 1 else ""
             findings.append(fail(s, f"{info.name} on {where}{extra}",
                                  info.nvidia_action_text or "see `gpuguard xid explain %d`" % ev.code,
-                                 action, keyword=f"XID{ev.code}", gpu=g.index if g else None,
+                                 action, keyword=f"XID{ev.code}", gpu=index, pci=pci,
                                  xids=[e.code for e, _ in items],
                                  first=ev.raw[:300], nvidia_action=info.nvidia_action))
     if log.rejected_non_kernel:

@@ -165,8 +165,10 @@ def _spool_lines(spool: dict[str, Any]) -> list[str]:
             lines.append(f"  {node:<12} {c['pending']} retrying, {c['held']} held, {c['expired']} expired")
         if len(by_node) > DETAIL_AUTO:
             lines.append(f"  ... {len(by_node) - DETAIL_AUTO} more node(s) (--json for all)")
-        for e in spool["last_errors"]:
-            lines.append(f"  last error ({e['node']}, {e['attempts']} attempt(s)): {e['error']}")
+        for e in spool["last_errors"]:  # one line per receiver that did not take the message
+            failed = str(e["error"]).splitlines() or ["-"]
+            lines.append(f"  last error ({e['node']}, {e['attempts']} attempt(s), '{e['title']}'): {failed[0]}")
+            lines.extend(f"    {more}" for more in failed[1:])
     for err in spool.get("errors", []):
         lines.append(f"  spool unreadable: {err}")
     return lines

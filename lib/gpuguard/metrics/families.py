@@ -76,7 +76,8 @@ def _drain_state(fam: NewFamily, drain: DrainState, node: str) -> None:
                   "1 while the node is drained by gpuguard (history store), with the check and keyword of the "
                   "drain; 0 when gpuguard has no drain in place")
     if drain.drained:
-        drained.add(1, node=node, check=drain.check_id, keyword=drain.keyword)
+        gpu = {"gpu": drain.gpu} if drain.gpu else {}  # the GPU(s) the drain is about, where known
+        drained.add(1, node=node, check=drain.check_id, keyword=drain.keyword, **gpu)
         fam("gpuguard_node_drained_since_timestamp_seconds", "gauge",
             "When gpuguard drained the node (only while drained)").add(drain.since, node=node)
     else:

@@ -4,6 +4,8 @@ atomically (gpuguard.metrics.textfile). Nothing is imported or written unless `m
 
 from __future__ import annotations
 
+import json
+
 import os
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -59,8 +61,28 @@ def read_drain_state(store: "Store", node: str, active: Optional[dict[str, Any]]
     if flapping:
         check_id, reason = flapping["check_id"] or check_id, flapping["reason"]
     parsed = parse_reason(reason or "")
-    return DrainState(True, check_id or (parsed.check_id if parsed else ""), parsed.keyword if parsed else "",
-                      since)
+    check = check_id or (parsed.check_id if parsed else "")
+    return DrainState(True, check, parsed.keyword if parsed else "", since,
+                      drained_gpus(store.findings_for(row["run_id"]) if row.get("run_id") else [], check))
+
+
+def drained_gpus(findings: list[dict[str, Any]], check_id: str) -> str:
+    """The GPUs the failing findings of the drain's check name (store rows): their indices, else the PCI address a
+    finding kept for a GPU no index was known for. Pure."""
+    out: list[str] = []
+    for f in findings:
+        if f.get("check_id") != check_id or f.get("severity") != "fail":
+            continue
+        if f.get("gpu") is not None:
+            out.append(str(f["gpu"]))
+            continue
+        try:
+            pci = json.loads(f.get("evidence") or "{}").get("pci")
+        except (ValueError, AttributeError):
+            pci = None
+        if pci:
+            out.append(str(pci))
+    return ",".join(dict.fromkeys(out))
 
 
 def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> None:

@@ -32,6 +32,7 @@ class DrainState:
     check_id: str = ""
     keyword: str = ""
     since: Optional[float] = None
+    gpu: str = ""  # the GPU(s) the drain is about: NVML indices, or the PCI address of one no index is known for
 
 
 def _event_key(ev: Any) -> tuple[Optional[int], Optional[float]]:

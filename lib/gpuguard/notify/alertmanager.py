@@ -35,6 +35,7 @@ from gpuguard.notify.event import Event, dedupe_key
 from gpuguard.notify.render import action_text, evidence_text, gpu_line, title_of
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.util.log import escape_text
+from gpuguard.util.pci import pci_key
 from gpuguard.util.redact import redact_url
 
 if TYPE_CHECKING:
@@ -63,17 +64,34 @@ def keyword_of(event: Event) -> Optional[str]:
     return None
 
 
-def _gpu_labels(event: Event) -> dict[str, str]:
+def gpu_idents(event: Event) -> list[dict[str, Any]]:
+    """The event's GPU identities, less those at another PCI address than the one its finding names: NVML
+    renumbers the GPUs it still sees when one falls off the bus, so its GPU with the lost one's index is another."""
     gpus = [g for g in event.gpus or [] if isinstance(g, dict)]
+    pci = (event.evidence or {}).get("pci")
+    if not pci:
+        return gpus
+    return [g for g in gpus if not g.get("pci_bus_id") or pci_key(str(g["pci_bus_id"])) == pci_key(str(pci))] or \
+        [{"index": g["index"]} for g in gpus if "index" in g]
+
+
+def _gpu_labels(event: Event) -> dict[str, str]:
+    gpus = gpu_idents(event)
     if event.gpu is not None:
         gpus = [g for g in gpus if g.get("index") == event.gpu] or [{"index": event.gpu}]
     out: dict[str, str] = {}
-    if event.gpu is not None:
-        out["gpu"] = str(event.gpu)
+    indices = [str(event.gpu)] if event.gpu is not None else [str(g["index"]) for g in gpus if "index" in g]
+    pci = (event.evidence or {}).get("pci")  # the address the finding names (an Xid line's PCI address)
+    if indices:
+        out["gpu"] = ",".join(dict.fromkeys(indices))
+    elif pci:  # a GPU no index is known for (fallen off the bus, never seen by NVML here): its address
+        out["gpu"] = str(pci)
     for attr, label in (("uuid", "gpu_uuid"), ("serial", "gpu_serial"), ("pci_bus_id", "gpu_pci")):
         values = [str(g[attr]) for g in gpus if g.get(attr)]
         if values:
             out[label] = ",".join(values)
+    if pci and "gpu_pci" not in out:
+        out["gpu_pci"] = str(pci)
     return out
 
 
@@ -102,7 +120,7 @@ def alert_annotations(event: Event, ncfg: NotifyConfig) -> dict[str, str]:
         out["reason"] = event.reason
     if event.evidence:
         out["evidence"] = evidence_text(event.evidence)
-    gpus = [gpu_line(g) for g in event.gpus or [] if isinstance(g, dict)]
+    gpus = [gpu_line(g) for g in gpu_idents(event)]
     if gpus:
         out["gpus"] = "; ".join(gpus)
     base = ncfg.runbook_url

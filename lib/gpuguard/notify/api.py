@@ -15,8 +15,8 @@ from gpuguard.notify.alertmanager import ttl_s
 from gpuguard.notify.config import NotifyConfig
 from gpuguard.notify.event import Event, dedupe_key, wanted
 from gpuguard.notify.render import render
-from gpuguard.notify.state import (connect_hooks, connect_user, ensure_trusted_state, local_node, log_warning,
-                                   state_path)
+from gpuguard.notify.state import (DeliveryLog, connect_hooks, connect_user, ensure_trusted_state, local_node,
+                                   log_warning, state_path)
 from gpuguard.util.sqltx import rollback_if_active
 
 if TYPE_CHECKING:
@@ -57,6 +57,10 @@ def _decide(conn: Any, ncfg: NotifyConfig, event: Event, key: str, now: float,
     send = (apprise_ids if d is not None and d.verdict == "send" else []) + (am_ids if am_now else [])
     verdict = "send" if send else (d.verdict if d is not None and d.verdict == "held" else "suppressed")
     return verdict, send, d
+
+
+def delivery_log(cfg: "Config") -> DeliveryLog:
+    return DeliveryLog(cfg.logging.file, cfg.logging.level)
 
 
 def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optional[str] = None,
@@ -102,7 +106,7 @@ def emit(cfg: "Config", event: Event, budget_s: float = 2.0, state_path: Optiona
         finally:
             conn.close()
         row = delivery.Row(row_id, title, body, event.severity, send, key, "resolved" if event.resolved else "firing")
-        job = delivery.Job(path, [row], targets, now, ncfg.timeout_s, ttl, [])
+        job = delivery.Job(path, [row], targets, now, ncfg.timeout_s, ttl, [], log=delivery_log(cfg))
         done = delivery.deliver(job, budget_s - (time.monotonic() - start), defer=defer)
         return "sent" if done.get(row_id) else "spooled"
     except Exception as e:  # noqa: BLE001 - notifying must never break a prolog
@@ -161,7 +165,8 @@ def flush(cfg: "Config", budget_s: float = 5.0, state_path: Optional[str] = None
             rows, keepalive = _prepare_flush(conn, ncfg, targets, now)
         finally:
             conn.close()
-        job = delivery.Job(path, rows, targets, now, ncfg.timeout_s, ttl_s(cfg), list(keepalive), keepalive)
+        job = delivery.Job(path, rows, targets, now, ncfg.timeout_s, ttl_s(cfg), list(keepalive), keepalive,
+                           log=delivery_log(cfg))
         done = delivery.deliver(job, budget_s - (time.monotonic() - start), defer=defer)
         return sum(1 for ok in done.values() if ok)
     except Exception as e:  # noqa: BLE001

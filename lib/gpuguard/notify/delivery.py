@@ -17,7 +17,7 @@ from gpuguard.notify.alertmanager import PostError, post_alerts
 from gpuguard.notify.apprise_target import send_apprise
 from gpuguard.notify.config import NotifyConfig
 from gpuguard.notify.event import Event
-from gpuguard.notify.state import log_warning
+from gpuguard.notify.state import DeliveryLog, log_warning
 from gpuguard.util.redact import scrub
 
 
@@ -36,6 +36,7 @@ class Row:
     targets: list[str]
     key: Optional[str]
     state: str
+    attempts: int = 0  # delivery attempts before this one
 
 
 def url_id(url: str) -> str:
@@ -65,8 +66,9 @@ def spool(conn: Any, event: Optional[Event], title: str, body: str, targets: lis
 
 
 def due_rows(conn: Any, now: float, limit: int = 50) -> list[Row]:
-    return [Row(i, t, b, s or "warning", json.loads(tg), k, st or "firing") for i, t, b, s, tg, k, st in conn.execute(
-        "SELECT id, title, body, severity, targets, dedup_key, state FROM notify_spool "
+    return [Row(i, t, b, s or "warning", json.loads(tg), k, st or "firing", n or 0)
+            for i, t, b, s, tg, k, st, n in conn.execute(
+        "SELECT id, title, body, severity, targets, dedup_key, state, attempts FROM notify_spool "
         "WHERE status='pending' AND next_try<=? ORDER BY id LIMIT ?", (now, limit))]
 
 
@@ -82,6 +84,14 @@ class Job:
     keepalive: list[str]
     taken: dict[str, Optional[float]] = field(default_factory=dict)  # keep-alives taken: their last post before
     token: str = field(default_factory=claim.new_token)  # this job's claims on spool rows
+    log: Optional[DeliveryLog] = None  # where each failed attempt is logged besides syslog (logging.file)
+
+
+ERROR_PER_TARGET = 300  # characters of one receiver's error kept in the spool (`last_error`: one line each)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _post(conn: Any, url: str, keys: list[str], job: Job) -> tuple[bool, Optional[str]]:
@@ -113,15 +123,16 @@ def _deliver_row(conn: Any, row: Row, job: Job) -> Optional[bool]:
             ok, err = _post(conn, t.url, [row.key] if row.key else [], job)
             am_ok = am_ok and ok and not err
         if err:
-            errors.append(f"#{tid}: {scrub(err, [t.url])}")
-            if ok:  # permanent (a wrong URL, refused credentials): not retried, so say it now
-                log_warning(f"not retried: {errors[-1]}")
+            # each receiver's error bounded on its own: every receiver that failed stays named (gpuguard status)
+            errors.append(_cut(f"#{tid}: {scrub(err, [t.url])}", ERROR_PER_TARGET))
+            # permanent (a wrong URL, refused credentials): not retried, so say so
+            (job.log or DeliveryLog()).failed(row.title, row.attempts + 1, errors[-1], retried=not ok)
         if ok:
             left.remove(tid)
             claim.reached(conn, row.id, job.token, left)
     if am_ok and row.key and any(job.targets.get(t, Target("", "")).kind == "alertmanager" for t in owed):
         amstate.mark_posted(conn, [row.key], job.now)
-    claim.finish(conn, row.id, job.token, left, "; ".join(errors)[:500] or None, job.now)
+    claim.finish(conn, row.id, job.token, left, "\n".join(errors) or None, job.now)
     return not left
 
 

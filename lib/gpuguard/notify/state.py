@@ -22,9 +22,10 @@ import re
 import socket
 import stat
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from gpuguard.util.log import escape_text
+from gpuguard.util.log import HookLog, escape_text
 from gpuguard.util.trust import Untrusted, check_owner_mode, open_trusted_dir, trusted_uids
 
 if TYPE_CHECKING:
@@ -68,6 +69,22 @@ def log_warning(msg: str) -> None:
         syslog.syslog(syslog.LOG_WARNING, escape_text(f"gpuguard notify: {msg}"))
     except Exception:  # noqa: BLE001
         pass
+
+
+@dataclass(frozen=True)
+class DeliveryLog:
+    """Where failed delivery attempts are logged: syslog always (log_warning), and `logging.file` at warning level
+    when the config names one (`level` its logging.level). One line per message and receiver per attempt; the
+    receiver is named by its id and redacted URL, never its secrets (the caller scrubs the error)."""
+    file: Optional[str] = None
+    level: str = "info"
+
+    def failed(self, title: str, attempt: int, error: str, retried: bool) -> None:
+        what = "retried later" if retried else "not retried (permanent)"
+        msg = f"delivery failed (attempt {attempt}, {what}) of '{title}' to {error}"
+        log_warning(msg)
+        if self.file:
+            HookLog(use_syslog=False, path=self.file, level=self.level, stderr=False).warning(f"notify: {msg}")
 
 
 def local_node(cfg: "Config", fallback: Optional[str] = None) -> str:

@@ -135,7 +135,8 @@ class StatusQueries:
         """The drain gpuguard applied (outcome done) at or before record `up_to_id` that no undrain lifted since:
         the one whose reason Slurm keeps."""
         cur = self.conn.execute(
-            "SELECT id, ts, check_id, reason FROM drains WHERE node=? AND op='drain' AND outcome='done' AND id<=? "
+            "SELECT id, ts, check_id, reason, run_id FROM drains WHERE node=? AND op='drain' AND outcome='done' "
+            "AND id<=? "
             "AND NOT EXISTS (SELECT 1 FROM drains u WHERE u.node=? AND u.op='undrain' AND u.outcome IN "
             "('done','gone') AND u.id>drains.id AND u.id<=?) ORDER BY id DESC LIMIT 1",
             (node, up_to_id, node, up_to_id))
