@@ -163,7 +163,8 @@ def test_alerts_fire_from_the_files_gpuguard_writes(tmp_path):
             {"eval_time": "4m", "alertname": "GpuguardNodeDrained", "exp_alerts": []},
             {"eval_time": "4m", "alertname": "GpuguardFatalXid", "exp_alerts": []},
             {"eval_time": "8m", "alertname": "GpuguardNodeDrained", "exp_alerts": [{
-                "exp_labels": {**node, "severity": "warning", "check": "gpu.xid", "keyword": "XID79"},
+                # the GPU the Xid line names (PCI 0000:86:00 = GPU 3 in the node's inventory)
+                "exp_labels": {**node, "severity": "warning", "check": "gpu.xid", "keyword": "XID79", "gpu": "3"},
                 "exp_annotations": {"summary": "node2 drained by gpuguard: XID79 (gpu.xid)",
                                     "runbook_url": "@RUNBOOK_URL@#gpu.xid"}}]},
             {"eval_time": "8m", "alertname": "GpuguardFatalXid", "exp_alerts": [{
@@ -278,7 +279,8 @@ def test_observability_files_are_installed_by_make_install(name):
     """The install target copies the dashboard and runbooks and substitutes the runbook URL into the rules."""
     makefile = (REPO / "Makefile").read_text()
     install = makefile.split("\ninstall:", 1)[1].split("\n\n", 1)[0]
-    assert f"observability/{name}" in install and "share/gpuguard/observability" in install
+    assert "share/gpuguard/observability" in install
+    assert f"observability/{name}" in install or (name in install and "observability/$$f" in install)
 
 
 def test_make_install_substitutes_the_runbook_url(tmp_path):
@@ -286,12 +288,17 @@ def test_make_install_substitutes_the_runbook_url(tmp_path):
     prefix = tmp_path / "prefix"
     p = subprocess.run(["make", "-n", "install", f"PREFIX={prefix}", "RUNBOOK_URL=https://wiki.example/gpuguard"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
-    lines = [ln for ln in p.stdout.splitlines() if "share/gpuguard/observability" in ln]
+    commands = p.stdout.replace("\\\n", " ").splitlines()  # make -n keeps a recipe line's continuations
+    lines = [ln for ln in commands if "share/gpuguard/observability" in ln and not ln.lstrip().startswith("#")]
     assert len(lines) == 1, p.stdout + p.stderr
     subprocess.run(["bash", "-c", lines[0]], cwd=REPO, check=True, timeout=60)
     installed = prefix / "share" / "gpuguard" / "observability"
-    assert sorted(x.name for x in installed.iterdir()) == ["gpuguard-dashboard.json", "gpuguard.rules.yml",
+    assert sorted(x.name for x in installed.iterdir()) == ["alertmanager.yml", "gpuguard-dashboard.json",
+                                                          "gpuguard.rules.test.yml", "gpuguard.rules.yml",
                                                           "runbooks.md"]
-    rules = (installed / "gpuguard.rules.yml").read_text()
-    assert "@RUNBOOK_URL@" not in rules and "https://wiki.example/gpuguard#GpuguardWatchDown" in rules
+    for name in ("gpuguard.rules.yml", "gpuguard.rules.test.yml"):
+        text = (installed / name).read_text()
+        assert "@RUNBOOK_URL@" not in text and "https://wiki.example/gpuguard#" in text, name
     assert promtool("check", "rules", str(installed / "gpuguard.rules.yml"), cwd=tmp_path).returncode == 0
+    # the installed rules pass their installed tests, in the directory they were installed to
+    assert promtool("test", "rules", "gpuguard.rules.test.yml", cwd=installed).returncode == 0
