@@ -16,6 +16,7 @@ import pytest
 import yaml
 from fsfaults import read_only
 from nodeview import drained, reason
+from notify_servers import WebhookServer
 
 from devtools.devsite import DevSite
 from gpuguard.util.fs import atomic_write
@@ -151,6 +152,37 @@ def test_a_corrupt_store_skips_no_evidence(site_factory):
     p = hook(site, "prolog", "node1", job="302")
     assert p.returncode == 1, p.stderr
     assert drained(site, "node1") and reason(site, "node1").keyword == "XID119"
+
+
+def test_a_store_found_damaged_is_replaced_loudly(site_factory):
+    """Issue 27: the replacement was silent. Now the hook that replaced it logs an error naming the file and the
+    damaged copy and pages once, and the node's metrics read gpuguard_history_store_ok 0 until a later good run."""
+    site = site_factory(nodes=1)
+    prom = site.workdir / "prom"
+    receiver = WebhookServer()
+    try:
+        site.write_config({"notify": {"urls": [receiver.url("/pages")]}, "metrics": {"textfile_dir": str(prom)}})
+        assert hook(site, "prolog", "node1", job="501").returncode == 0
+        db = site.workdir / "state" / "node1.db"
+        db.write_bytes(b"this is not an SQLite database\n" * 100)
+        for suffix in ("-wal", "-shm"):
+            Path(str(db) + suffix).unlink(missing_ok=True)
+        assert hook(site, "prolog", "node1", job="502").returncode == 0
+        aside = [p.name for p in db.parent.glob("node1.db.corrupt-*")]
+        assert len(aside) == 1, aside
+        lines = site.log_lines(f"history store {db} was damaged")
+        assert len(lines) == 1 and " error: " in lines[0] and aside[0] in lines[0], site.log_lines()
+        assert 'gpuguard_history_store_ok{node="node1"} 0' in (prom / "gpuguard_node.prom").read_text()
+        end = time.monotonic() + 20
+        while time.monotonic() < end and not any("store-replaced" in r["body"]["dedup_key"] for r in receiver.requests):
+            time.sleep(0.1)
+        assert hook(site, "healthcheck", "node1").returncode == 0
+        assert 'gpuguard_history_store_ok{node="node1"} 1' in (prom / "gpuguard_node.prom").read_text()
+        pages = [r["body"] for r in receiver.requests if "store-replaced" in r["body"]["dedup_key"]]
+        assert len(pages) == 1 and aside[0] in pages[0]["message"], receiver.requests
+        assert len(site.log_lines("was damaged")) == 1  # told once
+    finally:
+        receiver.close()
 
 
 def test_a_read_only_store_does_not_re_drain_after_an_admin_undrain(site_factory, tmp_path):

@@ -23,6 +23,7 @@ from gpuguard.pipeline.run import execute
 from gpuguard.simulate.sources import resolve_sources
 from gpuguard.slurm.client import client_from_config, drain_node
 from gpuguard.slurm.reason import format_reason
+from gpuguard.store import replaced
 from gpuguard.store.sqlite import Store
 from gpuguard.util.log import HookLog
 from gpuguard.util.timefmt import iso_utc
@@ -180,6 +181,8 @@ def _run(kind: str, ctx: Any, config_path: Optional[str], simulate: Optional[str
     handoff.wanted = handoff.wanted or bool(getattr(result, "handoff", False))
     if getattr(result, "store_errors", None):
         _tell_store_trouble(cfg, ctx, kind, result.store_errors, handoff)
+    if kind == "healthcheck" or replaced.replaced_here():
+        _tell_store_replaced(cfg, ctx, kind, log, handoff)
     set_exit_code(result.exit_code)
     return result.exit_code
 
@@ -263,6 +266,39 @@ def _tell_store_trouble(cfg: Any, ctx: Any, kind: str, errors: list[str], handof
                                "(store.path); the verdict was still applied"), budget_s=1.0, defer=handoff)
     except Exception:  # noqa: BLE001 - the log line is the primary record
         pass
+
+
+def _tell_store_replaced(cfg: Any, ctx: Any, kind: str, log: Any, handoff: Handoff) -> None:
+    """A store found damaged and replaced (gpuguard.store.replaced): logged at error level and paged once, at once
+    when this process replaced it, else by the next health check (the watch daemon, the notification hand-off or
+    an admin command may have). Never raises."""
+    paths = replaced.replaced_here()
+    if kind == "healthcheck":
+        paths += [cfg.store.path_for(ctx.node)]
+        if cfg.notify.state_path:  # the notification state in a file of its own
+            paths.append(str(cfg.notify.state_path).replace("{node}", ctx.node))
+    for path in dict.fromkeys(paths):
+        try:
+            if not os.path.exists(path):
+                continue
+            with Store(path, timeout_s=1.0) as st:
+                note = replaced.untold(st)
+                if note is None:
+                    continue
+                what = replaced.describe(path, note)
+                log.error(f"{kind} on {ctx.node}: {what}")
+                from gpuguard.notify import Event, emit  # cold path: only a replaced store pages from here
+
+                key = f"gpuguard/{ctx.node}/store-replaced/{os.path.basename(note['aside'])}"  # one per replacement
+                sent = emit(cfg, Event(kind="internal_error", node=ctx.node, severity="critical",
+                                       check_id="store.replaced", message=what, dedup_key=key,
+                                       action="nothing is lost for the hardware (the verdict journal keeps the "
+                                              "kernel-log position); keep the damaged copy for a bug report and "
+                                              "check the disk (dmesg, smartctl)"), budget_s=1.0, defer=handoff)
+                if sent != "failed":  # a page that could not go out is tried again by the next health check
+                    replaced.mark_told(st, note)
+        except Exception:  # noqa: BLE001 - the store's own syslog line is the primary record
+            pass
 
 
 def _record_internal_error(cfg: Any, ctx: Any, error: str, exit_code: int) -> None:

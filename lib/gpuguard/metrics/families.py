@@ -53,7 +53,7 @@ def _gpuguard_health(fam: NewFamily, st: dict[str, Any], node: str, version: str
         ).add(healthcheck_interval_s, node=node)
     ok = fam("gpuguard_history_store_ok", "gauge",
              "1 when the history store was usable for the last run and for these metrics, 0 when not (counters are "
-             "left out until it is)")
+             "left out until it is) and when it was found damaged and replaced since (until a later good run)")
     latest = max(st["runs"].values(), key=lambda r: r["started"], default={})
     ok.add(1 if store_ok and latest.get("store_ok", True) else 0, node=node)
 

@@ -89,6 +89,7 @@ def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> No
     # only with metrics.textfile_dir set: importing this module costs a prolog without metrics nothing
     import sqlite3
 
+    from gpuguard.store import replaced
     from gpuguard.store.sqlite import Store
 
     node = result.context.node
@@ -102,7 +103,12 @@ def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> No
                 state = update_state(state, result, _xid_severity(cfg), st.drain_ops_after(node, mark))
                 st.set_cursor(state_cursor(node), state)
                 drain = read_drain_state(st, node, st.active_drain(node))
-        fams = node_families(state, node, drain, __version__, interval)
+                # a store found damaged and replaced reads 0 until a later good run (gpuguard.store.replaced)
+                store_ok, note = replaced.metric_ok(st.get_cursor(replaced.CURSOR), result.started,
+                                                    not getattr(result, "store_errors", None))
+                if note is not None:
+                    st.set_cursor(replaced.CURSOR, note)
+        fams = node_families(state, node, drain, __version__, interval, store_ok=store_ok)
     except (sqlite3.Error, OSError) as e:
         # No store: this run's results still go out, the counters stay out (restarting them from 0 would read as
         # a counter reset), and gpuguard_history_store_ok says why.

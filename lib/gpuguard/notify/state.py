@@ -6,17 +6,20 @@ root walks the path from `/` one component at a time with O_NOFOLLOW (a symlink 
 directories are created 0755): every directory must be owned by root (or this process's user) and not writable by
 others. A sticky world-writable directory such as /tmp may be on the way, never the state's own directory:
 SQLite creates its journal and WAL next to the database by name, and a user who can create entries there could
-plant them. The file itself must be a regular file with a trusted owner that others cannot write; when it is
-missing it is created here (O_CREAT|O_EXCL|O_NOFOLLOW, 0644). Once that holds, no other user can change what the
-path leads to, so SQLite may open it by name. When it does not hold, root does not use the state (and delivers
-directly: better a duplicate page than a silenced one).
+plant them. The file itself (and its -journal, -wal, -shm) must be a regular file with a trusted owner that others
+cannot write, or missing (SQLite then creates it). Once that holds, no other user can change what the path leads
+to, so SQLite may open it by name. When it does not hold, root does not use the state (and delivers directly:
+better a duplicate page than a silenced one).
+
+The file is only ever looked at (lstat), never opened outside SQLite: closing any descriptor of a file drops every
+POSIX lock the process holds on it, SQLite's included, and another process may then delete the -wal/-shm under a
+live connection (the store corrupts).
 
 The monitor (the job's user) keeps its own small state in the job directory (`user_state_path`).
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import socket
@@ -112,9 +115,37 @@ def user_state_path(cfg: "Config", job_dir: str, job_id: Optional[str], node: st
 # the walk itself: gpuguard.util.trust (every root writer uses it)
 
 
+def _entry_problem(dir_fd: int, name: str, what: str, uids: set[int]) -> Optional[str]:
+    """Why the entry `name` of a trusted directory must not be used (None: missing, or a regular file a trusted
+    uid owns that others cannot write). Looked at with lstat only, never opened."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{what}: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{what} is a symlink (not followed)"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{what} is not a regular file"
+    try:
+        check_owner_mode(st, what, uids, allow_sticky=False)
+    except Untrusted as e:
+        return str(e)
+    return None
+
+
+# SQLite's own files beside the database (rollback journal, WAL, shared memory): checked like the database
+SQLITE_SUFFIXES = ("", "-journal", "-wal", "-shm")
+
+
 def ensure_trusted_state(path: str, uids: Optional[set[int]] = None) -> Optional[str]:
-    """Why root must not keep its state at `path` (None: it may; the file then exists, created here if it was
-    missing, as a regular root-owned file). See the module docstring."""
+    """Why root must not keep its state at `path` (None: it may). See the module docstring.
+
+    The database file is never opened here, only looked at (lstat through the trusted directory's descriptor):
+    closing any descriptor of a file drops every POSIX lock this process holds on it, SQLite's included, and
+    another process could then delete the -wal/-shm under a live connection (issue 27). A missing file is fine:
+    SQLite creates it in the trusted directory, where nobody else can put anything in its way."""
     uids = trusted_uids() if uids is None else uids
     directory, name = os.path.split(os.path.abspath(path))
     try:
@@ -122,29 +153,11 @@ def ensure_trusted_state(path: str, uids: Optional[set[int]] = None) -> Optional
     except OSError as e:
         return f"state directory {directory}: {e}"
     try:
-        try:
-            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                         dir_fd=dfd)
-        except FileExistsError:
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    return f"state file {path} is a symlink (not followed)"
-                return f"state file {path}: {e.strerror or e}"
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return f"state file {path} is not a regular file"
-        try:
-            check_owner_mode(st, f"state file {path}", uids, allow_sticky=False)
-        except Untrusted as e:
-            return str(e)
+        for suffix in SQLITE_SUFFIXES:
+            why = _entry_problem(dfd, name + suffix, f"state file {path}{suffix}", uids)
+            if why:
+                return why
         return None
-    except OSError as e:
-        return f"state file {path}: {e.strerror or e}"
     finally:
         os.close(dfd)
 
@@ -181,11 +194,12 @@ def connect_user(path: str, timeout_s: float) -> Any:
     import sqlite3  # only with receivers configured: nothing configured imports no SQLite
 
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    os.close(fd)
     for attempt in (1, 2):
+        # SQLite creates the file (never opened outside SQLite: closing a descriptor of it would drop the locks
+        # of this process's other connections, a delivery thread's say); private once it exists
         conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
         try:
+            _make_private(path)
             conn.execute("PRAGMA busy_timeout=%d" % int(timeout_s * 1000))
             migrate(conn)
             return conn
@@ -196,3 +210,13 @@ def connect_user(path: str, timeout_s: float) -> Any:
             os.replace(path, f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
             log_warning(f"notification state {path} was corrupt ({e}); moved aside, starting a new one")
     raise AssertionError("unreachable")
+
+
+def _make_private(path: str) -> None:
+    """The monitor's state readable by its user only (chmod by name: nothing is opened). Best effort."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & 0o600)
+    except OSError:
+        pass

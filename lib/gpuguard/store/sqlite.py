@@ -1,11 +1,14 @@
 """The history: one SQLite file with runs, findings, drains and kernel-log cursors.
 
-WAL mode + a busy timeout make it safe under a prolog and a health check running at once.
+WAL mode + a busy timeout make it safe under a prolog and a health check running at once, as long as nothing in
+the process opens the file (or its -wal/-shm) outside SQLite: closing such a descriptor drops every POSIX lock the
+process holds on the file, SQLite's included (gpuguard.notify.state.ensure_trusted_state only lstats it).
 
 Errors are told apart, because they call for opposite things:
 - real corruption (SQLite says CORRUPT / NOTADB, or `PRAGMA quick_check` fails): the file is moved aside (kept,
   with its -wal/-shm, for forensics), a new one is created and `recreated_from` says so. The caller must treat
-  its cursors as lost (the verdict journal still holds the kernel-log position: gpuguard.pipeline.journal);
+  its cursors as lost (the verdict journal still holds the kernel-log position: gpuguard.pipeline.journal). It
+  is loud: a syslog line at error level, the metric and a page (gpuguard.store.replaced);
 - anything else (disk full, read-only filesystem, I/O error, permissions, a lock held too long): nothing is
   moved or overwritten, `StoreUnavailable` is raised. Drains, undrain counters and cursors stay on disk for the
   next run that can reach them.
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from gpuguard.model import Finding
+from gpuguard.store import replaced
 from gpuguard.store.corruption import StoreUnavailable, is_corruption
 from gpuguard.store.queries import ShippingQueries, StatusQueries
 from gpuguard.store.schema import upgrade_schema
@@ -43,6 +47,8 @@ class Store(ShippingQueries, StatusQueries):
         self.recreated_from: Optional[str] = None  # where a corrupt file was moved (cursors are lost)
         self.corruption_error: Optional[str] = None
         self.conn = self._open()
+        if self.recreated_from:
+            self._note_replaced(self.recreated_from)
 
     # ------------------------------------------------------------------ lifecycle
     def _connect(self) -> sqlite3.Connection:
@@ -72,6 +78,15 @@ class Store(ShippingQueries, StatusQueries):
             return self._connect()
         except (OSError, sqlite3.DatabaseError) as e:
             raise StoreUnavailable(f"{self.path}: corrupt, and could not be replaced: {e}") from e
+
+    def _note_replaced(self, aside: str) -> None:
+        """Loud (gpuguard.store.replaced): syslog now, a note in the new store for the metrics and the page."""
+        n = replaced.note(aside, self.corruption_error, time.time())
+        try:
+            self.set_cursor(replaced.CURSOR, n)
+        except sqlite3.Error:
+            pass  # the log line below still says it
+        replaced.log_replaced(self.path, n)
 
     def close(self) -> None:
         self.conn.close()
