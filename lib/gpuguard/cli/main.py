@@ -28,6 +28,7 @@ FEATURE_COMMANDS: dict[str, str] = {
     "efa": "gpuguard.nccl.efa_cli",
     "dcgm": "gpuguard.nccl.dcgm_cli",
     "baseline": "gpuguard.nccl.baseline_cli",
+    "preflight": "gpuguard.preflight.cli",
     "monitor": "gpuguard.monitor.cli",
     "trainlog": "gpuguard.trainlog.cli",
     "fleet": "gpuguard.fleet.cli",

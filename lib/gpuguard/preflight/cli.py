@@ -1,0 +1,139 @@
+"""`gpuguard preflight`: inside an allocation (the batch script, once), test the fabric between the job's nodes and
+say in one line what was tested, how long it took and what was blamed (docs/nccl.md).
+
+Exit codes: 0 go on (passed, or nothing reproducible), 10 something was blamed (the nodes to go on without are in
+`--exclude-file` and in the `GPUGUARD_PREFLIGHT_EXCLUDE=` line), 2 usage. `--record-drain` is the step it runs on a
+blamed node (`srun -w NODE`) to make the drain a standing condition there (gpuguard.preflight.record)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from gpuguard.config.schema import load_config
+from gpuguard.nccl.sweep import threshold_resolver
+from gpuguard.preflight.blame import Blame, run_blame
+from gpuguard.preflight.judge import summary_line
+from gpuguard.preflight.runner import SrunMeasure
+from gpuguard.preflight.topology import job_switches, parse_topology
+from gpuguard.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
+from gpuguard.slurm.parse import parse_node_lines
+from gpuguard.util.fs import atomic_write
+from gpuguard.util.toolrun import run_tool
+
+BLAMED_EXIT = 10
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("preflight", help="inside an allocation: test the fabric between the job's nodes, blame "
+                                         "and drain a bad node or switch")
+    p.add_argument("--nodes", help="hostlist (default: $SLURM_JOB_NODELIST)")
+    p.add_argument("--budget", type=float, help="seconds for everything (default nccl.preflight_budget_s)")
+    p.add_argument("--floor", type=float, help="GB/s the largest size must reach (default nccl.preflight_busbw_*)")
+    p.add_argument("--no-drain", action="store_true", help="blame and exclude, drain nothing")
+    p.add_argument("--exclude-file", help="write the nodes to go on without here (one hostlist line)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--record-drain", metavar="REASON", help=argparse.SUPPRESS)
+    p.add_argument("--evidence", default="{}", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(getattr(args, "config", None))
+    if args.record_drain:
+        return record_here(cfg, args.record_drain, args.evidence)
+    try:
+        nodes = expand_hostlist(args.nodes or os.environ.get("SLURM_JOB_NODELIST", ""))
+    except HostlistError as e:
+        print(f"gpuguard preflight: {e}", file=sys.stderr)
+        return 2
+    if len(nodes) < 2:
+        print(f"gpuguard preflight: {len(nodes)} node(s): nothing between nodes to test")
+        return 0
+    n = cfg.nccl
+    budget = args.budget if args.budget is not None else n.preflight_budget_s
+    start = time.monotonic()
+    floor = threshold_resolver(args.floor if args.floor is not None else n.preflight_busbw_gbps,
+                               {} if args.floor is not None else n.preflight_busbw_by_nodes)
+    measure = SrunMeasure(node_addrs(nodes), floor, start + budget, backend=n.preflight_backend,
+                          min_bytes=n.preflight_min_bytes, max_bytes=n.preflight_max_bytes,
+                          iters=n.preflight_iterations, step_cap_s=max(3.0, budget / 3))
+    switches = job_switches(read_topology(), nodes)
+    blame = run_blame(nodes, measure, switches or None)
+    acted = act(cfg, blame, n.preflight_drain and not args.no_drain, getattr(args, "config", None))
+    line = summary_line(nodes, time.monotonic() - start, blame.outcome.conclusion, blame.blamed, blame.what)
+    print(line + (f"; {acted}" if acted else ""), flush=True)
+    if blame.exclude:
+        print(f"GPUGUARD_PREFLIGHT_EXCLUDE={compress_hostlist(blame.exclude)}", flush=True)
+        if args.exclude_file:
+            atomic_write(args.exclude_file, compress_hostlist(blame.exclude) + "\n")
+    if args.json:
+        print(json.dumps({**blame.outcome.to_dict(), "switch": blame.switch, "exclude": blame.exclude,
+                          "drain": blame.nodes_to_drain}, default=str))
+    return BLAMED_EXIT if blame.exclude else 0
+
+
+def node_addrs(nodes: list[str]) -> dict[str, str]:
+    """node -> NodeAddr (what its peers reach it at; its own name may resolve to 127.0.1.1 on itself)."""
+    r = run_tool(["scontrol", "show", "node", "-o", ",".join(nodes)], 10.0)
+    info = parse_node_lines(r.text()) if r.ok else {}
+    return {name: d.get("NodeAddr") or name for name, d in info.items()}
+
+
+def read_topology() -> dict[str, list[str]]:
+    r = run_tool(["scontrol", "show", "topology"], 10.0)
+    return parse_topology(r.text()) if r.ok else {}
+
+
+def act(cfg: Any, blame: Blame, drain: bool, config: Optional[str]) -> str:
+    """Drain each blamed node on the node itself (a standing condition there), or page once for a switch."""
+    if blame.switch:
+        return page_switch(cfg, blame)
+    if not drain:
+        return "not drained (--no-drain / nccl.preflight_drain)" if blame.nodes_to_drain else ""
+    done = []
+    for node, reason in blame.nodes_to_drain.items():
+        v = blame.outcome.verdicts[node]
+        ev = json.dumps({"busbw_gbps": v.busbw_gbps or 0.0, "source": "preflight"})
+        argv = ["srun", "--overlap", "-N1", "-n1", "-w", node, "--quiet", sys.executable, "-m", "gpuguard",
+                *(["--config", config] if config else []),
+                "preflight", "--record-drain", reason, "--evidence", ev]
+        r = run_tool(argv, 15.0)
+        done.append(f"{node} drained" if r.ok else f"{node} not drained ({direct_drain(cfg, node, reason)})")
+    return ", ".join(done)
+
+
+def direct_drain(cfg: Any, node: str, reason: str) -> str:
+    """The node cannot run the step (its link is down): drain it from here; its own hooks are not told."""
+    from gpuguard.slurm.client import client_from_config, drain_node
+
+    out = drain_node(client_from_config(cfg.slurm, cfg.deadlines.scontrol_s), node, reason)
+    return f"unreachable, drained from here: {out.outcome}"
+
+
+def page_switch(cfg: Any, blame: Blame) -> str:
+    from gpuguard.notify.api import emit
+    from gpuguard.notify.event import Event
+
+    members = compress_hostlist(blame.exclude)
+    msg = f"gpuguard: NETWORK switch {blame.switch}: its nodes {members} slow together in a job pre-flight"
+    ev = Event(kind="storm", node=str(blame.switch), message=msg, severity="critical", check_id="fabric.nccl",
+               job_id=os.environ.get("SLURM_JOB_ID"), evidence={"switch": blame.switch, "nodes": members},
+               dedup_key=f"gpuguard-switch-{blame.switch}")
+    return f"page: {emit(cfg, ev)}"
+
+
+def record_here(cfg: Any, reason: str, evidence_json: str) -> int:
+    from gpuguard.preflight.record import record_drain
+
+    node = os.environ.get("SLURMD_NODENAME") or cfg.node.name
+    try:
+        evidence = json.loads(evidence_json)
+    except ValueError:
+        evidence = {}
+    out = record_drain(cfg, node, reason, reason.split(": ", 2)[-1], evidence if isinstance(evidence, dict) else {})
+    print(f"gpuguard preflight: {node}: {out['outcome']}: {out['detail']}")
+    return 0 if out["outcome"] in ("done", "already", "pending") else 1

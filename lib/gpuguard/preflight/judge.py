@@ -1,0 +1,100 @@
+"""Judging a pre-flight (pure: no I/O, no clock): a worker's output -> a Measurement, a failed or hung collective ->
+evidence, a convicted node -> its drain reason, the whole run -> one line for the job's output.
+
+A hang or a failed init is evidence, not an unknown: the measurement gets bus bandwidth 0, so the isolation
+(gpuguard.nccl.isolate) treats it like a very slow run and a node is convicted only when it fails beside a node
+known good."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Optional
+
+from gpuguard.nccl.isolate import Group, Measurement, NodeVerdict, SweepOutcome
+from gpuguard.slurm.hostlist import compress_hostlist
+from gpuguard.slurm.reason import format_reason
+
+RESULT_TAG = "GPUGUARD-PREFLIGHT "
+CHECK_ID = "fabric.nccl"
+KEYWORD = "NCCL"
+# no floor configured and no baseline: only a failed or hung collective is judged (anything that ran passes)
+NO_FLOOR = 1e-9
+
+
+def result_line(sizes: list[int], busbw: list[float], backend: str, world: int) -> str:
+    """What rank 0 prints: one tagged JSON line (the table is for humans, this is for the coordinator)."""
+    return RESULT_TAG + json.dumps({"sizes": sizes, "busbw_gbps": busbw, "backend": backend, "world": world})
+
+
+def parse_result(text: str) -> Optional[dict[str, Any]]:
+    """The last well-formed result line of a worker's output, or None."""
+    found = None
+    for line in text.splitlines():
+        if not line.startswith(RESULT_TAG):
+            continue
+        try:
+            d = json.loads(line[len(RESULT_TAG):])
+        except ValueError:
+            continue
+        if isinstance(d, dict) and isinstance(d.get("busbw_gbps"), list) and d["busbw_gbps"]:
+            found = d
+    return found
+
+
+def measurement(group: Group, stage: str, *, threshold: Optional[float], output: str, rc: Optional[int],
+                timed_out: bool, duration_s: float) -> Measurement:
+    """One collective's Measurement: the bus bandwidth of the largest size; a hang or failure is 0 GB/s."""
+    thr = threshold if threshold is not None else NO_FLOOR
+    res = parse_result(output) if rc == 0 and not timed_out else None
+    if res is not None:
+        return Measurement(group, stage, thr, float(res["busbw_gbps"][-1]), int(res["sizes"][-1]),
+                           duration_s=duration_s)
+    if timed_out:
+        error = f"hung: no result within {duration_s:.1f}s"
+    else:
+        tail = [ln for ln in output.strip().splitlines() if ln.strip()][-1:] or ["no output"]
+        error = f"failed (exit {rc}): {tail[0][:160]}"
+    return Measurement(group, stage, thr, 0.0, None, error=error, duration_s=duration_s)
+
+
+def peers_of(outcome: SweepOutcome, node: str) -> list[str]:
+    """The nodes `node` was measured with in its convicting runs."""
+    return sorted({p for m in outcome.measurements if node in m.nodes and m.stage in ("confirm", "pair", "cross")
+                   for p in m.nodes if p != node})
+
+
+def best_peer_gbps(outcome: SweepOutcome) -> Optional[float]:
+    """The fastest run without a convicted node: what the job's healthy nodes reach together."""
+    slow = set(outcome.slow)
+    ok = [m.busbw_gbps for m in outcome.measurements
+          if m.busbw_gbps and m.verdict == "ok" and not slow.intersection(m.nodes)]
+    return max(ok) if ok else None
+
+
+def drain_reason(v: NodeVerdict, peers: Iterable[str], healthy_gbps: Optional[float],
+                 error: Optional[str] = None) -> str:
+    """`gpuguard: NCCL fabric.nccl: busbw 0.1 GB/s vs 2.3 with peers node1 [preflight drain]`."""
+    vs = f" vs {healthy_gbps:.3g}" if healthy_gbps else (f" vs floor {v.threshold_gbps:.3g}"
+                                                         if v.threshold_gbps and v.threshold_gbps > NO_FLOOR else "")
+    what = f"hang or failure ({error})" if error else f"busbw {v.busbw_gbps or 0:.3g} GB/s{vs}"
+    peer_list = compress_hostlist(list(peers))
+    return format_reason(CHECK_ID, KEYWORD, f"{what} with peers {peer_list or '-'}", "preflight")
+
+
+def convicting_error(outcome: SweepOutcome, node: str) -> Optional[str]:
+    """The error of the run that convicted `node` (a hang or a failed init), None when it ran slowly."""
+    v = outcome.verdicts.get(node)
+    if v is None or v.partner is None:
+        return None
+    for m in reversed(outcome.measurements):
+        if set(m.nodes) == {node, v.partner} and m.error:
+            return m.error
+    return None
+
+
+def summary_line(nodes: list[str], seconds: float, conclusion: str, blamed: list[str], what: str) -> str:
+    """The one line the job's output gets."""
+    head = f"gpuguard preflight: {len(nodes)} nodes {compress_hostlist(nodes)} in {seconds:.1f}s: "
+    if blamed:
+        return head + f"blamed {compress_hostlist(blamed)} ({what})"
+    return head + (what or conclusion)
