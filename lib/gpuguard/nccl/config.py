@@ -45,6 +45,10 @@ class NcclConfig(Section):
     sweep_workdir: Optional[str] = key(string(allow_none=True), None)
     # sweep/baseline store (default: store.path, {node}=fleet)
     history_path: Optional[str] = key(string(allow_none=True), None)
+    # baselines (gpuguard baseline): threshold = median - max(k * 1.4826 * MAD, margin_pct% of median)
+    baseline_min_samples: int = key(integer(1), 5)
+    baseline_k: float = key(number(), 3.0)
+    baseline_margin_pct: float = key(number(0, strict=False), 5.0)
     # job pre-flight (gpuguard preflight, docs/nccl.md): floor of the largest size's busbw (by node count wins;
     # neither: the baseline proposal; none at all: only a hang or failure is judged)
     preflight_budget_s: float = key(number(), 20.0)  # the whole pre-flight, blame included
@@ -55,7 +59,3 @@ class NcclConfig(Section):
     preflight_max_bytes: int = key(integer(4), 4194304)
     preflight_iterations: int = key(integer(1), 3)
     preflight_drain: bool = key(boolean, True)  # drain the node blamed (else: only exclude it from the job)
-    # baselines (gpuguard baseline): threshold = median - max(k * 1.4826 * MAD, margin_pct% of median)
-    baseline_min_samples: int = key(integer(1), 5)
-    baseline_k: float = key(number(), 3.0)
-    baseline_margin_pct: float = key(number(0, strict=False), 5.0)
