@@ -1,6 +1,10 @@
 """`gpuguard preflight` on nodes really apart (devtools.devnetns.NodeNetworks): gloo over CPU between 4 nodes, one
-node's link slowed with tc tbf or cut; the pre-flight blames that node within its budget and drains it as a standing
-condition of the node, a healthy allocation passes."""
+node's link slowed with tc tbf; the pre-flight blames that node (and no other) within its budget and drains it as a
+standing condition of the node, a healthy allocation passes.
+
+Measured on the 2-core dev machine under load: the healthy 4-node run reads 0.026-0.06 GB/s at 256 KiB, node3 at
+20 mbit ~0.002 GB/s (all its runs finish, in 7-9 s each, mostly torch's import); the floor sits between. The whole
+slowed pre-flight (all nodes, pairs, confirm, drain) took 24.5 s."""
 
 from __future__ import annotations
 
@@ -19,8 +23,10 @@ BUDGET = 45  # the CI machine's 2 shared cores import torch slowly; the default 
 
 def _site(site_factory):
     site = netns_site(site_factory, nodes=4)
-    site.write_config({"nccl": {"preflight_busbw_gbps": 0.03, "preflight_min_bytes": 65536,
-                                "preflight_max_bytes": 1048576, "preflight_iterations": 2}})
+    # 256 KiB at most: at 20 mbit (2.5 MB/s) node3's runs finish in about a second and read ~0.003 GB/s, ten times
+    # under the floor; healthy gloo over the bridge reads well above it even on 2 loaded cores
+    site.write_config({"nccl": {"preflight_busbw_gbps": 0.008, "preflight_min_bytes": 65536,
+                                "preflight_max_bytes": 262144, "preflight_iterations": 2}})
     return site
 
 
@@ -38,17 +44,18 @@ def _preflight(site) -> tuple[str, float]:
 
 
 @pytest.mark.slow(90)
-@pytest.mark.xfail(strict=True, reason="measured 2026-12: with node3 at 20mbit the 15 s step cap also stops the "
-                   "innocent node2+node4 confirm run on 2 loaded cores: node[3-4] both blamed as hung, 50 s > budget")
 def test_a_healthy_allocation_passes_within_budget_and_a_slowed_node_is_blamed_and_drained(site_factory):
     site = _site(site_factory)
     out, took = _preflight(site)
+    print(f"healthy: {took:.1f}s from sbatch: {out}")
     assert re.search(r"gpuguard preflight: 4 nodes node\[1-4\] in [\d.]+s: passed, busbw", out), out
     assert "preflight-rc=0" in out and took < BUDGET + 30, (out, took)
 
     site.cluster.host_view.slow_link(3, "20mbit")
     out, took = _preflight(site)
-    assert re.search(r"blamed node3 \(NCCL fabric.nccl: busbw [\d.]+ GB/s vs [\d.]+ with peers", out), out
+    print(f"node3 slowed: {took:.1f}s from sbatch: {out}")
+    spent = float(re.search(r"in ([\d.]+)s: ", out).group(1))
+    assert spent <= BUDGET, out  # blame and drain included    assert re.search(r"blamed node3 \(NCCL fabric.nccl: busbw [\d.]+ GB/s vs [\d.]+ with peers", out), out
     assert "GPUGUARD_PREFLIGHT_EXCLUDE=node3" in out and "preflight-rc=10" in out, out
     node = site.cluster.nodes_info()["node3"]
     assert "DRAIN" in node["State"] and node["Reason"].startswith("gpuguard: NCCL fabric.nccl: busbw"), node

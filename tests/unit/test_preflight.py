@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuguard.nccl.isolate import Measurement
 from gpuguard.preflight.blame import run_blame
-from gpuguard.preflight.judge import measurement, parse_result, result_line, summary_line
+from gpuguard.preflight.judge import Step, measurement, parse_result, result_line, round_measurements, summary_line
 from gpuguard.preflight.record import preflight_condition
 from gpuguard.preflight.topology import blamed_switch, job_switches, parse_topology
 
@@ -13,29 +13,30 @@ NODES = ["node1", "node2", "node3", "node4"]
 FLOOR = 1.0
 
 
-def fabric(slow=(), hung=(), slow_links=(), blip_once=False):
-    """A measure(groups, stage): a group runs at 2 GB/s unless it holds a slow node (0.2), a hung one (no result),
-    or crosses a slow link (a pair of node sets); `blip_once`: the first all-node run is slow, nothing after."""
+ALLOWANCE = 15.0
+
+
+def fabric(slow=(), hung=(), slow_links=(), blip_once=False, stopped=(), slow_s=2.0, cut_by_budget=False):
+    """A measure(groups, stage) through the runner's own judging of a round (round_measurements): a group runs at
+    2 GB/s in 2 s unless it holds a slow node (0.2 GB/s, in `slow_s`), a hung one (stopped at the allowance), or
+    crosses a slow link (a pair of node sets); `stopped`: the (stage, group) steps the machine's load stopped at the
+    allowance; `blip_once`: the first all-node run is slow, nothing after."""
     state = {"blipped": False}
 
+    def step(g, stage):
+        if stage == "all" and blip_once and not state["blipped"]:
+            state["blipped"] = True
+            return Step(g, result_line([4096], [0.1], "gloo", 4), 0, False, 1.0)
+        if set(g) & set(hung) or (stage, frozenset(g)) in {(st, frozenset(x)) for st, x in stopped}:
+            return Step(g, "", None, True, ALLOWANCE)
+        crosses = any(set(g) & a and set(g) & b for a, b in slow_links)
+        bw = 0.2 if set(g) & set(slow) or crosses else 2.0
+        return Step(g, "noise\n" + result_line([4096], [bw * 3, bw], "gloo", len(g)), 0, False,
+                    slow_s if bw < 1 else 2.0)
+
     def measure(groups, stage):
-        out = []
-        for g in groups:
-            if stage == "all" and blip_once and not state["blipped"]:
-                state["blipped"] = True
-                out.append(measurement(g, stage, threshold=FLOOR, output=result_line([4096], [0.1], "gloo", 4),
-                                       rc=0, timed_out=False, duration_s=1.0))
-                continue
-            if set(g) & set(hung):
-                out.append(measurement(g, stage, threshold=FLOOR, output="", rc=None, timed_out=True,
-                                       duration_s=5.0))
-                continue
-            crosses = any(set(g) & a and set(g) & b for a, b in slow_links)
-            bw = 0.2 if set(g) & set(slow) or crosses else 2.0
-            out.append(measurement(g, stage, threshold=FLOOR, output="noise\n" + result_line([4096], [bw * 3, bw],
-                                                                                              "gloo", len(g)),
-                                   rc=0, timed_out=False, duration_s=1.0))
-        return out
+        return round_measurements([step(g, stage) for g in groups], stage, lambda n: FLOOR, ALLOWANCE,
+                                  cut_by_budget)
     return measure
 
 
@@ -64,13 +65,36 @@ def test_one_slow_node_is_blamed_with_its_evidence():
     reason = b.nodes_to_drain["node3"]
     assert reason.startswith("gpuguard: NCCL fabric.nccl: busbw 0.2 GB/s vs 2 with peers node") and \
         reason.endswith("[preflight]"), reason
+    peers = reason.split(" with peers ")[1].split(" [")[0]
+    assert set(peers.split(",")) <= set(NODES) and len(peers.split(",")) == 2, reason  # not "node 1,4"
     assert len(reason) <= 120
 
 
-def test_a_hung_node_is_blamed_as_a_hang():
+def test_a_hung_node_is_blamed_as_a_hang_when_a_run_beside_it_finished():
     b = run_blame(NODES, fabric(hung=["node2"]))
-    assert b.blamed == ["node2"]
-    assert "hang or failure (hung" in b.nodes_to_drain["node2"]
+    assert b.blamed == ["node2"], b.outcome.to_dict()
+    assert "hang or failure (hung: no result within 15.0s, a run beside it took 2.0s)" in b.nodes_to_drain["node2"]
+
+
+def test_a_confirm_step_stopped_by_load_convicts_no_innocent_node():
+    """The measured case: node3's link slowed, its confirm run finished slowly, the innocent node2+node4 confirm
+    run (same round) was stopped at its time on the loaded cores: node3 is blamed, node4 is unknown, not drained."""
+    b = run_blame(NODES, fabric(slow=["node3"], slow_s=12.0, stopped=[("confirm", ("node4", "node2"))]))
+    assert b.blamed == ["node3"] and b.exclude == ["node3"], b.outcome.to_dict()
+    v = b.outcome.verdicts["node4"]
+    assert v.status == "unknown" and "no run beside it finished in half that time" in v.evidence, v
+    # every step of the round stopped (node3's too): no evidence at all, nothing drained, the job goes on
+    both = run_blame(NODES, fabric(hung=["node3"], stopped=[("confirm", ("node4", "node2"))]))
+    assert both.blamed == [] and both.exclude == [] and "nothing drained" in both.what, both.outcome.to_dict()
+
+
+def test_a_step_cut_short_by_the_budget_is_never_evidence():
+    b = run_blame(NODES, fabric(hung=["node2"], cut_by_budget=True))
+    assert b.blamed == [] and b.exclude == [] and b.outcome.conclusion == "inconclusive", b.outcome.to_dict()
+    ms = round_measurements([Step(("a", "b"), "", None, True, 4.0),
+                             Step(("c", "d"), result_line([4], [2.0], "gloo", 2), 0, False, 1.0)],
+                            "confirm", lambda n: FLOOR, 4.0, True)
+    assert ms[0].verdict == "error" and "budget ran out" in ms[0].error and ms[1].verdict == "ok"
 
 
 def test_a_one_off_not_reproduced_drains_nothing():
@@ -129,3 +153,13 @@ def test_summary_line_says_what_how_long_and_who():
     line = summary_line(NODES, 6.24, "isolated", ["node3"], "busbw 0.2")
     assert line == "gpuguard preflight: 4 nodes node[1-4] in 6.2s: blamed node3 (busbw 0.2)"
     assert isinstance(Measurement(("a",), "all"), Measurement)
+
+
+def test_a_worker_takes_its_rank_from_its_place_in_the_group_not_from_slurm():
+    """Slurm numbers a step's tasks in the allocation's node order: in the confirm group node4,node2 its task 0 is
+    on node2, but the master (rank 0, the rendezvous) must be node4, the address everyone dials."""
+    from gpuguard.preflight.worker import rank_and_world
+
+    assert rank_and_world("node4,node2", {"SLURMD_NODENAME": "node4", "SLURM_PROCID": "1"}) == (0, 2)
+    assert rank_and_world("node4,node2", {"SLURMD_NODENAME": "node2", "SLURM_PROCID": "0"}) == (1, 2)
+    assert rank_and_world("", {"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}) == (2, 4)

@@ -58,9 +58,12 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     floor = threshold_resolver(args.floor if args.floor is not None else n.preflight_busbw_gbps,
                                {} if args.floor is not None else n.preflight_busbw_by_nodes)
-    measure = SrunMeasure(node_addrs(nodes), floor, start + budget, backend=n.preflight_backend,
+    # the rounds end by `start + budget - reserve`: time left to stop late steps and drain what was blamed;
+    # three rounds (all nodes, pairs, confirm) fit in what remains
+    reserve = min(5.0, budget * 0.15)
+    measure = SrunMeasure(node_addrs(nodes), floor, start + budget - reserve, backend=n.preflight_backend,
                           min_bytes=n.preflight_min_bytes, max_bytes=n.preflight_max_bytes,
-                          iters=n.preflight_iterations, step_cap_s=max(3.0, budget / 3))
+                          iters=n.preflight_iterations, step_cap_s=max(3.0, (budget - reserve) / 3))
     switches = job_switches(read_topology(), nodes)
     blame = run_blame(nodes, measure, switches or None)
     acted = act(cfg, blame, n.preflight_drain and not args.no_drain, getattr(args, "config", None))

@@ -8,7 +8,8 @@ known good."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
 
 from gpuguard.nccl.isolate import Group, Measurement, NodeVerdict, SweepOutcome
 from gpuguard.slurm.hostlist import compress_hostlist
@@ -19,6 +20,19 @@ CHECK_ID = "fabric.nccl"
 KEYWORD = "NCCL"
 # no floor configured and no baseline: only a failed or hung collective is judged (anything that ran passes)
 NO_FLOOR = 1e-9
+# a step that ran out of time is a hang only if a comparable run of the same round finished within this share of the
+# time the hung one had: otherwise the machine (load) or the budget stopped it, and that is no evidence
+HANG_MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class Step:
+    """One srun step of a round, as it ended."""
+    group: Group
+    output: str
+    rc: Optional[int]
+    timed_out: bool
+    duration_s: float
 
 
 def result_line(sizes: list[int], busbw: list[float], backend: str, world: int) -> str:
@@ -57,6 +71,32 @@ def measurement(group: Group, stage: str, *, threshold: Optional[float], output:
     return Measurement(group, stage, thr, 0.0, None, error=error, duration_s=duration_s)
 
 
+def round_measurements(steps: list[Step], stage: str, threshold_for: Callable[[int], Optional[float]],
+                       allowance_s: float, cut_by_budget: bool) -> list[Measurement]:
+    """A round's Measurements. A step stopped at its time is evidence (a hang, 0 GB/s) only when the round had its
+    full time (not cut short by the pre-flight's budget) and a run of the same size in the same round gave a result
+    within HANG_MARGIN of that time; else it is unknown (no bandwidth: the isolation never convicts on it)."""
+    done = [s for s in steps if not s.timed_out and s.rc == 0 and parse_result(s.output)]
+    out = []
+    for s in steps:
+        thr = threshold_for(len(s.group))
+        thr = thr if thr is not None else NO_FLOOR
+        beside = [o.duration_s for o in done if o is not s and len(o.group) == len(s.group)]
+        quick = min(beside) if beside else None
+        if s.timed_out and (cut_by_budget or quick is None or quick > allowance_s * HANG_MARGIN):
+            why = ("the pre-flight's budget ran out" if cut_by_budget else
+                   "no run beside it finished in half that time (load, not evidence)")
+            out.append(Measurement(s.group, stage, thr, None, error=f"stopped after {s.duration_s:.1f}s: {why}",
+                                   duration_s=s.duration_s))
+            continue
+        m = measurement(s.group, stage, threshold=thr, output=s.output, rc=s.rc, timed_out=s.timed_out,
+                        duration_s=s.duration_s)
+        if s.timed_out and quick is not None:
+            m.error = f"hung: no result within {s.duration_s:.1f}s, a run beside it took {quick:.1f}s"
+        out.append(m)
+    return out
+
+
 def peers_of(outcome: SweepOutcome, node: str) -> list[str]:
     """The nodes `node` was measured with in its convicting runs."""
     return sorted({p for m in outcome.measurements if node in m.nodes and m.stage in ("confirm", "pair", "cross")
@@ -77,8 +117,8 @@ def drain_reason(v: NodeVerdict, peers: Iterable[str], healthy_gbps: Optional[fl
     vs = f" vs {healthy_gbps:.3g}" if healthy_gbps else (f" vs floor {v.threshold_gbps:.3g}"
                                                          if v.threshold_gbps and v.threshold_gbps > NO_FLOOR else "")
     what = f"hang or failure ({error})" if error else f"busbw {v.busbw_gbps or 0:.3g} GB/s{vs}"
-    peer_list = compress_hostlist(list(peers))
-    return format_reason(CHECK_ID, KEYWORD, f"{what} with peers {peer_list or '-'}", "preflight")
+    # a plain comma list: a reason is sanitized of brackets, so node[1,4] would read "node 1,4"
+    return format_reason(CHECK_ID, KEYWORD, f"{what} with peers {','.join(peers) or '-'}", "preflight")
 
 
 def convicting_error(outcome: SweepOutcome, node: str) -> Optional[str]:

@@ -1,7 +1,8 @@
 """One rank of a pre-flight collective: `srun --ntasks-per-node=1 python -m gpuguard.preflight.worker --master
-ADDR:PORT ...` runs one per node. Rank and world size come from Slurm (SLURM_PROCID, SLURM_NTASKS); rank 0 hosts
-the rendezvous (torch's TCP store) on the group's first node and prints the tagged result line
-(gpuguard.preflight.judge). torch is imported here only (gpuguard[probe]).
+ADDR:PORT --group NODE,NODE ...` runs one per node. A rank is its node's place in --group (never SLURM_PROCID: Slurm
+numbers the tasks in the allocation's node order, so in a group such as node4,node2 rank 0 would run on node2 while
+everyone dials node4, and the run hangs); rank 0 hosts the rendezvous (torch's TCP store) on the group's first
+node, the master, and prints the tagged result line (gpuguard.preflight.judge). torch is imported here only (gpuguard[probe]).
 
 gloo picks the address it announces by resolving the host name, which stock Debian maps to 127.0.1.1: unless the
 job chose GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, the interface that carries this node's route to the master is
@@ -52,11 +53,20 @@ def time_sizes(torch: Any, dist: Any, device: Any, byte_sizes: list[int], iters:
     return out
 
 
+def rank_and_world(group: str, env: Any) -> tuple[int, int]:
+    """This task's rank (its node's place in the group: the master's is 0) and the world size."""
+    nodes = [n for n in group.split(",") if n]
+    here = env.get("SLURMD_NODENAME", "")
+    if here in nodes:
+        return nodes.index(here), len(nodes)
+    return int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_NTASKS", "1"))
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1"))
+    rank, world = rank_and_world(args.group, os.environ)
     addr, port = args.master.rsplit(":", 1)
     backend = args.backend
     if backend == "auto":
@@ -81,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuguard.preflight.worker")
     ap.add_argument("--master", required=True, help="ADDR:PORT of the group's first node")
+    ap.add_argument("--group", default="", help="the group's nodes, master first (ranks in this order)")
     ap.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     ap.add_argument("--min-bytes", type=int, default=65536)
     ap.add_argument("--max-bytes", type=int, default=4194304)
