@@ -584,3 +584,29 @@ def test_receivers_are_told_when_the_job_gives_up_after_a_hang(fake, tmp_path):
         assert requeued.action == "requeued" and notify_outcome(cfg, ctx, job_dir, 2, requeued) is None
     finally:
         hook.close()
+
+
+def test_a_preflight_blame_requeues_excluding_what_was_blamed_with_a_ledger_line(fake):
+    """`gpuguard preflight` exits 10 before the training: the script ends the attempt as event preflight with the
+    blamed nodes; the job is requeued without those of its own nodes (a failure of max_failures), the ledger says
+    why. A switch's nodes are blamed without being drained: excluded all the same."""
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    dec = end(ctx, job_dir, 1, 10, "preflight", policy_from_args(3, [], []), blamed=["node2", "node7"])
+    assert (dec.reason, dec.action, dec.exclude, dec.budget) == ("preflight", "requeued", ("node2",), "failure")
+    calls = _calls(d)
+    assert calls.index("requeue 77") < calls.index("update JobId=77 ExcNodeList=node2,node9")
+    rec = _ledger(job_dir)[0]
+    assert (rec["event"], rec["reason"], rec["excluded"], rec["exclusions"]) == \
+        ("preflight", "preflight", ["node2"], ["node2", "node9"])
+    assert "the pre-flight before training blamed node2; failure 1 of 3 in a row" in rec["detail"]
+
+
+def test_a_preflight_blame_never_leaves_the_job_pending_forever(fake, capsys):
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (d / "partition.txt").write_text("PartitionName=gpu AllowGroups=ALL Nodes=node[1-2] TotalNodes=2\n")
+    dec = end(ctx, job_dir, 1, 10, "preflight", policy_from_args(3, [], []), blamed=["node2"])
+    assert dec.action == "requeued" and dec.exclude == ()  # excluding node2 would leave 1 node for a 2-node job
+    assert not any(c.startswith("update JobId=77 ExcNodeList=node2") for c in _calls(d))
+    assert "not excluding node2" in _ledger(job_dir)[0]["exclusion_note"]

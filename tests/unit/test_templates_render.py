@@ -296,3 +296,35 @@ def test_no_checkpoint_dir_is_warned_about():
     warning = "# WARNING: checkpoint_dir is not set"
     assert warning in _render("torchrun.sbatch.j2", {k: v for k, v in TRAIN.items() if k != "checkpoint_dir"})
     assert warning not in _render("torchrun.sbatch.j2", TRAIN)
+
+
+def _preflight_block(values: dict) -> str:
+    text = _render("torchrun.sbatch.j2", values)
+    start = text.find("# ---- pre-flight")
+    return text[start:text.index("# ---- training")] if start >= 0 else ""
+
+
+@pytest.mark.parametrize("nnodes,rc,expect", [
+    (2, 10, "END 10 preflight --blamed node[2-3]"),
+    (2, 0, "TRAINING"),
+    (2, 2, "the pre-flight itself failed (exit 2): starting the training without it\nTRAINING"),
+    (1, 10, "TRAINING"),  # one node: nothing between nodes to test
+])
+def test_the_preflight_runs_before_training_and_a_blame_ends_the_attempt(tmp_path, nnodes, rc, expect):
+    block = _preflight_block({**TRAIN, "preflight_budget_s": 30})
+    assert '"$GPUGUARD" preflight --exclude-file "${ATTEMPT_DIR}/preflight-exclude" --budget 30' in block
+    fake = tmp_path / "gpuguard"
+    fake.write_text(f'#!/bin/bash\necho "ran: $*"\n[ {rc} = 10 ] && echo "node[2-3]" >"$3"\nexit {rc}\n')
+    fake.chmod(0o755)
+    script = (f"GPUGUARD={fake}\nATTEMPT_DIR={tmp_path}\nNNODES={nnodes}\nEVENT=none\nEND_ARGS=(--max-failures 3)\n"
+              'gpuguard_end() { echo "END $1 $EVENT ${END_ARGS[*]:2}"; exit 0; }\n' + block + "echo TRAINING\n")
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    lines = [ln.removeprefix("gpuguard: ") for ln in (p.stderr + p.stdout).splitlines()]
+    ran = [ln for ln in lines if ln.startswith("ran: ")]
+    assert ran == ([f"ran: preflight --exclude-file {tmp_path}/preflight-exclude --budget 30"] if nnodes >= 2 else [])
+    assert "\n".join(ln for ln in lines if not ln.startswith("ran: ")) == expect, lines
+
+
+def test_the_preflight_can_be_turned_off():
+    assert _preflight_block(TRAIN) and not _preflight_block({**TRAIN, "preflight": False})

@@ -31,11 +31,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-EVENTS = ("none", "timelimit", "term")
+EVENTS = ("none", "timelimit", "term", "preflight")
 REASONS = ("completed", "time_limit", "preempted", "node_failure", "cancelled", "app_error", "no_retry",
-           "requeued_externally", "lost", "hang")
+           "requeued_externally", "lost", "hang", "preflight")
 ACTIONS = ("requeued", "finished", "gave_up")
-FAILURE_REASONS = frozenset({"app_error", "node_failure", "lost", "hang"})
+FAILURE_REASONS = frozenset({"app_error", "node_failure", "lost", "hang", "preflight"})
 CONTINUATION_REASONS = frozenset({"time_limit", "preempted", "requeued_externally"})
 
 # Node state flags under which the node must not get the job again.
@@ -96,7 +96,7 @@ class Budget:
 class AttemptFacts:
     attempt: int                      # 1-based: SLURM_RESTART_COUNT + 1
     exit_code: int                    # of the training step (srun)
-    event: str                        # none | timelimit (USR1 came) | term (SIGTERM came)
+    event: str                        # none | timelimit (USR1 came) | term (SIGTERM came) | preflight (it blamed)
     restarts_at_start: int = 0        # SLURM_RESTART_COUNT when this attempt started
     restarts_now: Optional[int] = None  # scontrol's Restarts now (None: unknown)
     job_state: Optional[str] = None   # scontrol's JobState now
@@ -108,6 +108,7 @@ class AttemptFacts:
     checkpointing: bool = False       # the job names a checkpoint directory
     ckpt_step: Optional[int] = None   # the newest complete checkpoint's step when the attempt ended
     workers: tuple[WorkerExit, ...] = ()  # failed workers torchrun reported
+    blamed: tuple[str, ...] = ()      # event preflight: the nodes `gpuguard preflight` said to go on without
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,8 @@ def decide(f: AttemptFacts, p: Policy) -> Decision:
     # again; the attempt is recorded as that, and the bad nodes are excluded (never gave_up).
     if f.restarts_now is not None and f.restarts_now > f.restarts_at_start:
         return _requeued_by_slurm(j)
+    if f.event == "preflight":
+        return _preflight_blamed(j)
     if f.event == "term":
         return _terminated(j)
     if f.event == "timelimit":
@@ -267,6 +270,15 @@ def _requeued_by_slurm(j: _Judgement) -> Decision:
                         "continuation")
     return Decision("requeued_externally", "requeued", False, (),
                     "Slurm or an admin requeued the job", 0, j.sig, "continuation")
+
+
+def _preflight_blamed(j: _Judgement) -> Decision:
+    """The pre-flight blamed nodes (or a switch's nodes) before the training started: requeue without them, a
+    failure like any other (the job's own max_failures), so a fabric that keeps failing cannot loop the job."""
+    blamed = tuple(sorted(set(j.f.blamed) & set(j.f.nodes) | j.bad))
+    if not blamed:
+        return j.failure("preflight", "the pre-flight blamed nodes outside this allocation; requeued as it is")
+    return j.failure("preflight", f"the pre-flight before training blamed {', '.join(blamed)}", blamed)
 
 
 def _terminated(j: _Judgement) -> Decision:

@@ -160,7 +160,8 @@ def _ours(ledger: Sequence[Mapping[str, Any]]) -> dict[str, Excluded]:
 
 
 def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str, policy: Policy,
-        checkpoint: CheckpointSpec = CheckpointSpec(), keep_excluded: Sequence[str] = ()) -> Decision:
+        checkpoint: CheckpointSpec = CheckpointSpec(), keep_excluded: Sequence[str] = (),
+        blamed: Sequence[str] = ()) -> Decision:
     """End of an attempt: judge, record, act. Returns the decision (already carried out). The caller ignores SIGTERM
     around it (`ignore_term`): `scontrol requeue` makes slurmstepd SIGTERM everything in the batch step."""
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +191,7 @@ def end(ctx: JobContext, job_dir: Path, attempt: int, exit_code: int, event: str
         preempted=bool(preempt and preempt not in ("None", "Unknown")) or "preempt" in job.get("Reason", "").lower(),
         nodes=nodes, log_tail=log_tail, monitor_requeue=monitor_requeue_since(job_dir, state.get("started")),
         budget=budget_from_ledger(ledger, attempt), checkpointing=bool(checkpoint.directory), ckpt_step=ckpt_step,
-        workers=tuple(workers))
+        workers=tuple(workers), blamed=tuple(blamed))
     decision = decide(facts, policy)
     if decision.action == "gave_up":
         # the job's real state, read again just before recording: Slurm may have requeued it meanwhile

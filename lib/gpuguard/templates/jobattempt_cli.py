@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.config.schema import load_config
+from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
 from gpuguard.templates import jobattempt as ja
 from gpuguard.templates.fabric import run_check
 from gpuguard.templates.jobfiles import attempt_dir
@@ -35,7 +36,9 @@ def add_parser(sub: Any) -> None:
             s.add_argument("--checkpoint-marker")
         if name == "end":
             s.add_argument("--exit-code", type=int, required=True)
-            s.add_argument("--event", default="none", choices=("none", "timelimit", "term"))
+            s.add_argument("--event", default="none", choices=("none", "timelimit", "term", "preflight"))
+            s.add_argument("--blamed", default="",
+                           help="event preflight: hostlist of the nodes gpuguard preflight blamed (excluded)")
             s.add_argument("--max-failures", type=int, default=None,
                            help="failed attempts requeued in a row (reset when the checkpoint advances)")
             s.add_argument("--max-requeues", type=int, default=None,
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                                        args.max_continuations),
                    ja.CheckpointSpec(args.checkpoint_dir, args.checkpoint_kind, args.checkpoint_glob,
                                      args.checkpoint_marker),
-                   keep_excluded=args.keep_excluded)
+                   keep_excluded=args.keep_excluded, blamed=blamed_nodes(args.blamed))
         ja.notify_outcome(cfg, ctx, job_dir, args.attempt, d)
         print(f"gpuguard: attempt {args.attempt}: {d.reason}: {d.detail} -> {d.action}"
               + (f" (excluding {','.join(d.exclude)})" if d.exclude else ""), file=sys.stderr)
@@ -91,3 +94,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print("usage: gpuguard job-attempt {begin,end,fabric} ...", file=sys.stderr)
     return 2
+
+
+def blamed_nodes(hostlist: str) -> list[str]:
+    """--blamed: the pre-flight's hostlist (its exclude file); an unreadable one excludes nothing."""
+    try:
+        return expand_hostlist(hostlist.strip()) if hostlist.strip() else []
+    except HostlistError:
+        print(f"gpuguard job-attempt: --blamed {hostlist!r} is not a hostlist; excluding nothing", file=sys.stderr)
+        return []
