@@ -81,6 +81,9 @@ class Job:
             # every dev cluster numbers its jobs from 1: the default port (29500 + job id) would collide between
             # clusters running at the same time on this one host
             "rdzv_port": free_tcp_ports(1)[0],
+            # the pre-flight (on by default for 2+ nodes) adds seconds of torch imports to every job: only the tests
+            # about it turn it on
+            "preflight": False,
         }
         base.update(values)
         self.script = site.workdir / "job.sbatch"
