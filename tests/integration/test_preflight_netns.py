@@ -30,12 +30,12 @@ def _site(site_factory):
     return site
 
 
-def _preflight(site) -> tuple[str, float]:
+def _preflight(site, *sbatch_args: str) -> tuple[str, float]:
     c = site.cluster
     script = (f"#!/bin/sh\n{sys.executable} -m gpuguard --config {site.config_path} preflight --budget {BUDGET} "
               f"--exclude-file {c.jobs_dir}/exclude-$SLURM_JOB_ID\necho preflight-rc=$?\n")
     start = time.monotonic()
-    job = c.sbatch(script, "-N4", "--time=3")
+    job = c.sbatch(script, "-N4", "--time=3", *sbatch_args)
     info = c.wait_job(job, timeout=BUDGET + 60)
     took = time.monotonic() - start
     out = c.job_output(job)
@@ -64,3 +64,20 @@ def test_a_healthy_allocation_passes_within_budget_and_a_slowed_node_is_blamed_a
     assert others == [], out
     assert any(c["origin"] == "preflight" and c["check_id"] == "fabric.nccl"
                                   for c in journal.get("conditions", [])), journal
+
+
+@pytest.mark.slow(60)
+def test_a_node_cut_off_is_blamed_within_budget_and_the_others_are_not(site_factory):
+    """node3's cable pulled: its steps cannot even start (srun fails to reach its slurmd). The pre-flight names it
+    within its budget, never hangs the job start, and drains it from the batch node (it cannot run the record
+    step itself); no other node is blamed. --no-kill: Slurm must not end the job itself when it marks node3 down."""
+    site = _site(site_factory)
+    site.cluster.host_view.cut_link(3)
+    out, took = _preflight(site, "--no-kill")
+    print(f"node3 cut: {took:.1f}s from sbatch: {out}")
+    assert re.search(r"blamed node3 \(NCCL fabric.nccl: hang or failure", out), out
+    assert float(re.search(r"in ([\d.]+)s: ", out).group(1)) <= BUDGET, out
+    assert "GPUGUARD_PREFLIGHT_EXCLUDE=node3\n" in out and "preflight-rc=10" in out, out
+    info = site.cluster.nodes_info()
+    assert info["node3"]["Reason"].startswith("gpuguard: NCCL fabric.nccl: hang or failure"), info["node3"]
+    assert [n for n in ("node1", "node2", "node4") if "DRAIN" in info[n]["State"]] == [], out

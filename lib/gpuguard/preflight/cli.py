@@ -105,7 +105,7 @@ def act(cfg: Any, blame: Blame, drain: bool, config: Optional[str]) -> str:
                 *(["--config", config] if config else []),
                 "preflight", "--record-drain", reason, "--evidence", ev]
         r = run_tool(argv, 15.0)
-        done.append(f"{node} drained" if r.ok else f"{node} not drained ({direct_drain(cfg, node, reason)})")
+        done.append(f"{node} drained" if r.ok else f"{node} {direct_drain(cfg, node, reason)}")
     return ", ".join(done)
 
 
