@@ -62,6 +62,7 @@ def test_a_changed_file_the_agent_loaded_from_a_venv_is_never_run_old(tmp_path: 
         hooks_py.write_text(text.replace("verdict={outcome} took=", "verdict={outcome} version=new took="))
         second = Hook(node, "prolog", **prolog_env("601")).wait()
         assert second.code == 0 and "version=new" in second.err, second.err  # never the old code
+        assert "via=local(agent refused" in second.err, second.err  # the fallback says why (issue 30 item 5)
 
         def said(needle: str) -> bool:
             return needle in (tmp_path / "agent.log").read_text(errors="replace")

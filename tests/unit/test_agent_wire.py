@@ -238,24 +238,29 @@ class ScriptedAgent:
             self.child.wait()
 
 
+LAST_WHY: list[str] = []  # why the last _ask fell back ("" when the agent answered)
+
+
 def _ask(directory: Path, ack_timeout_s: float = 0.3) -> tuple[Optional[int], float]:
     t0 = time.monotonic()
-    code = client.run_through_agent(["prolog"], t0, directory=str(directory), ack_timeout_s=ack_timeout_s)
+    code, why = client.run_through_agent(["prolog"], t0, directory=str(directory), ack_timeout_s=ack_timeout_s)
+    LAST_WHY[:] = [why]
     return code, time.monotonic() - t0
 
 
 def test_no_agent_means_run_in_process_at_once(tmp_path: Path):
-    assert _ask(tmp_path)[0] is None  # no socket
+    assert _ask(tmp_path)[0] is None and LAST_WHY == [client.NO_AGENT]  # no socket: not a fallback
     (tmp_path / wire.SOCKET_NAME).write_text("not a socket")
     code, took = _ask(tmp_path)
-    assert code is None and took < 0.2
+    assert code is None and took < 0.2 and LAST_WHY == [client.NO_AGENT]
 
 
 def test_a_child_that_hangs_before_taking_the_request_costs_the_ack_timeout_and_is_killed(tmp_path: Path):
     agent = ScriptedAgent(tmp_path, lambda conn, pid: time.sleep(5))  # took the request, never says ready
     try:
         code, took = _ask(tmp_path, ack_timeout_s=0.3)
-        assert code is None  # run in-process
+        assert code is None  # run in-process, and the result line will say why (issue 30: fallbacks are seen)
+        assert LAST_WHY == ["agent child ended before taking the hook"] or LAST_WHY[0].startswith("agent"), LAST_WHY
         assert took < 1.5
         assert agent.got and agent.got[0].startswith(wire.MAGIC) and agent.fds_received == 3
         assert agent.killed()  # it holds the hook's stdout/stderr: it must not keep them (or act) later

@@ -43,28 +43,33 @@ RLIMITS = ("RLIMIT_MEMLOCK", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK", "R
            "RLIMIT_FSIZE", "RLIMIT_CORE")
 
 
+NO_AGENT = "no agent"  # nothing listens on the socket: the site runs no agent (or it is stopped): not a fallback
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args = list(sys.argv[1:] if argv is None else argv)
-    code = run_through_agent(args, started)
+    code, why = run_through_agent(args, started)
     if code is not None:
         os._exit(code)
     from gpuguard.cli import hooks  # cold path: no agent, or it could not run this hook: run it in this process
 
-    return hooks.main(args, started=started)
+    # a fallback says why in the hook's result line (`via=local(...)`): an agent that often falls back is seen
+    return hooks.main(args, started=started, via=None if why == NO_AGENT else f"local({why})")
 
 
 def run_through_agent(args: list[str], started: float, directory: str | None = None,
-                      ack_timeout_s: float = ACK_TIMEOUT_S) -> int | None:
-    """The hook's exit code as the agent ran it, or None: run the hook in this process."""
+                      ack_timeout_s: float = ACK_TIMEOUT_S) -> tuple[int | None, str]:
+    """(the hook's exit code as the agent ran it, "") or (None, why not): run the hook in this process."""
     if not args or args[0] not in HOOK_KINDS:
-        return None  # a usage error: the hook's own parser explains it
+        return None, "usage"  # a usage error: the hook's own parser explains it
     path = socket_path(directory or state_dir(os.environ))
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    except OSError:
-        return None
+    except OSError as e:
+        return None, f"no socket: {e.strerror or e}"
     child = Child()
+    why = NO_AGENT
     try:
         sock.settimeout(ack_timeout_s)
         addr, dirfd = address(path)
@@ -74,22 +79,27 @@ def run_through_agent(args: list[str], started: float, directory: str | None = N
             if dirfd is not None:
                 os.close(dirfd)
         if peer_uid(sock) != os.geteuid():
-            return None  # only an agent running as this user (root) may answer for a root hook
+            return None, "agent of another user"  # only an agent running as root may answer for a root hook
+        why = f"agent did not start a child within {ack_timeout_s:g}s"
         reader = LineReader(sock)
         # the agent forked a child for us; only now do our stdin/stdout/stderr travel: a connection a stopped
         # agent never accepted must not hold them (whoever reads the hook's output would wait for its end)
-        if not child.hello(reader.line(ack_timeout_s)):
-            return None
+        first = reader.line(ack_timeout_s)
+        if not child.hello(first):
+            said = (first or b"").decode("utf-8", "replace").strip()[:120]
+            return None, f"agent {said}" if said.startswith("refused") else why
+        why = "agent child gave no verdict"
         fds = [fd for fd in (0, 1, 2) if _is_open(fd)]
         send_with_fds(sock, encode_request(_request(args, started, "".join(map(str, fds)))), fds)
-        code = _converse(reader, child, started, ack_timeout_s)
+        code, refused = _converse(reader, child, started, ack_timeout_s)
         if not child.ended:
             child.kill()  # past the hook's deadline and its watchdog's: it must not act later
-        return code
-    except (OSError, WireError, ValueError):
+        return code, (refused or why) if code is None else ""
+    except (OSError, WireError, ValueError) as e:
         if not child.ended:
             child.kill()  # a timeout: alive but not answering, it must not act later
-        return None
+        return None, why if why != NO_AGENT or isinstance(e, (FileNotFoundError, ConnectionRefusedError)) \
+            else f"agent unreachable: {type(e).__name__}"
     finally:
         sock.close()
 
@@ -134,11 +144,13 @@ def _request(args: list[str], started: float, fds: str) -> HookRequest:
                        stream_settings())
 
 
-def _converse(reader: LineReader, child: Child, started: float, ack_timeout_s: float) -> int | None:
+def _converse(reader: LineReader, child: Child, started: float, ack_timeout_s: float) -> tuple[int | None, str]:
+    """(exit code or None, why the agent refused: "" unless it did)."""
     line = reader.line(ack_timeout_s)  # _socket.timeout (an OSError): hung before taking the request
     if line is None or not line.startswith(b"ready "):
         child.ended = True  # gone, or `refused ...` (and ending)
-        return None
+        said = (line or b"").decode("utf-8", "replace").strip()[:120]
+        return None, f"agent {said}" if said.startswith("refused") else "agent child ended before taking the hook"
     reader.sock.sendall(b"go\n")
     limit = started + FIRST_REPORT_S
     last: int | None = None
@@ -146,18 +158,18 @@ def _converse(reader: LineReader, child: Child, started: float, ack_timeout_s: f
     while True:
         remaining = limit - time.monotonic()
         if remaining <= 0:
-            return last if final else None  # stopped or wedged past its own watchdog: the caller kills it
+            return (last if final else None), ""  # stopped or wedged past its own watchdog: the caller kills it
         try:
             line = reader.line(remaining)
         except _socket.timeout:  # TimeoutError since 3.10
             continue
         if line is None:  # the child ended without an answer
             child.ended = True
-            return last if final and limit - time.monotonic() < MIN_FALLBACK_S else None
+            return (last if final and limit - time.monotonic() < MIN_FALLBACK_S else None), ""
         verb, _, rest = line.partition(b" ")
         if verb == b"exit":
             child.ended = True
-            return int(rest)
+            return int(rest), ""
         if verb == b"verdict":
             last, final = int(rest), True
         elif verb == b"code":

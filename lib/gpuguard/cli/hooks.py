@@ -56,9 +56,10 @@ def parse_hook_args(argv: Sequence[str]) -> tuple[str, Optional[str], Optional[s
     return argv[0], opts["--config"], opts["--simulate"]
 
 
-def main(argv: Optional[Sequence[str]] = None, started: Optional[float] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, started: Optional[float] = None, via: Optional[str] = None) -> int:
     """Run a hook in this process and exit with its verdict (what gpuguard.agent.client falls back to; also
-    `python -I -m gpuguard.cli.hooks KIND`). `started`: when the hook process started (time.monotonic())."""
+    `python -I -m gpuguard.cli.hooks KIND`). `started`: when the hook process started (time.monotonic()); `via`:
+    why an agent did not run it, for the result line."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help") or args[1:2] in (["-h"], ["--help"]):
         print(USAGE)
@@ -68,7 +69,7 @@ def main(argv: Optional[Sequence[str]] = None, started: Optional[float] = None) 
     except HookUsageError as e:
         print(f"{USAGE}\ngpuguard: error: {e}", file=sys.stderr)
         return 2
-    code = run_hook(kind, config, simulate, started=started)
+    code = run_hook(kind, config, simulate, started=started, via=via)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # never wait for a probe thread stuck in the driver
