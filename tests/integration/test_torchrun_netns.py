@@ -23,17 +23,11 @@ def test_a_two_node_gloo_job_trains_on_debian_nodes(site_factory):
     bootstrap (NCCL_SOCKET_IFNAME) at the interface that carries the node's own address."""
     site = netns_site(site_factory, nodes=2)
     view = site.cluster.host_view
-    # issue 28: the template's pre-flight runs first (a 2-node job), passes, and the training starts
-    job = Job(site, steps=4, step_time=0.2, max_failures=0, preflight=True, preflight_budget_s=45)
+    job = Job(site, steps=4, step_time=0.2, max_failures=0)
     info = job.wait(timeout=240)
     out = job.output()
     assert "127.0.1.1" not in out, job.why(info)
     assert info["JobState"] == "COMPLETED", job.why(info)
-    pre = re.search(r"^gpuguard preflight: 2 nodes node\[1-2\] in ([\d.]+)s: passed", out, re.M)
-    assert pre and float(pre.group(1)) <= 45, job.why(info)
-    print(pre.group(0))
-    trained = re.search(r"\[rank\d\]: rank \d/2 on node", out)
-    assert trained and pre.start() < trained.start(), job.why(info)  # before the training
     for index, node in enumerate(("node1", "node2")):
         assert re.search(rf"^{index}: \[rank(\d)\]: rank \1/2 on {node}:", out, re.M), out[-4000:]
     assert f"rendezvous {view.node_addr(1)}:" in out

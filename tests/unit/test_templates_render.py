@@ -311,7 +311,7 @@ def _preflight_block(values: dict) -> str:
     (1, 10, "TRAINING"),  # one node: nothing between nodes to test
 ])
 def test_the_preflight_runs_before_training_and_a_blame_ends_the_attempt(tmp_path, nnodes, rc, expect):
-    block = _preflight_block({**TRAIN, "preflight_budget_s": 30})
+    block = _preflight_block({**TRAIN, "preflight": True, "preflight_budget_s": 30})
     assert '"$GPUGUARD" preflight --exclude-file "${ATTEMPT_DIR}/preflight-exclude" --budget 30' in block
     fake = tmp_path / "gpuguard"
     fake.write_text(f'#!/bin/bash\necho "ran: $*"\n[ {rc} = 10 ] && echo "node[2-3]" >"$3"\nexit {rc}\n')
@@ -326,5 +326,7 @@ def test_the_preflight_runs_before_training_and_a_blame_ends_the_attempt(tmp_pat
     assert "\n".join(ln for ln in lines if not ln.startswith("ran: ")) == expect, lines
 
 
-def test_the_preflight_can_be_turned_off():
-    assert _preflight_block(TRAIN) and not _preflight_block({**TRAIN, "preflight": False})
+def test_the_preflight_is_opt_in_for_now():
+    """Off unless `preflight: true` (its rounds can outlast a 20 s budget on busy CPU-only nodes: issue 28)."""
+    assert _preflight_block({**TRAIN, "preflight": True}) and not _preflight_block(TRAIN)
+    assert not _preflight_block({**TRAIN, "preflight": False})
