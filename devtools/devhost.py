@@ -100,7 +100,8 @@ class DebianHostView:
             [*enter, "-m", tool("mount"), "--bind", str(hosts), "/etc/hosts"],
         ]
         try:
-            self._wait_entered(enter, timeout)
+            assert self.holder is not None
+            wait_unshared(self.holder, timeout)
             for cmd in steps:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(env))
                 if r.returncode != 0:
@@ -108,26 +109,6 @@ class DebianHostView:
         except BaseException:
             self.stop()
             raise
-
-    def _wait_entered(self, enter: list[str], timeout: float) -> None:
-        """unshare execs sleep only once the namespaces exist: wait until the holder's UTS namespace differs
-        from ours (or it died)."""
-        import os
-        import time
-
-        deadline = time.monotonic() + timeout
-        assert self.holder is not None
-        while time.monotonic() < deadline:
-            if self.holder.poll() is not None:
-                err = self.holder.stderr.read().decode(errors="replace") if self.holder.stderr else ""
-                raise RuntimeError(f"unshare exited with {self.holder.returncode}: {err.strip()}")
-            try:
-                if os.readlink(f"/proc/{self.holder.pid}/ns/net") != os.readlink("/proc/self/ns/net"):
-                    return
-            except OSError:
-                pass
-            time.sleep(0.02)
-        raise RuntimeError(f"unshare did not create the namespaces within {timeout}s")
 
     def stop(self) -> None:
         if self.holder is None:
@@ -140,3 +121,23 @@ class DebianHostView:
             pass
         if self.holder.stderr:
             self.holder.stderr.close()
+
+
+def wait_unshared(holder: "subprocess.Popen[bytes]", timeout: float) -> None:
+    """unshare execs sleep only once the namespaces exist: wait until the holder's network namespace differs from
+    ours (raises when it died or took longer than `timeout`)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if holder.poll() is not None:
+            err = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
+            raise RuntimeError(f"unshare exited with {holder.returncode}: {err.strip()}")
+        try:
+            if os.readlink(f"/proc/{holder.pid}/ns/net") != os.readlink("/proc/self/ns/net"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"unshare did not create the namespaces within {timeout}s")

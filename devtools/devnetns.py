@@ -33,12 +33,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from devtools.devhost import STOCK_DEBIAN_HOSTS, missing_host_view_requirements, tool
+from devtools.devhost import STOCK_DEBIAN_HOSTS, missing_host_view_requirements, tool, wait_unshared
 
 _ALIAS = "gpuguard-devcluster pid="
 _LOCK = Path("/tmp/gpuguard-devcluster-netns.lock")
@@ -207,7 +206,7 @@ class NodeNetworks:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(env),
             start_new_session=True)
         self.holders[index] = holder
-        _wait_unshared(holder, timeout)
+        wait_unshared(holder, timeout)
         pid = str(holder.pid)
         inside = [tool("nsenter"), "-t", pid, "-n", tool("ip")]
         peer = f"gg{self.token}p{index}"
@@ -242,19 +241,3 @@ class NodeNetworks:
         self.holders.clear()
         if self.subnet_index:
             _ip("link", "del", self.bridge, check=False)
-
-
-def _wait_unshared(holder: subprocess.Popen[bytes], timeout: float) -> None:
-    """unshare execs sleep only once the namespaces exist: wait until the holder's network namespace differs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if holder.poll() is not None:
-            err = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
-            raise RuntimeError(f"unshare exited with {holder.returncode}: {err.strip()}")
-        try:
-            if os.readlink(f"/proc/{holder.pid}/ns/net") != os.readlink("/proc/self/ns/net"):
-                return
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise RuntimeError(f"unshare did not create the namespaces within {timeout}s")
