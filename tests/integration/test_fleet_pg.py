@@ -141,7 +141,7 @@ def test_the_watch_daemon_ships_a_drain_within_seconds(db, tmp_path):
     idle loop ships the records soon after, without the health check or the timer."""
     import threading
 
-    from gpuguard.config.schema import load_config
+    from gpuguard.siteconfig import load_config
     from gpuguard.util.log import HookLog
     from gpuguard.watch.loop import WatchDaemon
 

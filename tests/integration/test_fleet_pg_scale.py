@@ -158,7 +158,7 @@ def test_the_watch_daemon_reuses_its_connection_and_opens_none_with_nothing_to_s
     """Today every ship opened a connection: the watch daemon's every 60 s, on 10,000 nodes ~167 a second. Now
     a ship with nothing waiting (the health check shipped it) opens none, and one that has something reuses the
     connection it kept."""
-    from gpuguard.config.schema import load_config
+    from gpuguard.siteconfig import load_config
     from gpuguard.fleet import ship
 
     cfg_path = write_cfg(tmp_path, db)

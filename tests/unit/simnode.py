@@ -9,7 +9,8 @@ from typing import Any, Optional
 
 import yaml
 
-from gpuguard.config.schema import Config, parse_config
+from gpuguard.config.schema import Config
+from gpuguard.siteconfig import parse_config
 from gpuguard.context import RunContext
 from gpuguard.slurm.client import NodeState
 

@@ -1,9 +1,10 @@
 """The house rules a new maintainer can rely on (issue 15), checked on the source rather than promised in prose:
 small modules, small functions, no import cycle, no private name borrowed across modules (in the package and in
-devtools/ alike), and a `pip install .` that puts no dev tooling and no tests on a compute node.
+devtools/ alike), the packages in layers that import only downwards (issue 30), and a `pip install .` that puts no
+dev tooling and no tests on a compute node.
 
-`python tests/unit/test_architecture.py` prints every module and function over its limit, every cycle and every
-borrowed private name, exempt ones included (marked), without running pytest."""
+`python tests/unit/test_architecture.py` prints every module and function over its limit, every cycle, every
+import against the layers and every borrowed private name, exempt ones included (marked), without running pytest."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ MAX_FUNCTION_LINES = 60
 DATA_MODULES = {
     "gpuguard.xid.catalog_data": "NVIDIA's Xid table, built from its documentation",
 }
+
+# The packages of gpuguard (a top-level module counts as a package of its own), bottom first. A package imports only
+# packages of lower layers or of its own layer, and the package graph has no cycle (so within a layer the imports
+# run one way too). Every import counts: top-level, inside a function (the hot path's lazy imports) and under
+# TYPE_CHECKING alike. ARCHITECTURE.md ("The layers") says what each layer is for.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("helpers", ("util",)),
+    ("plain data", ("model", "context", "xid")),
+    ("configuration", ("config",)),
+    ("readers", ("profiles", "probes", "kernellog", "trainlog")),
+    ("checks", ("checks",)),
+    ("services", ("siteconfig", "slurm", "store", "fleet", "notify", "metrics")),
+    ("job tooling", ("templates", "nccl")),
+    ("pipeline", ("pipeline",)),
+    ("around the pipeline", ("simulate", "preflight", "monitor")),
+    ("entry points", ("cli", "agent", "watch", "__main__")),
+]
 
 # TEMPORARY: held back from the module-size rule only, each for the reason given. An entry goes when its module
 # keeps the rule (the test below then fails until it is removed); never add one.
@@ -171,6 +189,69 @@ def _pop_component(stack: list[str], on_stack: set[str], root: str) -> list[str]
             return component
 
 
+@dataclass(frozen=True)
+class PackageImport:
+    """One import of a gpuguard module from another package: where it is and which packages it joins."""
+
+    where: str  # "lib/gpuguard/config/parse.py:60"
+    source: str  # importing package ("config")
+    target: str  # imported package ("checks")
+    module: str  # imported module ("gpuguard.checks")
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.source} -> {self.target} ({self.module})"
+
+
+def package_of(module: str) -> str:
+    """gpuguard.config.parse -> config; gpuguard.model -> model (a top-level module is a package of its own)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_imports(modules: dict[str, Path]) -> list[PackageImport]:
+    """Every import, anywhere in a module, of a module of another gpuguard package."""
+    found: list[PackageImport] = []
+    for module, path in modules.items():
+        if not module.startswith(PACKAGE + "."):
+            continue
+        for node in ast.walk(parse(path)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                targets = [_absolute(module, path.name == "__init__.py", node)]
+            else:
+                continue
+            for target in targets:
+                if target.startswith(PACKAGE + ".") and package_of(target) != package_of(module):
+                    where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{node.lineno}"
+                    found.append(PackageImport(where, package_of(module), package_of(target), target))
+    return found
+
+
+def layer_of() -> dict[str, int]:
+    return {package: i for i, (_, packages) in enumerate(LAYERS) for package in packages}
+
+
+def upward_imports(imports: list[PackageImport], layers: dict[str, int]) -> list[str]:
+    """Each import of a package from a higher layer, named by file:line, from -> to and the layers."""
+    names = [name for name, _ in LAYERS]
+    return [f"{i} imports layer '{names[layers[i.target]]}' from layer '{names[layers[i.source]]}' below it"
+            for i in imports if i.source in layers and i.target in layers and layers[i.target] > layers[i.source]]
+
+
+def package_cycles(imports: list[PackageImport]) -> list[str]:
+    """Each cycle of the package graph, with the imports that make it."""
+    graph: dict[str, set[str]] = {}
+    for i in imports:
+        graph.setdefault(i.source, set()).add(i.target)
+    out = []
+    for cycle in import_cycles(graph):
+        members = set(cycle)
+        joins = sorted({f"{i.where}: {i.source} -> {i.target}" for i in imports if {i.source, i.target} <= members})
+        out.append(" <-> ".join(cycle) + ": " + "; ".join(joins))
+    return out
+
+
 def long_functions(path: Path) -> list[tuple[str, int]]:
     """(qualified name, lines from `def` to its last line) of every function over the limit, nested ones too."""
     found: list[tuple[str, int]] = []
@@ -221,6 +302,27 @@ def test_no_import_cycle() -> None:
     )
 
 
+def test_every_package_has_its_layer() -> None:
+    modules = package_modules()
+    packages = {package_of(m) for m in modules if m.startswith(PACKAGE + ".")}
+    layers = layer_of()
+    assert sum(len(p) for _, p in LAYERS) == len(layers), "a package is named in two layers"
+    assert not packages - set(layers), f"packages with no layer (add them to LAYERS): {sorted(packages - set(layers))}"
+    assert not set(layers) - packages, f"LAYERS names packages that are gone: {sorted(set(layers) - packages)}"
+
+
+def test_packages_import_only_downwards() -> None:
+    """config and model at the bottom, the features above, the entry points (cli, agent, watch) on top."""
+    imports = package_imports(package_modules())
+    upward = upward_imports(imports, layer_of())
+    assert not upward, "imports against the layers (LAYERS, ARCHITECTURE.md):\n" + "\n".join(upward)
+
+
+def test_no_package_cycle() -> None:
+    cycles = package_cycles(package_imports(package_modules()))
+    assert not cycles, "package import cycles (every import counts, inside functions too):\n" + "\n".join(cycles)
+
+
 def test_no_private_name_imported_across_modules() -> None:
     borrowed = {name: imports.private_names for name, imports in import_graph().items() if imports.private_names}
     assert not borrowed, f"private names used from another module (make them public or move them): {borrowed}"
@@ -243,6 +345,22 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
     assert import_cycles({"p": {"p.x"}, "p.x": {"p"}, "q": {"q"}}) == [["p", "p.x"]]
+
+
+def test_the_layer_rules_name_the_offending_import(tmp_path: Path) -> None:
+    modules = {"gpuguard.config.parse": tmp_path / "parse.py", "gpuguard.checks": tmp_path / "checks.py",
+               "gpuguard.util.fs": tmp_path / "fs.py"}
+    modules["gpuguard.config.parse"].write_text("import os\n\ndef f():\n    from gpuguard.checks import x\n")
+    modules["gpuguard.checks"].write_text("from gpuguard.config.parse import f\nfrom gpuguard.util import fs\n")
+    modules["gpuguard.util.fs"].write_text("")
+    imports = package_imports(modules)
+    assert sorted(str(i).split(": ", 1)[1] for i in imports) == [
+        "checks -> config (gpuguard.config.parse)", "checks -> util (gpuguard.util)", "config -> checks (gpuguard.checks)"]
+    [upward] = upward_imports(imports, layer_of())
+    assert upward.endswith("parse.py:4: config -> checks (gpuguard.checks) imports layer 'checks' from layer "
+                           "'configuration' below it"), upward
+    [cycle] = package_cycles(imports)
+    assert cycle.startswith("checks <-> config: ") and "parse.py:4: config -> checks" in cycle, cycle
 
 
 def test_the_checkers_find_long_functions_and_private_imports(tmp_path: Path) -> None:
@@ -365,6 +483,11 @@ def _report() -> None:
     graph = import_graph()
     for cycle in import_cycles({n: i.targets for n, i in graph.items()}):
         print("CYCLE  ", " <-> ".join(cycle))
+    imports = package_imports(package_modules())
+    for upward in upward_imports(imports, layer_of()):
+        print("LAYER  ", upward)
+    for cycle in package_cycles(imports):
+        print("PKGCYC ", cycle)
     for name, imports in graph.items():
         for borrowed in imports.private_names:
             print(f"PRIVATE {name} <- {borrowed}")

@@ -20,7 +20,7 @@ from gpuguard.slurm import reason
 from gpuguard.checks import (ALL_KINDS, CheckInput, CheckSpec, cleared_only_by_reset, get_check, is_hardware_evidence,
                              node_scope, param_defaults, probe_options, registry, run_check)
 from gpuguard.checks.gpu.memory_errors import RECOVERY_ACTIONS
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.model import (Action, DiskUsage, FabricObservation, FiInfo, Finding, GpuProcess, JobCleanup,
                             KernelLogObservation, NvmlObservation, Observations, ProbeStatus, RdmaDevice, RdmaPort,
                             Severity, SystemObservation, XidEvent)

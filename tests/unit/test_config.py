@@ -2,7 +2,8 @@
 
 import pytest
 
-from gpuguard.config.schema import ConfigError, load_config, parse_config
+from gpuguard.config.schema import ConfigError
+from gpuguard.siteconfig import load_config, parse_config
 
 
 def test_empty_config_gives_defaults():

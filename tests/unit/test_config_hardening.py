@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from gpuguard.config.schema import ConfigError, parse_config
+from gpuguard.config.schema import ConfigError
+from gpuguard.siteconfig import parse_config
 
 from simnode import SCENARIOS
 
@@ -58,7 +59,7 @@ def test_hook_deadline_covers_a_hung_config_file(tmp_path):
     its log, instead of hanging until slurmd's own timeout or failing open."""
     import yaml
 
-    from gpuguard.config.lastgood import load_guarded
+    from gpuguard.siteconfig import load_guarded
     from gpuguard.simulate.build import build_fake_nvml
 
     good = tmp_path / "good.yaml"

@@ -1,4 +1,5 @@
-"""Typed config (issue 15): one frozen dataclass per section, declared beside its feature, loaded and validated in one
+"""Typed config (issue 15): one frozen dataclass per section, a feature's declared in gpuguard/config/sections/ (the
+config package sits below every feature: issue 30), loaded and validated in one
 place (gpuguard.config.schema / .parse), with the YAML format, every key, default and message of the schema it
 replaced (tests/fixtures/config: recorded from the code before)."""
 
@@ -17,9 +18,11 @@ import pytest
 
 from gpuguard.config.checks import PARAM_VALIDATORS
 from gpuguard.config.fields import validator_of
-from gpuguard.config.lastgood import cache_path, load_guarded
+from gpuguard.config.lastgood import cache_path
+from gpuguard.siteconfig import load_guarded
 from gpuguard.config.parse import removed_keys
-from gpuguard.config.schema import SECTIONS, ConfigError, default_config, parse_config
+from gpuguard.config.schema import SECTIONS, ConfigError, default_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.util.record import field_names
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "config"
@@ -78,7 +81,7 @@ def test_a_section_declares_its_keys_beside_its_feature():
     owners = {name: cls.__module__ for name, cls in SECTIONS.items()}
     for feature in ("watch", "notify", "nccl", "templates", "metrics", "monitor", "store", "slurm", "xid"):
         assert owners[feature] == f"gpuguard.{feature}.config"
-    assert owners["simulation"] == "gpuguard.simulate.config"
+    assert owners["simulation"] == "gpuguard.config.sections.simulate"
     assert {n for n, m in owners.items() if m == "gpuguard.config.core"} == {
         "node", "policy", "deadlines", "sources", "locking", "undrain", "reboot", "epilog", "logging"}
 
@@ -165,7 +168,7 @@ def test_an_upgraded_node_reads_the_last_good_copy_the_version_before_wrote_with
     copy = cache_path(str(conf), str(state))
     shutil.copy(FIXTURES / "last-good-before-typed-config.json", copy)
     os.chmod(copy, 0o600)
-    code = ("import sys; from gpuguard.config.lastgood import load_guarded; "
+    code = ("import sys; from gpuguard.siteconfig import load_guarded; "
             "c = load_guarded(sys.argv[1], directory=sys.argv[2]); "
             "print(repr((c.mode, c.deadlines.prolog_s, c.policy.on_failure, c.xid.overrides, c.watch.start_at, "
             "c.notify.cluster, c.checks.enabled('gpu.nvlink'), c.check_params('gpu.temperature', {}), "
@@ -195,7 +198,7 @@ def test_the_hot_path_never_runs_the_dataclass_machinery(tmp_path):
     conf.write_text((FIXTURES / "site-before-typed-config.yaml").read_text())
     state = str(tmp_path / "state")
     load_guarded(str(conf), directory=state)
-    code = ("import sys; from gpuguard.config.lastgood import load_guarded; from gpuguard.config.schema import "
+    code = ("import sys; from gpuguard.siteconfig import load_guarded; from gpuguard.config.schema import "
             "SECTIONS, Config, ConfigIssue; c = load_guarded(sys.argv[1], directory=sys.argv[2]); "
             "[getattr(c, n) for n in SECTIONS]; "
             "print([n for n, k in [*SECTIONS.items(), ('Config', Config), ('ConfigIssue', ConfigIssue)] "

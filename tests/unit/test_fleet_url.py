@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
-from gpuguard.config.schema import ConfigError, parse_config
-from gpuguard.fleet.url import db_fingerprint, redact_url, validate_url
+from gpuguard.config.schema import ConfigError
+from gpuguard.siteconfig import parse_config
+from gpuguard.config.pgurl import validate_url
+from gpuguard.fleet.url import db_fingerprint, redact_url
 
 SECRET = "s3cr3t-Pa55"
 
@@ -62,7 +64,7 @@ def test_prolog_imports_neither_psycopg_nor_the_fleet_package(tmp_path):
     conf = tmp_path / "c.yaml"
     conf.write_text(f"store:\n  path: {tmp_path}/s.db\n  url: postgresql://gg:{SECRET}@10.255.255.1/fleet\n"
                     "logging: {syslog: false}\n")
-    code = ("import sys; from gpuguard.config.schema import load_config; load_config(sys.argv[1]); "
+    code = ("import sys; from gpuguard.siteconfig import load_config; load_config(sys.argv[1]); "
             "from gpuguard.cli.main import build_hook_parser; import gpuguard.pipeline.run; "
             "print(sorted(m for m in sys.modules if m.startswith(('psycopg', 'gpuguard.fleet'))))")
     p = subprocess.run([sys.executable, "-c", code, str(conf)], capture_output=True, text=True, timeout=60)

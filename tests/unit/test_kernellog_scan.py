@@ -156,7 +156,7 @@ def test_xid_scan_loads_only_what_it_needs(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
     imported = {line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
-    assert "gpuguard.kernellog.scancli" in imported and "gpuguard.checks.xid" in imported
+    assert "gpuguard.cli.xidscan" in imported and "gpuguard.checks.xid" in imported
     for heavy in ("yaml", "gpuguard.config.schema", "gpuguard.runner", "gpuguard.store.sqlite", "gpuguard.watch.daemon", "pickle",
                   "gpuguard.kernellog.sources", "subprocess", "ctypes"):
         assert heavy not in imported, heavy

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from gpuguard.config.schema import parse_config
-from gpuguard.config.lastgood import cache_path, describe, load_guarded, read_last_good
+from gpuguard.siteconfig import parse_config
+from gpuguard.config.lastgood import cache_path, describe, read_last_good
+from gpuguard.siteconfig import load_guarded
 
 GOOD = """\
 deadlines:
@@ -48,7 +49,7 @@ def test_a_valid_file_becomes_the_last_good_one_private_and_is_read_back_without
     load_guarded(str(conf), directory=state)
     path = cache_path(str(conf), state)
     assert os.stat(path).st_mode & 0o777 == 0o600  # it holds notification tokens
-    code = ("import sys; from gpuguard.config.lastgood import load_guarded; "
+    code = ("import sys; from gpuguard.siteconfig import load_guarded; "
             "c = load_guarded(sys.argv[1], directory=sys.argv[2]); "
             "print(c.mode, c.deadlines.prolog_s, c.xid.overrides, "
             "'yaml' in sys.modules)")

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.context import RunContext
 from gpuguard.util.log import HookLog
 from gpuguard.metrics.families import node_families
@@ -322,7 +322,7 @@ def test_xid_events_are_counted_once_per_boot_whatever_run_reads_them():
 def test_not_configured_writes_and_imports_nothing(tmp_path):
     code = (
         "import sys, yaml\n"
-        "from gpuguard.config.schema import parse_config\n"
+        "from gpuguard.siteconfig import parse_config\n"
         "from gpuguard.metrics.node import write_run_metrics\n"
         "from gpuguard.metrics.heartbeat import WatchHeartbeat\n"
         "from gpuguard.util.log import HookLog\n"

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from notify_servers import WebhookServer
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.monitor.loop import Monitor
 from gpuguard.simulate.build import build_fake_nvml
 from gpuguard.simulate.scenario import materialize
@@ -135,7 +135,7 @@ def test_throttled_gpu_is_a_straggler_alert(site, hook):
 
 def test_a_hot_throttling_gpu_pages_once():
     """Issue 16: one hot GPU sent two pages (temperature and throttle). One GPU, one cause, one alert."""
-    from gpuguard.monitor.config import MonitorConfig
+    from gpuguard.config.sections.monitor import MonitorConfig
     from gpuguard.monitor.detect import gpu_alerts, one_per_gpu_cause
     from gpuguard.monitor.sampler import GpuSample
 

@@ -14,7 +14,7 @@ import yaml
 
 from notify_servers import WebhookServer
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.monitor.actions import claim_hang, hang_claim_path, release_hang
 from gpuguard.monitor.loop import Monitor
 

@@ -12,7 +12,7 @@ import pytest
 
 from gpuguard.checks import CheckInput, get_check
 from gpuguard.model import Action, Observations, Severity
-from gpuguard.nccl.config import NcclConfig
+from gpuguard.config.sections.nccl import NcclConfig
 from gpuguard.nccl.probe import nccl_tests_argv, run_single_node_nccl, run_torch_probe
 from gpuguard.nccl.tier import job_is_exclusive, tier_cursor, tier_due
 from gpuguard.profiles import apply_overrides, load_profile

@@ -17,7 +17,7 @@ import yaml
 
 from notify_servers import SmtpServer
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.model import Handoff
 from gpuguard.notify import Event, compress_hostlist, emit, flush, render
 
@@ -84,7 +84,7 @@ def test_default_action_when_the_caller_gives_none():
 def test_not_configured_costs_nothing(tmp_path):
     code = (
         "import sys, yaml\n"
-        "from gpuguard.config.schema import parse_config\n"
+        "from gpuguard.siteconfig import parse_config\n"
         "from gpuguard.notify import Event, emit, flush\n"
         f"cfg = parse_config(yaml.safe_dump({{'store': {{'path': {str(tmp_path / 's.db')!r}}}}}))\n"
         "print(emit(cfg, Event(kind='drain', node='n1', message='x')), flush(cfg))\n"

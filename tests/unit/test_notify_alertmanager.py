@@ -19,7 +19,7 @@ import yaml
 from alertmanager_server import AMTOOL, BINARY, EXAMPLE, Alertmanager, HungServer, free_port, routed_config
 from notify_servers import WebhookServer
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.model import Handoff
 from gpuguard.notify import Event, emit, flush
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.notify import Event, dedupe_key, emit, flush, gpu_identities, render, target_url
 
 apprise = pytest.importorskip("apprise", reason="apprise not installed (pip install apprise)")

@@ -16,7 +16,7 @@ from alertmanager_server import free_port
 
 from gpuguard.cli.status import undelivered_notifications
 from gpuguard.cli.status_render import render_status
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.notify import Event, emit, flush
 
 NOW = 1795550793.0

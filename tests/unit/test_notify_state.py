@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.util.log import HookLog
 from gpuguard.notify import Event, Untrusted, emit, flush, open_trusted_dir, user_state_path
 

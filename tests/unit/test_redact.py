@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from clirun import gpuguard
 
-from gpuguard.config.schema import ConfigError, parse_config
+from gpuguard.config.schema import ConfigError
+from gpuguard.siteconfig import parse_config
 from gpuguard.util.redact import redact_notify_url, redact_url, scrub
 
 UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -128,7 +128,7 @@ def test_undelivered_notifications_from_a_real_spool(tmp_path):
     pytest.importorskip("apprise")
     from notify_servers import WebhookServer
 
-    from gpuguard.config.schema import parse_config
+    from gpuguard.siteconfig import parse_config
     from gpuguard.notify import Event, emit
 
     hook = WebhookServer()

@@ -407,8 +407,8 @@ def test_unwritable_store_still_writes_the_ledger(fake, capsys):
 def test_the_user_side_never_writes_the_hooks_store(tmp_path, capsys):
     """Issue 9: job-attempt runs as the user; the root hooks' database must never need to be user-writable."""
     from gpuguard.config.schema import Config
-    from gpuguard.store.config import StoreConfig
-    from gpuguard.templates.config import TemplatesConfig
+    from gpuguard.config.sections.store import StoreConfig
+    from gpuguard.config.sections.templates import TemplatesConfig
 
     def cfg(store_path):
         return Config(store=StoreConfig(path=str(tmp_path / "state" / "{node}.db")),
@@ -560,7 +560,7 @@ def test_receivers_are_told_when_the_job_gives_up_after_a_hang(fake, tmp_path):
     import yaml
     from notify_servers import WebhookServer
 
-    from gpuguard.config.schema import parse_config
+    from gpuguard.siteconfig import parse_config
     from gpuguard.templates.jobattempt import notify_outcome
 
     pytest.importorskip("apprise")

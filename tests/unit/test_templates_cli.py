@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from clirun import gpuguard
 
-from gpuguard.config.schema import ConfigError, parse_config
+from gpuguard.config.schema import ConfigError
+from gpuguard.siteconfig import parse_config
 from gpuguard.templates.cli import merge_values, parse_set
 
 

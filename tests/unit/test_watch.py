@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import pytest
 from simnode import gpuguard_dirs
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.util.log import HookLog
 from gpuguard.kernellog.base import FollowError, KernelLogSource, kmsg_readable
 from gpuguard.kernellog.file import FileSource

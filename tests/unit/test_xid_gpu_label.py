@@ -14,7 +14,7 @@ from alertmanager_server import AMTOOL, BINARY, Alertmanager, routed_config
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SCENARIOS, MemorySlurm, run_sim
 
-from gpuguard.config.schema import parse_config
+from gpuguard.siteconfig import parse_config
 from gpuguard.context import RunContext
 
 needs_am = pytest.mark.skipif(not BINARY or not AMTOOL, reason="prometheus-alertmanager / amtool missing: make deps")

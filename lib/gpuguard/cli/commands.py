@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from gpuguard.config.schema import load_config
+    from gpuguard.siteconfig import load_config
     from gpuguard.context import RunContext, context_from_env, parse_gpu_list
     from gpuguard.pipeline.run import execute
     from gpuguard.cli.report import print_report
@@ -91,16 +91,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_xid(args: argparse.Namespace) -> int:
     if args.xid_cmd == "explain":
-        from gpuguard.config.schema import load_config
+        from gpuguard.siteconfig import load_config
         from gpuguard.xid.catalog import load_catalog
 
         overrides = load_config(args.config).xid.overrides if args.config else None
         print(load_catalog(overrides=overrides or None).explain(args.code))
         return 0
     if args.xid_cmd == "scan":
-        from gpuguard.kernellog import scancli
+        from gpuguard.cli import xidscan
 
-        return scancli.run(args)
+        return xidscan.run(args)
     print("usage: gpuguard xid {scan,explain} ...", file=sys.stderr)
     return 2
 
@@ -108,7 +108,7 @@ def cmd_xid(args: argparse.Namespace) -> int:
 def cmd_profiles(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from gpuguard.config.schema import load_config
+    from gpuguard.siteconfig import load_config
     from gpuguard.profiles import list_profiles, load_profile
 
     extra = load_config(args.config).node.profile_dir if args.config else None
@@ -127,10 +127,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     import json
 
-    from gpuguard.config.schema import load_config
+    from gpuguard.siteconfig import load_config
 
     if args.check:
-        from gpuguard.config.lastgood import check_file
+        from gpuguard.siteconfig import check_file
 
         issues = check_file(args.check)
         for issue in issues:
@@ -150,20 +150,22 @@ def cmd_config(args: argparse.Namespace) -> int:
 def _advice(path: str) -> list[str]:
     """Warnings for a valid file (gpuguard.config.advice): paths root will refuse, the cluster label."""
     from gpuguard.config.advice import config_advice
-    from gpuguard.config.schema import load_config
+    from gpuguard.siteconfig import load_config
 
     return config_advice(load_config(path))
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:
     """The admin's undrain (gpuguard.pipeline.admin): ownership rules and a re-check unless --force."""
-    from gpuguard.config.schema import load_config
+    from gpuguard.siteconfig import load_config
     from gpuguard.util.log import HookLog
     from gpuguard.pipeline.admin import admin_undrain
+    from gpuguard.simulate.sources import resolve_sources
 
     cfg = load_config(args.config)
     lg = cfg.logging
-    out = admin_undrain(cfg, args.node, args.force, HookLog(lg.syslog, lg.file, lg.level, stderr=False))
+    out = admin_undrain(cfg, args.node, args.force, HookLog(lg.syslog, lg.file, lg.level, stderr=False),
+                        resolve_sources)
     print(out.message if out.code == 0 else f"gpuguard: {out.message}", file=sys.stdout if out.code == 0 else sys.stderr)
     return out.code
 

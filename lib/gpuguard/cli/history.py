@@ -22,7 +22,7 @@ import re
 import sys
 from typing import Any, Callable, Iterator, Optional
 
-from gpuguard.config.schema import load_config
+from gpuguard.siteconfig import load_config
 from gpuguard.store.filters import Filters, build_filters, parse_time
 from gpuguard.store.history import KINDS, HistorySource, public_fields
 from gpuguard.store.history_sqlite import Requeues, SqliteHistory, attempt_store_paths, store_paths

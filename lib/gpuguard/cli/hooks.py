@@ -16,7 +16,8 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from gpuguard.config.lastgood import describe, load_guarded
+from gpuguard.config.lastgood import describe
+from gpuguard.siteconfig import load_guarded
 from gpuguard.context import context_from_env
 from gpuguard.model import Handoff
 from gpuguard.pipeline.run import execute

@@ -31,7 +31,7 @@ FEATURE_COMMANDS: dict[str, str] = {
     "preflight": "gpuguard.preflight.cli",
     "monitor": "gpuguard.monitor.cli",
     "trainlog": "gpuguard.trainlog.cli",
-    "fleet": "gpuguard.fleet.cli",
+    "fleet": "gpuguard.cli.fleet",
 }
 
 
@@ -90,9 +90,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return hooks.main([rest[0], *lead, *rest[1:]])
     if rest[:2] == ["xid", "scan"]:  # lean path: a 1 GiB log scans in grep's time only without the full CLI
-        from gpuguard.kernellog import scancli
+        from gpuguard.cli import xidscan
 
-        return scancli.main([*lead, *rest[2:]])
+        return xidscan.main([*lead, *rest[2:]])
     cmd = next((a for a in rest if not a.startswith("-")), None)
     args = build_parser(FEATURE_COMMANDS.get(cmd or "")).parse_args(argv)
     if args.cmd not in FEATURE_COMMANDS:

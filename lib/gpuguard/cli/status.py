@@ -36,7 +36,8 @@ import time
 from typing import Any, Iterator, Optional
 
 from gpuguard.cli.status_render import DETAIL_AUTO, render_own_health, render_status, to_json
-from gpuguard.config.lastgood import load_guarded, unreadable_by_this_user
+from gpuguard.config.lastgood import unreadable_by_this_user
+from gpuguard.siteconfig import load_guarded
 from gpuguard.pipeline.journal import conditions_copy_path, runtime_dir
 from gpuguard.slurm.client import CliSlurmClient, SlurmError
 from gpuguard.slurm.hostlist import HostlistError, expand_hostlist

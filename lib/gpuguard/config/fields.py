@@ -1,9 +1,10 @@
 """What a config section is made of: `key(validator, default)` fields on a `@section` dataclass, and the validators.
 
-Each feature declares its own section beside its code (`gpuguard/watch/config.py` holds `WatchConfig`, ...); each
+Each feature's section is a module of gpuguard/config/sections/ (`sections/watch.py` holds `WatchConfig`, ...); each
 key is one field whose validator and default are declared together, with a comment saying what it means.
 `gpuguard.config.schema` is the one place that loads a file against them (errors name file, line and key) and
-assembles the typed `Config`. A feature module imports only this one, so the hooks can load every section cheaply.
+assembles the typed `Config`. A section module imports only this one, so the hooks can load every section
+cheaply; the config package imports no feature (the layers: ARCHITECTURE.md).
 
 A validator takes the YAML value and returns it (normalised) or raises ValueError with the message the admin sees
 after "line N: section.key: ".
@@ -38,7 +39,7 @@ def validator_of(f: Any) -> Validator:
 
 
 class Section(Frozen):
-    """The base of every config section (one per YAML section, beside its feature)."""
+    """The base of every config section (one per YAML section)."""
 
     __slots__ = ()
 

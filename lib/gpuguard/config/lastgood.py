@@ -25,11 +25,11 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from gpuguard.config.compiled import read_trusted_json
-from gpuguard.config.schema import (SECTIONS, Config, ConfigError, ConfigIssue, config_from_mapping, config_path,
-                                    default_config, parse_config)
+from gpuguard.config.schema import (SECTIONS, CheckParams, Config, ConfigError, ConfigIssue, config_from_mapping,
+                                    config_path, default_config, parse_config)
 from gpuguard.util.fs import atomic_write
 from gpuguard.util.nodedirs import state_dir
 from gpuguard.util.record import field_names
@@ -107,9 +107,11 @@ def read_bounded(path: str, timeout_s: float) -> bytes:
     return bytes(box["data"])
 
 
-def load_guarded(explicit: Optional[str] = None, directory: Optional[str] = None,
-                 read_timeout_s: float = 10.0) -> Config:
-    """The config to run with. Never raises ConfigError: what is wrong is in `issues` and `mode`."""
+def load_guarded(explicit: Optional[str] = None, directory: Optional[str] = None, read_timeout_s: float = 10.0, *,
+                 check_params: Callable[[], CheckParams]) -> Config:
+    """The config to run with. Never raises ConfigError: what is wrong is in `issues` and `mode`. `check_params`
+    is called only when the file must be parsed (the hot path reads the compiled copy and never builds the check
+    registry for it); gpuguard.siteconfig.load_guarded gives the registry's."""
     path, must_exist = config_path(explicit)
     cache = cache_path(path, directory)
     try:
@@ -130,7 +132,7 @@ def load_guarded(explicit: Optional[str] = None, directory: Optional[str] = None
         cfg.source, cfg.last_good_at = path, None
         return cfg
     try:
-        cfg = parse_config(raw.decode("utf-8"), source=path, lenient=True)
+        cfg = parse_config(raw.decode("utf-8"), source=path, check_params=check_params(), lenient=True)
     except (ConfigError, UnicodeDecodeError) as e:
         return _fallback(cache, path, ConfigIssue("(file)", None, _strip_source(str(e), path)), last)
     if not cfg.issues:
@@ -178,14 +180,14 @@ def _keys_of(section: str) -> tuple[str, ...]:
     return field_names(cls) if cls is not None else ()
 
 
-def check_file(path: str) -> list[ConfigIssue]:
+def check_file(path: str, *, check_params: CheckParams) -> list[ConfigIssue]:
     """Every problem of a config file (for `gpuguard config --check` before deploying it)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         return [ConfigIssue("(file)", None, f"cannot read: {e}")]
     try:
-        return parse_config(text, source=path, lenient=True).issues
+        return parse_config(text, source=path, check_params=check_params, lenient=True).issues
     except ConfigError as e:
         return [ConfigIssue("(file)", None, _strip_source(str(e), path))]
 

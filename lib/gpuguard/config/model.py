@@ -1,5 +1,5 @@
-"""The typed configuration: `Config`, one frozen dataclass per section declared beside its feature (`WatchConfig` in
-gpuguard/watch/config.py, ...; the hook run's own sections in gpuguard/config/core.py), held as attributes
+"""The typed configuration: `Config`, one frozen dataclass per section (a feature's in gpuguard/config/sections/:
+`WatchConfig` in sections/watch.py, ...; the hook run's own sections in gpuguard/config/core.py), held as attributes
 (`cfg.deadlines.prolog_s`, `cfg.watch.start_at`, `cfg.checks.enabled("gpu.nvlink")`). Reading a file into it is
 gpuguard.config.schema's (load_config, parse_config) and gpuguard.config.parse's (validation); the hooks' hot path
 builds it from the compiled last good copy (gpuguard.config.lastgood) with no YAML.
@@ -13,18 +13,18 @@ from gpuguard.config.checks import ChecksConfig
 from gpuguard.config.core import (DeadlinesConfig, EpilogConfig, LockingConfig, LoggingConfig, NodeConfig,
                                   PolicyConfig, RebootConfig, SourcesConfig, UndrainConfig)
 from gpuguard.config.fields import Section
-from gpuguard.metrics.config import MetricsConfig
-from gpuguard.monitor.config import MonitorConfig
-from gpuguard.nccl.config import NcclConfig
-from gpuguard.notify.config import NotifyConfig
-from gpuguard.simulate.config import SimulationConfig
-from gpuguard.slurm.config import SlurmConfig
-from gpuguard.store.config import StoreConfig
-from gpuguard.templates.config import TemplatesConfig
+from gpuguard.config.sections.metrics import MetricsConfig
+from gpuguard.config.sections.monitor import MonitorConfig
+from gpuguard.config.sections.nccl import NcclConfig
+from gpuguard.config.sections.notify import NotifyConfig
+from gpuguard.config.sections.simulate import SimulationConfig
+from gpuguard.config.sections.slurm import SlurmConfig
+from gpuguard.config.sections.store import StoreConfig
+from gpuguard.config.sections.templates import TemplatesConfig
 from gpuguard.util.record import Frozen, Record, field, record, replace
 from gpuguard.util.redact import redact_notify_url, redact_url
-from gpuguard.watch.config import WatchConfig
-from gpuguard.xid.config import XidConfig
+from gpuguard.config.sections.watch import WatchConfig
+from gpuguard.config.sections.xid import XidConfig
 
 DEFAULT_CONFIG_PATH = "/etc/gpuguard/config.yaml"
 ENV_CONFIG = "GPUGUARD_CONFIG"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import fields
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from gpuguard.config.checks import COMMON_CHECK_PARAMS, PARAM_VALIDATORS, ChecksConfig
 from gpuguard.config.fields import Section, Validator, validator_of
@@ -53,13 +53,10 @@ class _Issues:
         self.found.append(ConfigIssue(path, line, msg, meant))
 
 
-def parse_text(text: str, source: str, check_params: Optional[dict[str, dict[str, str]]],
-               lenient: bool) -> Config:
-    """gpuguard.config.schema.parse_config."""
-    if check_params is None:
-        from gpuguard.checks import param_schema
-
-        check_params = param_schema()
+def parse_text(text: str, source: str, check_params: Mapping[str, Mapping[str, str]], lenient: bool) -> Config:
+    """gpuguard.config.schema.parse_config. `check_params`: the check registry's parameters (check id -> {param:
+    validator name}), given by the caller: the config package sits below the checks (gpuguard.siteconfig binds
+    the registry's)."""
     try:
         check_yaml_expansion(text, source)
         root = load_yaml_located(text, source)
@@ -118,7 +115,7 @@ def _parse_section(out: dict[str, Any], given: set[str], section: str, value: Lo
 
 
 def _parse_checks(out: dict[str, dict[str, Any]], given: set[str], node: Located, issues: _Issues,
-                  check_params: dict[str, dict[str, str]]) -> None:
+                  check_params: Mapping[str, Mapping[str, str]]) -> None:
     known = sorted(check_params)
     for check_id, raw in node.value.items():
         line = node.lines.get(str(check_id))

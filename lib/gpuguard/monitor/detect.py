@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gpuguard.monitor.config import MonitorConfig
+from gpuguard.config.sections.monitor import MonitorConfig
 from gpuguard.monitor.sampler import GpuSample, HostSample, throttle_names
 
 

@@ -12,7 +12,7 @@ from gpuguard.monitor.actions import (claim_hang, dump_stacks, find_py_spy, hang
                                       release_hang, requeue)
 from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.jobdir import JobDir
-from gpuguard.monitor.config import MonitorConfig
+from gpuguard.config.sections.monitor import MonitorConfig
 from gpuguard.monitor.log import log as _log
 from gpuguard.notify import Event, emit, flush
 from gpuguard.probes.nvml import normalize_pci_bus_id

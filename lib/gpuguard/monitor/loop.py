@@ -12,7 +12,8 @@ import threading
 import time
 from typing import Any, Optional
 
-from gpuguard.config.schema import Config, load_config
+from gpuguard.config.schema import Config
+from gpuguard.siteconfig import load_config
 from gpuguard.context import parse_gpu_list
 from gpuguard.metrics.textfile import MONITOR_FILE, monitor_dir, remove, write_families
 from gpuguard.monitor.detect import (Alert, gpu_alerts, host_alerts, idle_hang, one_per_gpu_cause, progress_hang,

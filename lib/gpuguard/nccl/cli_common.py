@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from gpuguard.config.schema import load_config
+from gpuguard.siteconfig import load_config
 from gpuguard.nccl.sweep import JobSpec, SlurmRunner, SweepError, default_workdir, partition_nodes
 from gpuguard.nccl.table import parse_size
 from gpuguard.slurm.hostlist import HostlistError, expand_hostlist

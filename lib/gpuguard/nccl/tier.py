@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from gpuguard.nccl.config import NcclConfig
+from gpuguard.config.sections.nccl import NcclConfig
 from gpuguard.probes.efa_counters import EfaCounterObservation, read_efa_counters
 
 CURSOR_PREFIX = "nccl_tier:"

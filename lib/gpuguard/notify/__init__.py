@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from gpuguard.notify.state import Untrusted, local_node, open_trusted_dir, user_state_path
     from gpuguard.slurm.hostlist import compress_hostlist
 
-# The public names, imported on first use: the hooks load the `notify:` section (gpuguard.notify.config) on every
+# The public names, imported on first use: the hooks load the `notify:` section (gpuguard.config.sections.notify) on every
 # run, and only a run that notifies pays for the rest.
 _EXPORTS = {
     "emit": "gpuguard.notify.api", "enabled": "gpuguard.notify.api", "flush": "gpuguard.notify.api",

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from gpuguard.notify.config import NotifyConfig
+from gpuguard.config.sections.notify import NotifyConfig
 from gpuguard.notify.event import Event, dedupe_key
 from gpuguard.notify.render import action_text, evidence_text, gpu_line, title_of
 from gpuguard.slurm.reason import parse_reason

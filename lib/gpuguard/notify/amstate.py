@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from gpuguard.notify.config import NotifyConfig
+from gpuguard.config.sections.notify import NotifyConfig
 from gpuguard.notify.alertmanager import alert_annotations, alert_labels, postable
 from gpuguard.notify.event import Event
 

@@ -12,7 +12,7 @@ from gpuguard.model import Handoff
 from gpuguard.notify import amstate, delivery, gate
 from gpuguard.notify.budget import state_timeout_s
 from gpuguard.notify.alertmanager import ttl_s
-from gpuguard.notify.config import NotifyConfig
+from gpuguard.config.sections.notify import NotifyConfig
 from gpuguard.notify.event import Event, dedupe_key, wanted
 from gpuguard.notify.render import render
 from gpuguard.notify.state import (DeliveryLog, connect_hooks, connect_user, ensure_trusted_state, local_node,

@@ -15,7 +15,7 @@ from gpuguard.model import Handoff
 from gpuguard.notify import amstate, claim
 from gpuguard.notify.alertmanager import PostError, post_alerts
 from gpuguard.notify.apprise_target import send_apprise
-from gpuguard.notify.config import NotifyConfig
+from gpuguard.config.sections.notify import NotifyConfig
 from gpuguard.notify.event import Event
 from gpuguard.notify.state import DeliveryLog, log_warning
 from gpuguard.util.redact import scrub

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gpuguard.notify.config import NotifyConfig
+from gpuguard.config.sections.notify import NotifyConfig
 
 KINDS = ("drain", "undrain", "prolog_failure", "straggler", "hang", "requeue", "internal_error", "flapping",
          "resource", "unknown_xid", "storm", "mismatch", "gave_up")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from gpuguard.notify.config import NotifyConfig
+from gpuguard.config.sections.notify import NotifyConfig
 from gpuguard.notify.event import ALWAYS_SEND, Event, key_part
 from gpuguard.notify.render import render_digest, worst_severity
 

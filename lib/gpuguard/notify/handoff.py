@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Optional, Sequence
 
-from gpuguard.config.lastgood import load_guarded
+from gpuguard.siteconfig import load_guarded
 from gpuguard.notify.api import flush
 from gpuguard.util.log import HookLog
 

@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from gpuguard.checks import cleared_only_by_reset
 from gpuguard.config.schema import Config
@@ -28,8 +28,11 @@ from gpuguard.model import Severity
 from gpuguard.pipeline.conditions import LOG_EVIDENCE, Condition, clear, clearing_evidence, standing, undrain_token
 from gpuguard.pipeline.journal import journal_for, runtime_dir
 from gpuguard.pipeline.lock import NodeLock, lock_path
+from gpuguard.pipeline.sources import Sources
 from gpuguard.slurm.client import NodeState, SlurmError, client_from_config
 from gpuguard.slurm.reason import is_ours, is_slurm_generic, parse_reason
+
+ResolveSources = Callable[[Config, str], Sources]  # (config, node) -> the sources a re-check reads
 
 
 @dataclass
@@ -39,7 +42,9 @@ class UndrainOutcome:
     still_failing: list[str] = field(default_factory=list)
 
 
-def admin_undrain(cfg: Config, node: str, force: bool, log: Any) -> UndrainOutcome:
+def admin_undrain(cfg: Config, node: str, force: bool, log: Any, resolve: ResolveSources) -> UndrainOutcome:
+    """`resolve(cfg, node)`: the sources a re-check reads (the node's own, or a simulated node's: the caller's
+    gpuguard.simulate.sources.resolve_sources; the pipeline never imports the simulator)."""
     client = client_from_config(cfg.slurm, cfg.deadlines.scontrol_s)
     try:
         state = client.get_node(node)
@@ -55,7 +60,7 @@ def admin_undrain(cfg: Config, node: str, force: bool, log: Any) -> UndrainOutco
     refuse = ownership_refusal(state) if state.drained else None
     failing: list[str] = []
     if not refuse and not force:
-        refuse, failing = _recheck_refusal(cfg, node, state, conds, here)
+        refuse, failing = _recheck_refusal(cfg, node, state, conds, here, resolve)
     if refuse and not force:
         return UndrainOutcome(1, f"not undraining {node}: {refuse}. Use --force to override.", failing)
     detail = "admin --force" + (f" (was refused: {refuse})" if refuse else "") if force else "admin: re-checked, passing"
@@ -122,12 +127,12 @@ def drained_for(cfg: Config, node: str, state: NodeState, conds: list[Condition]
     return checks
 
 
-def _recheck_refusal(cfg: Config, node: str, state: NodeState, conds: list[Condition],
-                     here: bool) -> tuple[Optional[str], list[str]]:
+def _recheck_refusal(cfg: Config, node: str, state: NodeState, conds: list[Condition], here: bool,
+                     resolve: ResolveSources) -> tuple[Optional[str], list[str]]:
     if not here:
         return (f"cannot re-check {node} from this host: run `gpuguard undrain {node}` on {node} itself, or --force "
                 "after checking it by hand (the node takes the forced undrain in at its next hook)"), []
-    result = _recheck_run(cfg, node)
+    result = _recheck_run(cfg, node, resolve)
     wanted = drained_for(cfg, node, state, conds)
     bad = [f for f in result.findings if f.check_id in wanted and f.severity in (Severity.FAIL, Severity.INCOMPLETE)]
     failing = [f"{f.check_id}: {f.message}" + (" (could not be read)" if f.severity is Severity.INCOMPLETE else "")
@@ -137,7 +142,7 @@ def _recheck_refusal(cfg: Config, node: str, state: NodeState, conds: list[Condi
     # a reset-class fault needs the reset seen; a reboot-class one only when the re-check cannot see it (kernel-log
     # evidence is read once: gpu.xid "passes" once the position moved past the Xid; a lost GPU back in NVML can)
     no_reset = [c for c in conds if (c.action == "reset" or (c.action == "reboot" and c.check_id in LOG_EVIDENCE))
-                and not _reset_seen(cfg, node, c, result)]
+                and not _reset_seen(cfg, node, c, result, resolve)]
     if no_reset:
         names = ", ".join(f"{c.keyword} {c.check_id}" for c in no_reset)
         if all(c.action == "reboot" for c in no_reset):
@@ -148,18 +153,16 @@ def _recheck_refusal(cfg: Config, node: str, state: NodeState, conds: list[Condi
     return None, []
 
 
-def _recheck_run(cfg: Config, node: str) -> Any:
+def _recheck_run(cfg: Config, node: str, resolve: ResolveSources) -> Any:
     from gpuguard.context import RunContext
     from gpuguard.pipeline.run import execute
-    from gpuguard.simulate.sources import resolve_sources
 
-    return execute(RunContext(kind="healthcheck", node=node), cfg, resolve_sources(cfg, node), dry_run=True)
+    return execute(RunContext(kind="healthcheck", node=node), cfg, resolve(cfg, node), dry_run=True)
 
 
-def _reset_seen(cfg: Config, node: str, c: Condition, result: Any) -> bool:
+def _reset_seen(cfg: Config, node: str, c: Condition, result: Any, resolve: ResolveSources) -> bool:
     from gpuguard.pipeline.undrain import failing_then
     from gpuguard.probes.system import read_driver_fingerprint
-    from gpuguard.simulate.sources import resolve_sources
     from gpuguard.store.sqlite import Store
 
     try:
@@ -168,7 +171,7 @@ def _reset_seen(cfg: Config, node: str, c: Condition, result: Any) -> bool:
             seen = st.get_cursor(f"driver_fp:{node}") or {}
     except Exception:  # noqa: BLE001 - no history: only what this re-check itself shows
         then, seen = set(), {}
-    fp = read_driver_fingerprint(resolve_sources(cfg, node).sysfs_root)
+    fp = read_driver_fingerprint(resolve(cfg, node).sysfs_root)
     # a module the store knew and that is not the one loaded now was reloaded (now, at the latest); one the store
     # never saw says nothing
     since = float(seen.get("since") or 0) if fp and seen.get("fp") == fp else \

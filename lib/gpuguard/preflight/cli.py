@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from gpuguard.config.schema import load_config
+from gpuguard.siteconfig import load_config
 from gpuguard.nccl.sweep import threshold_resolver
 from gpuguard.preflight.blame import Blame, run_blame
 from gpuguard.preflight.judge import summary_line

@@ -16,7 +16,7 @@ import re
 import threading
 from typing import Optional, Protocol
 
-from gpuguard.slurm.config import SlurmConfig
+from gpuguard.config.sections.slurm import SlurmConfig
 from gpuguard.slurm.parse import (SINFO_CENSUS_FIELDS, SINFO_CENSUS_FORMAT, NodeRow, NodeState,
                                   node_state_from_fields, parse_node_line, parse_sinfo_census,
                                   parse_sinfo_census_fields)

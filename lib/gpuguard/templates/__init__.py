@@ -19,7 +19,7 @@ __all__ = ["render_template", "list_templates", "template_variables", "TemplateE
 
 def __getattr__(name: str) -> Any:
     """TemplateError and VariableSpec on first use: the hooks load the `templates:` section
-    (gpuguard.templates.config) on every run, and must not import jinja2 for it."""
+    (gpuguard.config.sections.templates) on every run, and must not import jinja2 for it."""
     if name in ("Renderer", "TemplateError", "VariableSpec"):
         from gpuguard.templates import render
 

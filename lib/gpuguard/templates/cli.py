@@ -11,10 +11,10 @@ from pathlib import Path
 from dataclasses import asdict
 from typing import Any, Mapping, Optional
 
-from gpuguard.config.schema import load_config
+from gpuguard.siteconfig import load_config
 from gpuguard.config.yamlutil import YamlError, load_yaml_text
 from gpuguard.templates.lint import format_findings, lint
-from gpuguard.templates.config import TemplatesConfig
+from gpuguard.config.sections.templates import TemplatesConfig
 from gpuguard.templates.presets import list_presets, resolve_preset
 from gpuguard.templates.render import Renderer, TemplateError
 from gpuguard.util.cliargs import add_config_option

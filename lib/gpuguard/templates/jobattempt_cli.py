@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuguard.config.schema import load_config
+from gpuguard.siteconfig import load_config
 from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
 from gpuguard.templates import jobattempt as ja
 from gpuguard.templates.fabric import run_check

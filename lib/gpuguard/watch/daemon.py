@@ -28,7 +28,8 @@ import re
 import sys
 from typing import Any, Optional
 
-from gpuguard.config.schema import Config, ConfigError, load_config
+from gpuguard.config.schema import Config, ConfigError
+from gpuguard.siteconfig import load_config
 from gpuguard.context import context_from_env
 from gpuguard.util.cliargs import add_config_option
 from gpuguard.watch.loop import WatchDaemon

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuguard.agent.supervise import AgentProcess
-from gpuguard.config.schema import Config, ConfigError, load_config
+from gpuguard.config.schema import Config, ConfigError
+from gpuguard.siteconfig import load_config
 from gpuguard.config.schema import config_path as resolve_config_path
 from gpuguard.kernellog.base import FollowError, KernelLogSource, StoredCursor, read_boot_id
 from gpuguard.kernellog.cursor import describe as describe_cursor

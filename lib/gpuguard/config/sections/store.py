@@ -9,10 +9,10 @@ from gpuguard.util.nodedirs import default_store_path
 
 
 def postgres_url(x: Any) -> Any:
-    """store.url; gpuguard.fleet.url is imported only when a url is configured (the hooks stay lean)."""
+    """store.url; gpuguard.config.pgurl is imported only when a url is configured (the hooks stay lean)."""
     if x is None:
         return None
-    from gpuguard.fleet.url import validate_url
+    from gpuguard.config.pgurl import validate_url
 
     return validate_url(x)
 

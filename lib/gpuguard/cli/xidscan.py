@@ -31,7 +31,8 @@ def _site(config: Optional[str]) -> tuple[XidCatalog, str]:
     """The Xid catalog and policy.on_failure the hooks use: the site's, when a config is named."""
     if not config:
         return load_catalog(), "drain"
-    from gpuguard.config.schema import ConfigError, load_config  # YAML only when a config is named
+    from gpuguard.config.schema import ConfigError
+    from gpuguard.siteconfig import load_config  # YAML only when a config is named
 
     try:
         cfg = load_config(config)

@@ -13,7 +13,7 @@ import hostlist
 
 from gpuguard.cli.history import (add_arguments as add_history_arguments, filters_from_args, output_format,
                                   requeue_source, write_history)
-from gpuguard.config.schema import load_config
+from gpuguard.siteconfig import load_config
 from gpuguard.fleet.partitions import ensure_partitions, prune
 from gpuguard.fleet.pg import FleetDBError, clean_error, connect
 from gpuguard.fleet.pgsource import PgHistory
