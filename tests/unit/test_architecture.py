@@ -354,8 +354,9 @@ def test_the_layer_rules_name_the_offending_import(tmp_path: Path) -> None:
     modules["gpuguard.checks"].write_text("from gpuguard.config.parse import f\nfrom gpuguard.util import fs\n")
     modules["gpuguard.util.fs"].write_text("")
     imports = package_imports(modules)
-    assert sorted(str(i).split(": ", 1)[1] for i in imports) == [
-        "checks -> config (gpuguard.config.parse)", "checks -> util (gpuguard.util)", "config -> checks (gpuguard.checks)"]
+    assert sorted(str(i).split(": ", 1)[1] for i in imports) == ["checks -> config (gpuguard.config.parse)",
+                                                                 "checks -> util (gpuguard.util)",
+                                                                 "config -> checks (gpuguard.checks)"]
     [upward] = upward_imports(imports, layer_of())
     assert upward.endswith("parse.py:4: config -> checks (gpuguard.checks) imports layer 'checks' from layer "
                            "'configuration' below it"), upward

@@ -60,7 +60,7 @@ def test_redact_and_fingerprint():
 
 def test_prolog_imports_neither_psycopg_nor_the_fleet_package(tmp_path):
     """A prolog never waits on the network: with store.url set it records locally and imports nothing of the
-    shipper (only the tiny, pure url validator the config needs)."""
+    shipper, nor the fleet package at all (the url validator the config needs is gpuguard.config.pgurl)."""
     conf = tmp_path / "c.yaml"
     conf.write_text(f"store:\n  path: {tmp_path}/s.db\n  url: postgresql://gg:{SECRET}@10.255.255.1/fleet\n"
                     "logging: {syslog: false}\n")
@@ -69,4 +69,4 @@ def test_prolog_imports_neither_psycopg_nor_the_fleet_package(tmp_path):
             "print(sorted(m for m in sys.modules if m.startswith(('psycopg', 'gpuguard.fleet'))))")
     p = subprocess.run([sys.executable, "-c", code, str(conf)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "['gpuguard.fleet', 'gpuguard.fleet.url']"
+    assert p.stdout.strip() == "[]"

@@ -123,11 +123,11 @@ def test_config_section_validates():
 def test_commands_registered_and_kept_off_the_hook_path():
     assert {FEATURE_COMMANDS[c] for c in ("nccl", "efa", "dcgm", "baseline")} == {
         "gpuguard.nccl.cli", "gpuguard.nccl.efa_cli", "gpuguard.nccl.dcgm_cli", "gpuguard.nccl.baseline_cli"}
-    # only the `nccl:` config section (gpuguard.config.sections.nccl: one dataclass) and when the optional tier is due
-    # (gpuguard.nccl.tier: a pure decision) are on the hooks' path: not the probe, its parser and their YAML
+    # only when the optional tier is due (gpuguard.nccl.tier: a pure decision) is on the hooks' path (the `nccl:`
+    # config section is the config package's now): not the probe, its parser and their YAML
     code = ("import sys, gpuguard.cli.main, gpuguard.pipeline.run; "
             "assert not [m for m in sys.modules if m.startswith('gpuguard.nccl')"
-            " and m not in ('gpuguard.nccl', 'gpuguard.config.sections.nccl', 'gpuguard.nccl.tier')], 'imported on the hot path'; "
+            " and m not in ('gpuguard.nccl', 'gpuguard.nccl.tier')], 'imported on the hot path'; "
             "assert 'yaml' not in sys.modules and 'http.client' not in sys.modules, 'imported on the hot path'")
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from alertmanager_server import free_port
 
-from gpuguard.cli.status import undelivered_notifications
+from gpuguard.notify.backlog import undelivered_notifications
 from gpuguard.cli.status_render import render_status
 from gpuguard.siteconfig import parse_config
 from gpuguard.notify import Event, emit, flush

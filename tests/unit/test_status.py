@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,7 +16,8 @@ from clirun import gpuguard
 
 from gpuguard.model import Action, Finding, Severity
 from gpuguard.slurm.reason import format_reason
-from gpuguard.cli.status import drained_nodes, store_facts, undelivered_notifications
+from gpuguard.cli.status import drained_nodes, store_facts
+from gpuguard.notify.backlog import undelivered_notifications
 from gpuguard.cli.status_render import format_duration, group_nodes, render_status, to_json
 from gpuguard.slurm.parse import slurm_time
 from gpuguard.util.timefmt import iso_utc
@@ -294,3 +296,13 @@ def test_the_command_reads_only_the_stores_it_shows(tmp_path):
     rows = [line for line in picked if line.startswith("  gpu-")]
     assert [r.split()[0] for r in rows] == ["gpu-00017", "gpu-00018"]
     assert "pass" in rows[0] and " no store " in rows[1]  # gpu-00017's last health check, from its store
+
+
+def test_status_asks_notify_for_its_spool():
+    """The spool's tables are notify's: `gpuguard status` takes the summary from gpuguard.notify.backlog and holds
+    no SQL of the spool (issue 30)."""
+    from gpuguard.cli import status
+    from gpuguard.notify import backlog
+
+    assert status.undelivered_notifications is backlog.undelivered_notifications
+    assert "notify_spool" not in Path(status.__file__).read_text()

@@ -21,8 +21,9 @@ Then the notifications that did not go out (the notify spool). Times are UTC ISO
 
 Everything here is read-only: Slurm through `scontrol show node -o`, each node's history store through
 `Store.open_read_only` (a status command must never create, migrate or move a store; stores are read only for the
-nodes whose details are shown) and the notify spool through read-only SQLite connections. Slurm's view is always
-shown, even when a store cannot be read. What is printed is rendered by gpuguard.cli.status_render.
+nodes whose details are shown) and the notify spool through read-only SQLite connections (its summary is
+gpuguard.notify.backlog's: the spool's SQL stays in notify). Slurm's view is always shown, even when a store cannot
+be read. What is printed is rendered by gpuguard.cli.status_render.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any, Iterator, Optional
 
 from gpuguard.cli.status_render import DETAIL_AUTO, render_own_health, render_status, to_json
 from gpuguard.config.lastgood import unreadable_by_this_user
+from gpuguard.notify.backlog import undelivered_notifications
 from gpuguard.siteconfig import load_guarded
 from gpuguard.pipeline.journal import conditions_copy_path, runtime_dir
 from gpuguard.slurm.client import CliSlurmClient, SlurmError
@@ -63,18 +65,7 @@ def drained_nodes(scontrol_output: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda n: n["node"])
 
 
-# --------------------------------------------------------------------------- read-only SQLite
-
-
-def _connect_ro(path: str) -> sqlite3.Connection:
-    """A read-only connection (the notify spool); raises sqlite3.Error when the file is missing or unreadable."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
-    conn.execute("PRAGMA query_only=1")
-    return conn
-
-
-def _tables(conn: sqlite3.Connection) -> set[str]:
-    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+# --------------------------------------------------------------------------- the node's store
 
 
 def store_facts(path: str, node: str) -> dict[str, Any]:
@@ -105,45 +96,6 @@ def store_facts(path: str, node: str) -> dict[str, Any]:
     finally:
         st.close()
     return facts
-
-
-def _paths(pattern: str) -> list[str]:
-    if "{node}" not in pattern:
-        return [pattern]
-    return sorted(glob.glob(glob.escape(pattern).replace(glob.escape("{node}"), "*")))
-
-
-def undelivered_notifications(pattern: str) -> dict[str, Any]:
-    """Messages in the notify spool(s) that have not gone out: pending (being retried), held (rate-limited,
-    waiting for a digest) and expired (given up after notify.spool_max_age_h). Read-only."""
-    out: dict[str, Any] = {"pending": 0, "held": 0, "expired": 0, "oldest": None, "by_node": {}, "last_errors": [],
-                           "errors": []}
-    for path in _paths(pattern):
-        try:
-            conn = _connect_ro(path)
-        except sqlite3.Error:
-            continue  # no spool file: nothing was ever spooled there
-        try:
-            if "notify_spool" not in _tables(conn):
-                continue
-            rows = conn.execute(
-                "SELECT COALESCE(node, '?'), status, COUNT(*), MIN(created) FROM notify_spool "
-                "WHERE status IN ('pending','held','expired') GROUP BY 1, 2").fetchall()
-            for node, status, count, oldest in rows:
-                out[status] += count
-                per = out["by_node"].setdefault(node, {"pending": 0, "held": 0, "expired": 0})
-                per[status] += count
-                if status != "expired" and oldest is not None and (out["oldest"] is None or oldest < out["oldest"]):
-                    out["oldest"] = oldest
-            for node, title, error, attempts in conn.execute(
-                    "SELECT COALESCE(node, '?'), title, last_error, attempts FROM notify_spool "
-                    "WHERE status='pending' AND last_error IS NOT NULL ORDER BY id DESC LIMIT 3"):
-                out["last_errors"].append({"node": node, "title": title, "error": error, "attempts": attempts})
-        except sqlite3.Error as e:
-            out["errors"].append(f"{path}: {type(e).__name__}: {e}")
-        finally:
-            conn.close()
-    return out
 
 
 # --------------------------------------------------------------------------- gpuguard's own health

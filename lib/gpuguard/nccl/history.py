@@ -1,7 +1,7 @@
 """NCCL results in the history store: sweeps, their runs, and busbw samples for baselines.
 
-The tables live in the same SQLite file as gpuguard's runs and drains (`gpuguard.store.sqlite.Store`), created here
-with CREATE TABLE IF NOT EXISTS so store.py's schema (and its version number) is untouched.
+The tables live in the same SQLite file as gpuguard's runs and drains (`gpuguard.store.sqlite.Store`), under its
+schema and version (`gpuguard.store.schema`: a fresh file gets them, an older one the migration to version 4).
 """
 
 from __future__ import annotations
@@ -12,59 +12,11 @@ from typing import Any, Iterable, Optional
 
 from gpuguard.store.sqlite import Store
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS nccl_sweeps (
-    id INTEGER PRIMARY KEY,
-    started REAL NOT NULL,
-    finished REAL,
-    partition TEXT,
-    nodes TEXT NOT NULL,          -- compressed hostlist of the nodes swept
-    method TEXT,
-    profile TEXT,
-    threshold_gbps REAL,          -- the all-node run's threshold
-    conclusion TEXT,              -- pass | isolated | fabric | inconclusive | error
-    slow_nodes TEXT,              -- JSON list
-    report TEXT                   -- JSON: measurements + verdicts
-);
-CREATE TABLE IF NOT EXISTS nccl_runs (
-    id INTEGER PRIMARY KEY,
-    sweep_id INTEGER,
-    ts REAL NOT NULL,
-    stage TEXT,                   -- all | pair | bisect | cross | confirm | baseline
-    nodes TEXT NOT NULL,
-    n_nodes INTEGER NOT NULL,
-    job_id TEXT,
-    job_state TEXT,
-    busbw_gbps REAL,              -- bus bandwidth of the largest message
-    size_bytes INTEGER,
-    peak_busbw_gbps REAL,
-    avg_busbw_gbps REAL,
-    threshold_gbps REAL,
-    verdict TEXT,                 -- ok | slow | error
-    error TEXT,
-    output TEXT
-);
-CREATE INDEX IF NOT EXISTS nccl_runs_sweep ON nccl_runs(sweep_id);
-CREATE TABLE IF NOT EXISTS nccl_samples (
-    id INTEGER PRIMARY KEY,
-    ts REAL NOT NULL,
-    profile TEXT NOT NULL,
-    n_nodes INTEGER NOT NULL,
-    size_bytes INTEGER NOT NULL,
-    busbw_gbps REAL NOT NULL,
-    nodes TEXT,
-    source TEXT,                  -- sweep | measure | file
-    job_id TEXT
-);
-CREATE INDEX IF NOT EXISTS nccl_samples_key ON nccl_samples(profile, n_nodes, size_bytes);
-"""
 
 
 def open_history(path: str, timeout_s: float = 5.0) -> Store:
-    """The store at `path` with the NCCL tables present."""
-    store = Store(path, timeout_s=timeout_s)
-    store.conn.executescript(_SCHEMA)
-    return store
+    """The store at `path`, its NCCL tables present (the store's schema has them)."""
+    return Store(path, timeout_s=timeout_s)
 
 
 def start_sweep(store: Store, *, partition: Optional[str], nodes: str, method: str, profile: str,

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from gpuguard.notify.state import Untrusted, local_node, open_trusted_dir, user_state_path
     from gpuguard.slurm.hostlist import compress_hostlist
 
-# The public names, imported on first use: the hooks load the `notify:` section (gpuguard.config.sections.notify) on every
-# run, and only a run that notifies pays for the rest.
+# The public names, imported on first use: the hooks load the `notify:` section (gpuguard.config.sections.notify) on
+# every run, and only a run that notifies pays for the rest.
 _EXPORTS = {
     "emit": "gpuguard.notify.api", "enabled": "gpuguard.notify.api", "flush": "gpuguard.notify.api",
     "spool_status": "gpuguard.notify.api", "target_url": "gpuguard.notify.apprise_target",

@@ -7,7 +7,56 @@ import sqlite3
 
 from gpuguard.util.sqltx import rollback_if_active
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+# NCCL validation's results (gpuguard.nccl.history): sweeps, their runs, busbw samples for baselines. Before version
+# 4 `gpuguard nccl` created them itself, outside the version (hence IF NOT EXISTS: a store may have them already).
+NCCL_TABLES = """
+CREATE TABLE IF NOT EXISTS nccl_sweeps (
+    id INTEGER PRIMARY KEY,
+    started REAL NOT NULL,
+    finished REAL,
+    partition TEXT,
+    nodes TEXT NOT NULL,          -- compressed hostlist of the nodes swept
+    method TEXT,
+    profile TEXT,
+    threshold_gbps REAL,          -- the all-node run's threshold
+    conclusion TEXT,              -- pass | isolated | fabric | inconclusive | error
+    slow_nodes TEXT,              -- JSON list
+    report TEXT                   -- JSON: measurements + verdicts
+);
+CREATE TABLE IF NOT EXISTS nccl_runs (
+    id INTEGER PRIMARY KEY,
+    sweep_id INTEGER,
+    ts REAL NOT NULL,
+    stage TEXT,                   -- all | pair | bisect | cross | confirm | baseline
+    nodes TEXT NOT NULL,
+    n_nodes INTEGER NOT NULL,
+    job_id TEXT,
+    job_state TEXT,
+    busbw_gbps REAL,              -- bus bandwidth of the largest message
+    size_bytes INTEGER,
+    peak_busbw_gbps REAL,
+    avg_busbw_gbps REAL,
+    threshold_gbps REAL,
+    verdict TEXT,                 -- ok | slow | error
+    error TEXT,
+    output TEXT
+);
+CREATE INDEX IF NOT EXISTS nccl_runs_sweep ON nccl_runs(sweep_id);
+CREATE TABLE IF NOT EXISTS nccl_samples (
+    id INTEGER PRIMARY KEY,
+    ts REAL NOT NULL,
+    profile TEXT NOT NULL,
+    n_nodes INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    busbw_gbps REAL NOT NULL,
+    nodes TEXT,
+    source TEXT,                  -- sweep | measure | file
+    job_id TEXT
+);
+CREATE INDEX IF NOT EXISTS nccl_samples_key ON nccl_samples(profile, n_nodes, size_bytes);
+"""
 
 # Upgrades of an existing file, in order: version reached -> statements. A fresh file gets SCHEMA directly.
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -16,6 +65,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (3, ["CREATE INDEX IF NOT EXISTS runs_time ON runs(started)",
          "CREATE INDEX IF NOT EXISTS drains_time ON drains(ts)",
          "CREATE INDEX IF NOT EXISTS findings_problems ON findings(run_id) WHERE severity NOT IN ('ok','skip')"]),
+    (4, [stmt for stmt in NCCL_TABLES.split(";") if stmt.strip()]),
 ]
 
 SCHEMA = """
@@ -69,7 +119,7 @@ CREATE TABLE IF NOT EXISTS cursors (
     value TEXT NOT NULL,
     updated REAL NOT NULL
 );
-"""
+""" + NCCL_TABLES
 
 
 def upgrade_schema(conn: sqlite3.Connection) -> None:
