@@ -441,3 +441,36 @@ def test_a_spooled_alert_is_posted_once_not_again_as_its_own_keep_alive(tmp_path
         assert flush(cfg, now=now + 2) == 0 and len(posts(api)) == 1  # posted: not due for a keep-alive yet
     finally:
         api.close()
+
+
+@needs_am
+def test_a_health_check_drain_for_an_xid_carries_the_gpu_the_kernel_line_names(tmp_path, hook, am):
+    """Issue 29 item 4: the Xid line names PCI 0000:86:00 (GPU 3, still seen by NVML); the drain event itself
+    carries GPU 3 (it was gpu=None: only its `gpus` list named it), in the spooled record and in Alertmanager's
+    labels; the drain stays one incident per node, so the undrain (no GPU) still resolves it."""
+    import json
+    import sqlite3
+
+    from simnode import MemorySlurm, ctx, make_cfg as sim_cfg, run_sim
+
+    scenario = tmp_path / "xid48.yaml"
+    scenario.write_text(yaml.safe_dump({"instance_type": "p5.48xlarge", "kernel_log": [
+        "NVRM: Xid (PCI:0000:86:00): 48, pid=1234, name=python, An uncorrectable double bit error"]}))
+    cfg = sim_cfg(tmp_path, notify={"alertmanager_urls": [am.url], "urls": [hook.url("/page")], "timeout_s": 5})
+    result = run_sim(ctx("healthcheck", "n1"), cfg, simulate=str(scenario), slurm_client=MemorySlurm())
+    assert result.drain and result.drain["outcome"] == "done" and "XID48" in result.drain["reason"]
+    alert = am.wait_alerts(1, active="true")[0]
+    assert alert["labels"]["gpu"] == "3" and alert["labels"]["gpu_pci"] == "0000:86:00.0", alert["labels"]
+    assert alert["annotations"]["dedup_key"] == "gpuguard/n1/drain"
+    with sqlite3.connect(str(tmp_path / "state" / "n1.db")) as db:
+        spooled = [json.loads(e) for (e,) in db.execute("SELECT event FROM notify_spool WHERE kind='drain'")]
+    assert spooled and all(e["gpu"] == 3 for e in spooled), spooled
+    assert spooled[0]["gpus"][0]["pci_bus_id"] == "0000:86:00.0"
+    page = [b for b in notifications(hook, "/page", lambda b: "DRAINED n1" in b.get("title", ""))]
+    assert page and "GPU 3 uuid=GPU-" in page[0]["message"]
+    cfg.node = replace(cfg.node, name="n1")
+    assert emit(cfg, undrain("n1")) == "sent"
+    end = time.monotonic() + 20
+    while am.alerts(active="true") and time.monotonic() < end:
+        time.sleep(0.2)
+    assert am.alerts(active="true") == []  # the same incident: resolved by the node's undrain

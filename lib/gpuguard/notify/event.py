@@ -100,7 +100,7 @@ def dedupe_key(event: Event, prefix: str = "gpuguard") -> str:
         parts = [prefix, f"job{event.job_id}" if job_scope else event.node, fam]
         if fam != "drain" and not (job_scope and fam == "hang"):
             parts.append(event.check_id or "-")
-        if event.gpu is not None and not job_scope:
+        if event.gpu is not None and not job_scope and fam != "drain":  # a node's drain, whichever GPU
             parts.append(f"gpu{event.gpu}")
         if event.job_id and not job_scope and fam in JOB_FAMILIES:
             parts.append(f"job{event.job_id}")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from gpuguard.config.schema import Config
 from gpuguard.model import Handoff, RunResult
@@ -22,6 +22,14 @@ def unknown_xids(result: RunResult) -> list[tuple[int, str]]:
     return list(out)
 
 
+def drained_gpu(failing: list[Any]) -> Optional[int]:
+    """The one GPU (NVML index) a drain is about: the failing findings name it (an Xid's PCI address resolved by
+    gpuguard.checks.xid), and no other GPU. None for a node-wide cause, several GPUs (the event's `gpus` lists
+    them) or a GPU no index is known for (its PCI address stays in the evidence). Pure."""
+    named = {f.gpu for f in failing if f.gpu is not None}
+    return named.pop() if len(named) == 1 else None
+
+
 def run_events(result: RunResult) -> list[Any]:
     """What a human should hear about this run: a drain (or a prolog that failed a job without being able to
     drain), an earlier pending drain applied, an undrain or the end of gpuguard's drain (both resolve the drain's
@@ -34,7 +42,7 @@ def run_events(result: RunResult) -> list[Any]:
     failing = ([p] if p else []) + [f for f in v.failing if f is not p]
     gpus = gpu_identities(getattr(result.observations, "nvml", None), (f.gpu for f in failing))
     base = dict(node=ctx.node, job_id=ctx.job_id, check_id=p.check_id if p else None,
-                evidence=dict(p.evidence) if p else {}, gpus=gpus)
+                evidence=dict(p.evidence) if p else {}, gpus=gpus, gpu=drained_gpu(failing))
     events: list[Any] = []
     drain = result.drain or {}
     if drain.get("outcome") == "done":
