@@ -338,3 +338,34 @@ def test_cost_per_sample_fits_the_budget(site, tmp_path):
     assert cpu_per_sample / 10.0 < 0.01
     assert rss < 60 * 2**20
     assert "stopping after" in err
+
+
+def test_the_hang_page_names_the_stuck_node_not_the_one_that_claimed_it(site, hook):
+    """Issue 29 item 4: one shared training log stalls, so every node's monitor sees the hang and node1 claims it
+    first; node3's GPUs went idle while node1's and node2's spin in the collective waiting for it: the page is
+    about node3 (title and message), says node1 reported it, and points at no stack dump (py_spy null)."""
+    s = site(hang_minutes=1.0, py_spy=None)
+    s.node("node1", {"defaults": BUSY})
+    s.node("node2", {"defaults": BUSY})
+    s.node("node3", {"defaults": {"utilization_pct": 0}})
+    log = s.job_dir / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(MEGATRON.format(s=i, it=i * 10, cs=i * 2560, ms=850.0, loss=3.0) for i in range(1, 4)))
+    mon = s.monitor("node1")
+    t0 = time.time()
+    mon.step(now=t0 - 90)  # the log's last iteration, 90 s ago
+    for other in ("node2", "node3"):  # the other nodes' sidecars (own processes: one NVML session each)
+        assert s.monitor_once(other)["node"] == other
+    report = mon.step(now=time.time())
+    assert report["fired"] == ["monitor.progress:sent"]  # node1 holds the claim
+    page = [b for b in alerts_of(hook, "monitor.progress") if "job hang" in b["title"]]
+    hook.wait_for(1)
+    page = [r["body"] for r in hook.requests if "job hang" in r["body"]["title"]]
+    assert [p["title"] for p in page] == ["gpuguard: job hang node3 monitor.progress"], page
+    msg = page[0]["message"]
+    assert "stuck: node3: every GPU idle" in msg and "while node[1-2] are busy" in msg, msg
+    assert "reported by node1" in msg
+    assert "stack dump" not in msg.replace("no stack dump was taken (monitor.py_spy is null)", ""), msg
+    assert "py-spy not available" not in msg and "pip install" not in msg
+    events = [json.loads(e) for e in (s.job_dir / "gpuguard" / "events.jsonl").read_text().splitlines()]
+    assert [e.get("stuck") for e in events if e.get("reported")] == [["node3"]]

@@ -80,6 +80,8 @@ def test_four_nodes_see_the_hang_it_pages_once_and_resolves_once(job, hook):
     t0 = time.time()
     for m in nodes:
         m.step(now=t0)
+    for m in nodes:
+        m.step(now=t0 + 40)  # every monitor reports each interval: the claimer sees the others' fresh reports
     fired = [m.step(now=t0 + 70)["fired"] for m in nodes]
     assert sorted(map(tuple, fired)) == [(), (), (), ("monitor.progress:sent",)]
     owner = nodes[[bool(f) for f in fired].index(True)]
@@ -92,7 +94,7 @@ def test_four_nodes_see_the_hang_it_pages_once_and_resolves_once(job, hook):
     got = hang_pages(hook, 2)
     assert [b["status"] for b in got] == ["firing", "resolved"]
     assert {b["dedup_key"] for b in got} == {"gpuguard/job5150/hang"}
-    assert owner.node in got[0]["title"]
+    assert "node[1-4]" in got[0]["title"] and f"reported by {owner.node}" in got[0]["message"]
     # the job hangs again later: a new episode, paged once again
     fired = [m.step(now=t0 + 150)["fired"] for m in nodes]
     assert sum(len(f) for f in fired) == 1
@@ -201,3 +203,43 @@ def test_stragglers_and_thresholds_resolve_after_they_stay_clear(tmp_path, hook)
         assert last["status"] == "resolved" and "the job ended" in last["message"]
     finally:
         mon.close()
+
+
+def test_without_py_spy_no_dump_is_tried_and_the_page_points_at_none(job, hook, capfd):
+    """Issue 29 item 4: `monitor.py_spy: null` means never dump stacks: no 'py-spy not available (pip install ...)'
+    line, no stack-dump claim in the page; two nodes on one shared log: the page says it cannot tell which is
+    stuck and names both nodes, not the one that claimed the hang."""
+    j = job()
+    a, b = j.monitor("node1"), j.monitor("node2")
+    t0 = time.time()
+    for now in (t0, t0 + 40):
+        a.step(now=now)
+        b.step(now=now)
+    assert a.step(now=t0 + 70)["fired"] == ["monitor.progress:sent"]
+    assert b.step(now=t0 + 70)["fired"] == []
+    page = hang_pages(hook, 1)[0]
+    assert page["title"] == "gpuguard: job hang node[1-2] monitor.progress", page["title"]
+    assert "cannot tell which node is stuck" in page["message"] and "reported by node1" in page["message"]
+    assert "stacks:" not in page["message"] and "stack_dump" not in page["message"]
+    err = capfd.readouterr().err
+    assert "py-spy" not in err and "pip install" not in err, err
+    assert not list((j.job_dir / "gpuguard" / "stacks").iterdir())
+
+
+def test_py_spy_configured_but_missing_is_said_once_and_no_dump_is_claimed(job, hook, capfd):
+    j = job(py_spy="no-such-py-spy")
+    m = j.monitor("node1")
+    t0 = time.time()
+    m.step(now=t0)
+    assert m.step(now=t0 + 70)["fired"] == ["monitor.progress:sent"]
+    j.progress(20)
+    m.step(now=t0 + 80)
+    assert m.step(now=t0 + 150)["fired"] == ["monitor.progress:sent"]  # a second hang
+    err = capfd.readouterr().err
+    assert err.count("py-spy (no-such-py-spy) not found") == 1, err
+    pages = [p for p in hang_pages(hook, 3) if p["status"] == "firing"]
+    assert len(pages) == 2
+    for p in pages:
+        assert "no stack dump: py-spy (no-such-py-spy) not found" in p["message"]
+        assert "dumped to" not in p["message"] and "look at the Python stack dumps" not in p["message"]
+    assert not list((j.job_dir / "gpuguard" / "stacks").iterdir())

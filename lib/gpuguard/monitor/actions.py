@@ -48,12 +48,11 @@ def job_python_pids(job_id: Optional[str], gpu_pids: Iterable[int], limit: int =
     return pids[:limit]
 
 
-def dump_stacks(py_spy: Optional[str], pids: list[int], out_path: str, timeout_s: float) -> str:
-    """`py-spy dump --pid P` for each pid into one file. Returns a one-line summary."""
-    if not py_spy:
-        return "py-spy not available (pip install py-spy, or set monitor.py_spy)"
+def dump_stacks(py_spy: str, pids: list[int], out_path: str, timeout_s: float) -> tuple[str, Optional[str]]:
+    """`py-spy dump --pid P` for each pid into one file. Returns a one-line summary, and the file when it holds at
+    least one stack (a page points only at dumps that exist)."""
     if not pids:
-        return "no Python process of the job found on this node"
+        return "no stack dump: no Python process of the job found on this node", None
     deadline = time.monotonic() + max(timeout_s, 1.0) * 2
     parts, ok = [], 0
     for pid in pids:
@@ -78,7 +77,7 @@ def dump_stacks(py_spy: Optional[str], pids: list[int], out_path: str, timeout_s
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with open(out_path, "w") as f:
         f.write("".join(parts))
-    return f"{ok} of {len(pids)} stack(s) dumped to {out_path}"
+    return f"{ok} of {len(pids)} stack(s) dumped to {out_path}", out_path if ok else None
 
 
 def requeue(argv_template: list[str], job_id: str, timeout_s: float) -> tuple[bool, str]:

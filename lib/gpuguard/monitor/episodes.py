@@ -4,12 +4,16 @@ node that claims it. Stack dumps and the requeue command are bounded (gpuguard.m
 
 from __future__ import annotations
 
+import dataclasses
+import glob
+import os
 import time
 from typing import Any, Optional
 
 from gpuguard.config.schema import Config
 from gpuguard.monitor.actions import (claim_hang, dump_stacks, find_py_spy, hang_claim_path, job_python_pids,
                                       release_hang, requeue)
+from gpuguard.monitor.culprit import Culprit, find_stuck
 from gpuguard.monitor.detect import Alert
 from gpuguard.monitor.jobdir import JobDir
 from gpuguard.config.sections.monitor import MonitorConfig
@@ -35,6 +39,8 @@ class AlertEpisodes:
     gpu_ids: dict[int, dict[str, Any]]
     hang_claim: Optional[str]
     notify_state: Optional[str]
+    py_spy_missing_told: bool
+    hang_label: Optional[str]  # the nodes this node's hang page named (its resolution names the same)
 
     def _notify(self, event: Any, budget_s: float = 2.0) -> str:
         return emit(self.cfg, event, budget_s=budget_s, state_path=self.notify_state)
@@ -63,7 +69,8 @@ class AlertEpisodes:
         ev = dict(a.evidence if evidence is None else evidence)
         if a.gpu is not None:
             ev["gpu"] = a.gpu
-        return Event(kind=a.kind, node=self.node, message=message or a.message, severity=a.severity,
+        node = self.hang_label if a.kind == "hang" and self.job_id and self.hang_label else self.node
+        return Event(kind=a.kind, node=node, message=message or a.message, severity=a.severity,
                      check_id=a.check_id, action=a.action if state == "firing" else None, job_id=self.job_id,
                      evidence=ev, ts=now, state=state, gpu=a.gpu,
                      gpus=[self._gpu_identity(a.gpu)] if a.gpu is not None else [],
@@ -118,16 +125,23 @@ class AlertEpisodes:
                 continue
             self.active[a.key] = a
             evidence = dict(a.evidence)
-            pages = True
+            pages, page = True, a
             if a.kind == "hang":
-                evidence["stacks"] = self._dump_stacks(now)  # every node dumps its own: find the stuck rank
+                summary, dump = self._dump_stacks(now)  # every node dumps its own (when py-spy is configured)
+                if summary:
+                    evidence["stacks"] = summary
+                if dump:
+                    evidence["stack_dump"] = dump
                 _, pages = self._claim_hang(now)
+                if pages:
+                    page, evidence = self._hang_page(a, now, evidence)
             _log(f"{a.severity.upper()} {a.check_id}: {a.message}")
             self._record({"ts": now, "node": self.node, "kind": a.kind, "check": a.check_id,
-                          "severity": a.severity, "message": a.message, "gpu": a.gpu, "reported": pages})
+                          "severity": a.severity, "message": a.message, "gpu": a.gpu, "reported": pages,
+                          **({"stuck": evidence.get("stuck_nodes")} if page is not a else {})})
             if not pages:
                 continue  # another node reports this job's hang (and requeues), or this node already did
-            fired.append(f"{a.check_id}:{self._notify(self._event(a, now, evidence=evidence))}")
+            fired.append(f"{a.check_id}:{self._notify(self._event(page, now, evidence=evidence))}")
             if a.kind == "hang" and self.p.requeue_on_hang and self.job_id:
                 self._requeue(now, a)
         return fired
@@ -179,15 +193,59 @@ class AlertEpisodes:
             flush(self.cfg, budget_s=min(2.0, left), state_path=self.notify_state)
         return out
 
-    def _dump_stacks(self, now: float) -> str:
+    def _hang_page(self, a: Alert, now: float, evidence: dict[str, Any]) -> tuple[Alert, dict[str, Any]]:
+        """The page for the job's hang names the nodes that look stuck (gpuguard.monitor.culprit), not this node
+        that happened to claim it; it points only at stack dumps that were written."""
+        try:
+            reports = self.jobdir.read_reports(max(3 * self.interval, 60.0), now)
+        except OSError:
+            reports = {}
+        reports.setdefault(self.node, {"node": self.node})
+        c: Culprit = find_stuck(reports, now, self.interval)
+        self.hang_label = c.label if self.job_id else None
+        dumps = self._written_dumps(evidence.get("stack_dump"))
+        evidence = {**evidence, "stuck_nodes": list(c.nodes), "stuck_why": c.why, "reported_by": self.node}
+        if dumps:
+            evidence["stack_dumps"] = dumps
+        stuck = f"stuck: {c.why}" if c.nodes else c.why
+        if dumps:
+            action = (f"look at the Python stack dumps ({', '.join(dumps)}): a collective waiting for a dead rank? "
+                      "then cancel or requeue")
+        elif not self.p.py_spy:
+            action = ("no stack dump was taken (monitor.py_spy is null): run `py-spy dump --pid PID` on the stuck "
+                      "node's ranks, then cancel or requeue")
+        else:
+            action = ("no stack dump was written (see the monitor's log in the job output): run `py-spy dump --pid "
+                      "PID` on the stuck node's ranks, then cancel or requeue")
+        return dataclasses.replace(a, message=f"{a.message}; {stuck}; reported by {self.node}", action=action), \
+            evidence
+
+    def _written_dumps(self, mine: Optional[str]) -> list[str]:
+        """This attempt's stack dumps that exist now, on any node (the others may still be writing theirs)."""
+        found = [p for p in sorted(glob.glob(os.path.join(self.jobdir.path("stacks"), "*.txt")))
+                 if os.path.getmtime(p) >= self.started - 1]
+        return list(dict.fromkeys(([mine] if mine and os.path.exists(mine) else []) + found))[:16]
+
+    def _dump_stacks(self, now: float) -> tuple[Optional[str], Optional[str]]:
+        """(a summary for the evidence, the dump file when one holds stacks). monitor.py_spy null: nothing at all
+        (never dumps, says nothing); configured but not found: said once per monitor."""
+        if not self.p.py_spy:
+            return None, None
+        py_spy = find_py_spy(self.p.py_spy)
+        if py_spy is None:
+            summary = f"no stack dump: py-spy ({self.p.py_spy}) not found on this node"
+            if not self.py_spy_missing_told:
+                self.py_spy_missing_told = True
+                _log(f"{summary} (pip install py-spy, or set monitor.py_spy to its path, or to null)")
+            return summary, None
         try:
             pids = job_python_pids(self.job_id, self.gpus.gpu_pids() if not self.gpus.init_error else [])
-            summary = dump_stacks(find_py_spy(self.p.py_spy), pids, self.jobdir.stacks_path(self.node, now),
-                                  self.p.command_timeout_s)
+            summary, path = dump_stacks(py_spy, pids, self.jobdir.stacks_path(self.node, now),
+                                        self.p.command_timeout_s)
         except Exception as e:  # noqa: BLE001
-            summary = f"stack dump failed: {type(e).__name__}: {e}"
+            summary, path = f"stack dump failed: {type(e).__name__}: {e}", None
         _log(summary)
-        return summary
+        return summary, path
 
     def _requeue(self, now: float, alert: Alert) -> None:
         if not self.jobdir.claim(f"requeue-{self.job_id}-{int(self.started)}", self.node):

@@ -81,6 +81,8 @@ class Monitor(AlertEpisodes):
         self.gpu_ids: dict[int, dict[str, Any]] = {}  # GPU index -> uuid, serial, pci_bus_id (for alerts)
         self.restart = os.environ.get("SLURM_RESTART_COUNT") or "0"  # a requeued job keeps its id and job dir
         self.hang_claim: Optional[str] = None
+        self.hang_label: Optional[str] = None
+        self.py_spy_missing_told = False
         # the monitor runs as the job's user: its notification state is its own (never the hooks' store)
         self.notify_state = user_state_path(cfg, job_dir, job_id, node)
         self.peers: dict[str, dict[str, Any]] = {}
