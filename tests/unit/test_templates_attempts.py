@@ -53,6 +53,12 @@ def facts(**kw):
     # USR1 sent by gpuguard monitor (scancel --batch --signal=USR1) for a hung job, not by the time limit
     (facts(event="timelimit", exit_code=0, monitor_requeue="monitor.progress on node2"), Policy(),
      ("hang", "requeued", True, ())),
+    # issue 29 item 4: USR1 long before the time limit (event stop): the monitor's (hang) or a person's (manual)
+    (facts(event="stop", exit_code=0, monitor_requeue="monitor.progress on node2"), Policy(),
+     ("hang", "requeued", True, ())),
+    (facts(event="stop", exit_code=0), Policy(), ("manual_stop", "requeued", True, ())),
+    (facts(event="stop", exit_code=0, budget=Budget(failures=3)), Policy(max_failures=3),
+     ("manual_stop", "requeued", True, ())),  # a continuation: it never uses the failure budget
 ])
 def test_decide(f, policy, expect):
     d = decide(f, policy)
@@ -610,3 +616,14 @@ def test_a_preflight_blame_never_leaves_the_job_pending_forever(fake, capsys):
     assert dec.action == "requeued" and dec.exclude == ()  # excluding node2 would leave 1 node for a 2-node job
     assert not any(c.startswith("update JobId=77 ExcNodeList=node2") for c in _calls(d))
     assert "not excluding node2" in _ledger(job_dir)[0]["exclusion_note"]
+
+
+def test_a_manual_stop_is_recorded_as_one_not_as_the_time_limit(fake):
+    """Issue 29 item 4: an admin's `scancel --batch --signal=USR1` long before the limit (event stop), with no
+    monitor record in the job directory: the ledger line says event stop, reason manual_stop (a continuation)."""
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    dec = end(ctx, job_dir, 1, 0, "stop", policy_from_args(3, [], []))
+    assert (dec.reason, dec.action, dec.budget) == ("manual_stop", "requeued", "continuation")
+    line = json.loads((job_dir / "attempts.jsonl").read_text().splitlines()[-1])
+    assert (line["event"], line["reason"], line["signal"]) == ("stop", "manual_stop", 10), line

@@ -178,15 +178,15 @@ def test_old_torchrun_gets_the_flight_recorder_under_its_old_names(tmp_path):
             f.unlink()
 
 
-@pytest.mark.parametrize("left,expect", [
-    ("1:30", "time limit in <= 100 s"),              # Slurm's warning: the limit is near
-    ("2:40", "time limit in <= 100 s"),              # ... up to a minute early
-    ("1-02:00:00", "a requeue was asked for, not the time limit (93600 s left"),  # the monitor's requeue
-    ("45:00", "a requeue was asked for, not the time limit (2700 s left"),
-    ("UNLIMITED", "a requeue was asked for, not the time limit (unlimited s left"),
-    ("", "time limit in <= 100 s"),                  # squeue failed: the default wording
+@pytest.mark.parametrize("left,expect,event", [
+    ("1:30", "time limit in <= 100 s", "timelimit"),              # Slurm's warning: the limit is near
+    ("2:40", "time limit in <= 100 s", "timelimit"),              # ... up to a minute early
+    ("1-02:00:00", "a requeue was asked for, not the time limit (93600 s left", "stop"),  # the monitor's / a person's
+    ("45:00", "a requeue was asked for, not the time limit (2700 s left", "stop"),
+    ("UNLIMITED", "a requeue was asked for, not the time limit (unlimited s left", "stop"),
+    ("", "time limit in <= 100 s", "timelimit"),                  # squeue failed: the default wording
 ])
-def test_a_stop_request_is_called_what_it_is(tmp_path, left, expect):
+def test_a_stop_request_is_called_what_it_is(tmp_path, left, expect, event):
     """Issue 16: a hang-triggered requeue (gpuguard monitor's USR1) was announced as the time limit."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
@@ -197,10 +197,11 @@ def test_a_stop_request_is_called_what_it_is(tmp_path, left, expect):
     text = render_template("torchrun.sbatch.j2", {"nodes": 2, "command": ["t.py"], "requeue_grace_s": 100})
     funcs = text[text.index("gpuguard_on_usr1() {"):text.index("gpuguard_on_term() {")]
     (tmp_path / "usr1.sh").write_text(f"ATTEMPT=1\nGPUGUARD_STOP_FILE={tmp_path}/stop\nATTEMPT_DIR={tmp_path}\n"
-                                      + funcs + "\ngpuguard_on_usr1\n")
+                                      + funcs + "\nEVENT=none\ngpuguard_on_usr1\necho \"EVENT=$EVENT\"\n")
     p = subprocess.run(["bash", str(tmp_path / "usr1.sh")], capture_output=True, text=True, timeout=30,
                        env={"PATH": f"{stubs}:/usr/bin:/bin", "SLURM_JOB_ID": "5"})
     assert expect in p.stderr, p.stderr
+    assert f"EVENT={event}" in p.stdout  # what job-attempt end is told (issue 29 item 4: stop is not the limit)
 
 
 @pytest.mark.parametrize("has_option", [True, False])

@@ -8,6 +8,9 @@ How the batch script tells the endings apart (Slurm 22.05, verified on gpuguard'
   (Restarts went up) and SIGTERMs the batch shell; otherwise (e.g. a GPU fault drained the node and the ranks
   there crashed) the script requeues it, both times excluding the bad nodes.
 - preemption: SIGTERM with PreemptTime set (PreemptMode=REQUEUE: Slurm requeues, Restarts went up).
+- a stop request (USR1 long before the time limit, event "stop"): gpuguard monitor's requeue of a hung job
+  (its record in <job dir>/gpuguard/events.jsonl: reason "hang", a failure) or a person's
+  `scancel --batch --signal=USR1` (reason "manual_stop", a continuation); never "time_limit".
 - cancellation (scancel): SIGTERM, Restarts unchanged, no preemption, no bad node: never requeued.
 - application error: the step failed with none of the above. Retried while the failure budget lasts, unless an
   exit code is a configured no-retry code (the step's, or the worker's own code recovered from torchrun's error
@@ -31,12 +34,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-EVENTS = ("none", "timelimit", "term", "preflight")
+EVENTS = ("none", "timelimit", "stop", "term", "preflight")
 REASONS = ("completed", "time_limit", "preempted", "node_failure", "cancelled", "app_error", "no_retry",
-           "requeued_externally", "lost", "hang", "preflight")
+           "requeued_externally", "manual_stop", "lost", "hang", "preflight")
 ACTIONS = ("requeued", "finished", "gave_up")
 FAILURE_REASONS = frozenset({"app_error", "node_failure", "lost", "hang", "preflight"})
-CONTINUATION_REASONS = frozenset({"time_limit", "preempted", "requeued_externally"})
+CONTINUATION_REASONS = frozenset({"time_limit", "preempted", "requeued_externally", "manual_stop"})
 
 # Node state flags under which the node must not get the job again.
 BAD_NODE_FLAGS = frozenset({"DOWN", "DRAIN", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN",
@@ -96,7 +99,8 @@ class Budget:
 class AttemptFacts:
     attempt: int                      # 1-based: SLURM_RESTART_COUNT + 1
     exit_code: int                    # of the training step (srun)
-    event: str                        # none | timelimit (USR1 came) | term (SIGTERM came) | preflight (it blamed)
+    event: str                        # none | timelimit (USR1 near the limit) | stop (USR1 long before it: the
+    #                                   monitor's or an admin's requeue) | term (SIGTERM came) | preflight (it blamed)
     restarts_at_start: int = 0        # SLURM_RESTART_COUNT when this attempt started
     restarts_now: Optional[int] = None  # scontrol's Restarts now (None: unknown)
     job_state: Optional[str] = None   # scontrol's JobState now
@@ -178,7 +182,7 @@ def _int(v: object) -> int:
 
 
 def _signal_of(f: AttemptFacts) -> Optional[int]:
-    if f.event == "timelimit":
+    if f.event in ("timelimit", "stop"):
         return 10  # SIGUSR1
     if f.event == "term":
         return 15
@@ -207,6 +211,8 @@ def decide(f: AttemptFacts, p: Policy) -> Decision:
         return _terminated(j)
     if f.event == "timelimit":
         return _time_limit_near(j)
+    if f.event == "stop":
+        return _stop_requested(j)
     return _step_ended(j)  # event none: the step ended by itself
 
 
@@ -301,6 +307,19 @@ def _time_limit_near(j: _Judgement) -> Decision:
     if f.monitor_requeue:  # the monitor's requeue comes through the same USR1 trap as the time limit
         return j.failure("hang", f"gpuguard monitor requeued a hung job: {f.monitor_requeue}")
     return j.continuation("time_limit", f"time limit near: asked the job to checkpoint; step exit {f.exit_code}"
+                          + (f", checkpoint at step {f.ckpt_step}" if f.ckpt_step is not None else ""))
+
+
+def _stop_requested(j: _Judgement) -> Decision:
+    """USR1 reached the batch shell long before the time limit: gpuguard monitor's requeue of a hung job (it left
+    its record in the job directory) or a person's `scancel --batch --signal=USR1`: never called the time limit."""
+    f = j.f
+    if f.exit_code != 0 and j.bad:
+        return j.failure("node_failure", f"node failure after a stop request: {j.bad_detail}", j.exclude)
+    if f.monitor_requeue:
+        return j.failure("hang", f"gpuguard monitor requeued a hung job: {f.monitor_requeue}")
+    return j.continuation("manual_stop", "stopped from outside long before the time limit (USR1 to the batch "
+                          f"shell, no gpuguard monitor record: an admin's scancel --signal?); step exit {f.exit_code}"
                           + (f", checkpoint at step {f.ckpt_step}" if f.ckpt_step is not None else ""))
 
 

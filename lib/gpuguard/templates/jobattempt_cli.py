@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
             s.add_argument("--checkpoint-marker")
         if name == "end":
             s.add_argument("--exit-code", type=int, required=True)
-            s.add_argument("--event", default="none", choices=("none", "timelimit", "term", "preflight"))
+            s.add_argument("--event", default="none", choices=("none", "timelimit", "stop", "term", "preflight"))
             s.add_argument("--blamed", default="",
                            help="event preflight: hostlist of the nodes gpuguard preflight blamed (excluded)")
             s.add_argument("--max-failures", type=int, default=None,
