@@ -55,15 +55,17 @@ def test_the_window_holds_on_the_oldest_pytorch_inside_a_container(site_factory,
     jobs = site.cluster.jobs_dir
     path = f"{stubs}:{os.environ.get('PATH', '/usr/bin:/bin')}"
     # The stop request comes through the batch script's USR1 trap, as Slurm's time-limit warning does (that timer is
-    # exercised in test_torchrun_debian.py); sent here once both ranks train, since the CUDA build of the old PyTorch
-    # takes a while to start on 2 cores and Slurm's timer could fire before.
+    # exercised in test_torchrun_debian.py); sent here by hand once both ranks train, since the CUDA build of the old
+    # PyTorch takes a while to start on 2 cores and Slurm's timer could fire before. Sent minutes before the time
+    # limit, it is an admin's stop, and the ledger calls it that (issue 29: never "time_limit").
     job = Job(site, sbatch_args=[f"--export=ALL,PATH={path},PYXIS_LOG={mounts_log}"], train=STAND_IN, steps=100000,
               step_time=1.0, time_limit="10", requeue_grace_s=100, max_failures=0, save_delay=45,
               torchrun="torchrun", container_image=str(image), container_mounts=[f"{jobs}:{jobs}"])
     job.wait_for(lambda: job.output().count("training steps") >= 2, "both ranks to train", timeout=180)
     time.sleep(2)
     assert site.cluster.run(["scancel", "--batch", "--signal=USR1", job.id]).returncode == 0
-    _info, out, _ledger = checkpoint_across_the_time_limit(site, job)
+    _info, out, ledger = checkpoint_across_the_time_limit(site, job, stop=("manual_stop", "stop"))
+    assert "stopped from outside long before the time limit" in ledger[0]["detail"], ledger[0]
     assert "this torchrun has no --shutdown-timeout" in out, out[-4000:]
     assert f"beside torch {OLDEST_TORCH}" in out  # the workers report the PyTorch of the image they run in
     # the job directory, the node-local scratch root and the checkpoint's file system were mounted

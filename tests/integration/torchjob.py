@@ -139,9 +139,11 @@ def debian_site(site_factory, **kw):
     return site_factory(host_view=DebianHostView(), **kw)
 
 
-def checkpoint_across_the_time_limit(site, job):
+def checkpoint_across_the_time_limit(site, job, stop=("time_limit", "timelimit")):
     """The checkpoint asked 100 s before the time limit (USR1 up to 30 s earlier still: Slurm's timer runs every
-    30 s), then rank 0 needs 45 s to write it; attempt 2 resumes and finishes. Returns (job info, output, ledger)."""
+    30 s), then rank 0 needs 45 s to write it; attempt 2 resumes and finishes. `stop`: the (reason, event) the
+    ledger gives attempt 1: Slurm's warning near the limit is the time limit; a USR1 sent by hand long before it
+    is ("manual_stop", "stop"). Returns (job info, output, ledger)."""
     (job.control / "finish-after-resume").touch()  # attempt 2 finishes soon after resuming
     job.wait_for(lambda: len(job.ledger()) >= 1, "attempt 1 to checkpoint and be requeued", timeout=240)
     # attempt 2 only has to resume and finish: give it room so that its own time-limit warning cannot come first
@@ -150,7 +152,7 @@ def checkpoint_across_the_time_limit(site, job):
     out = job.output()
     ledger = job.ledger()
     assert [(r["attempt"], r["reason"], r["action"], r["event"], r["budget"]) for r in ledger] == [
-        (1, "time_limit", "requeued", "timelimit", "continuation"), (2, "completed", "finished", "none", None)], \
+        (1, stop[0], "requeued", stop[1], "continuation"), (2, "completed", "finished", "none", None)], \
         job.why(info)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job.why(info)
     saved = int(out.split("writing a slow checkpoint of step ")[1].split(" ")[0])
