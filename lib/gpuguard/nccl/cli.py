@@ -153,13 +153,17 @@ def cmd_nccl_sweep(args: argparse.Namespace) -> int:
             return 3
     finally:
         store.close()
+    from gpuguard.nccl.fleet import per_switch
+    from gpuguard.slurm.topology import topology_from_config
+
+    switches = topology_from_config(cfg.slurm, cfg.deadlines.scontrol_s)  # {} without one: no per-switch table
     if args.json:
         out = rec.outcome.to_dict()
         out.update(sweep_id=rec.sweep_id, duration_s=round(rec.duration_s, 2), drained=rec.drained,
-                   template=runner.template_used)
+                   template=runner.template_used, switches=per_switch(rec.outcome, switches))
         print(json.dumps(out, indent=2, default=str))
     else:
-        sys.stdout.write(format_report(rec, args.partition, method))
+        sys.stdout.write(format_report(rec, args.partition, method, switches))
     if rec.outcome.conclusion == "pass":
         return 0
     return 1 if rec.outcome.conclusion == "isolated" else 3
