@@ -67,6 +67,7 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
         command_timeout: float = 20.0,
         keep_workdir: bool = False,
         host_view: Optional[DebianHostView | NodeNetworks] = None,
+        topology: Optional[Mapping[str, str]] = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("nodes must be >= 1")
@@ -78,6 +79,7 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
         self.health_check_interval = health_check_interval
         self.prolog_flags = prolog_flags
         self.extra_conf = dict(extra_conf or {})
+        self.topology = dict(topology or {})  # leaf switch -> hostlist: a topology.conf and TopologyPlugin=topology/tree
         self.daemon_env_extra = dict(env or {})
         if cred_expire < 5:
             raise ValueError("Slurm 22.05 rejects cred_expire < 5 (and silently uses 120)")

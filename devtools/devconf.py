@@ -32,6 +32,7 @@ class SlurmConfFiles:
     node_hostname: Any
     controller_addr: str
     node_dir: Any
+    topology: dict[str, str]  # leaf switch -> its nodes (a hostlist); empty: no topology.conf, topology/none
 
     def _write_configs(self) -> None:
         ports = free_tcp_ports(1 + len(self.node_names))
@@ -40,6 +41,8 @@ class SlurmConfFiles:
         (self.base / "etc" / "plugstack.conf").write_text("")  # isolate from the host's SPANK plugins
         self.conf_path.write_text(self.render_slurm_conf())
         (self.base / "etc" / "gres.conf").write_text(self.render_gres_conf())
+        if self.topology:
+            (self.base / "etc" / "topology.conf").write_text(self.render_topology_conf())
         key = self.base / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
@@ -47,10 +50,19 @@ class SlurmConfFiles:
     def render_slurm_conf(self) -> str:
         settings = self._base_settings()
         settings.update(self._hook_settings())
+        if self.topology:
+            settings["TopologyPlugin"] = "topology/tree"
         settings.update(self.extra_conf)
         lines = [f"{key}={value}" for key, value in settings.items()]
         lines += self._node_lines()
         lines.append("PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def render_topology_conf(self) -> str:
+        """topology.conf beside slurm.conf: one leaf switch per line, and a spine joining them (topology/tree wants
+        one fabric)."""
+        lines = [f"SwitchName={name} Nodes={nodes}" for name, nodes in self.topology.items()]
+        lines.append(f"SwitchName=spine Switches={','.join(self.topology)}")
         return "\n".join(lines) + "\n"
 
     def _base_settings(self) -> dict[str, str]:

@@ -89,7 +89,8 @@ class DevSite:
                  config: Optional[Mapping[str, Any]] = None, prolog: bool = True, epilog: bool = False,
                  healthcheck: bool = False, health_check_interval: int = 0, keep: bool = False,
                  python: Optional[str] = None, slurm_conf: Optional[Mapping[str, str]] = None,
-                 host_view: Optional[DebianHostView | NodeNetworks] = None, agent: Optional[bool] = None) -> None:
+                 host_view: Optional[DebianHostView | NodeNetworks] = None, agent: Optional[bool] = None,
+                 topology: Optional[Mapping[str, str]] = None) -> None:
         self._own = workdir is None
         self.keep = keep
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gg-site-"))
@@ -107,7 +108,8 @@ class DevSite:
             prolog=str(hooks["prolog"]) if prolog else None,
             epilog=str(hooks["epilog"]) if epilog else None,
             health_check=str(hooks["healthcheck"]) if healthcheck else None,
-            health_check_interval=health_check_interval, extra_conf=slurm_conf, host_view=host_view)
+            health_check_interval=health_check_interval, extra_conf=slurm_conf, host_view=host_view,
+            topology=topology)
         for node in self.cluster.node_names:
             self.set_scenario(node, scenario)
         self.config: dict[str, Any] = {}

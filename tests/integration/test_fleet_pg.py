@@ -15,8 +15,10 @@ import sqlite3
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
+import yaml
 from pghelpers import SCENARIOS, gg, healthcheck, new_db, q, write_cfg
 
 from gpuguard.model import Action, Finding, Severity
@@ -293,6 +295,37 @@ def test_fleet_report_numbers_from_postgresql_and_sqlite(shipped):
     assert [w["check"] for w in keyword["drains_per_check_per_week"]] == ["gpu.ecc"]
     text = gg(shipped, "fleet", "report", *window)
     assert text.returncode == 0 and "node2" in text.stdout and "flapping nodes" in text.stdout
+    # no topology (scontrol fails) and no site file: the report is what it was, nothing per switch
+    assert "drains_per_component_per_week" not in central and "per switch" not in text.stdout
+
+
+def test_fleet_report_drains_per_switch_per_week_from_the_topology_at_report_time(shipped, tmp_path):
+    """The same shipped history with Slurm's topology (a scontrol printing slurm 22.05's real `show topology`:
+    leaf7 = node[1-4], leaf8 = node[5-6]) and a site file's rack: drains per switch per week, equal from
+    PostgreSQL and from the stores."""
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "slurm" / "scontrol_show_topology_22.05_tree.txt"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\n[ \"$1 $2\" = 'show topology' ] && exec cat {fixture}\nexit 1\n")
+    scontrol.chmod(0o755)
+    parts = tmp_path / "parts.yaml"
+    parts.write_text("rack:\n  nodes:\n    rack2: node[2-3]\n")
+    data = yaml.safe_load(Path(shipped).read_text())
+    data["slurm"] = {"scontrol": str(scontrol), "shared_components_file": str(parts)}
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    window = ("--since", datetime.fromtimestamp(t(0), timezone.utc).isoformat(),
+              "--until", datetime.fromtimestamp(t(14), timezone.utc).isoformat())
+    central = json.loads(gg(cfg, "fleet", "report", "--json", *window).stdout)
+    local = json.loads(gg(cfg, "fleet", "report", "--json", "--local", *window).stdout)
+    monday, next_monday = T0.strftime("%Y-%m-%d"), (T0 + timedelta(days=7)).strftime("%Y-%m-%d")
+    assert central["drains_per_component_per_week"] == local["drains_per_component_per_week"] == [
+        {"week": monday, "kind": "switch", "component": "leaf7", "drains": 4, "nodes": 2, "checks": ["gpu.xid:4"]},
+        {"week": monday, "kind": "rack", "component": "rack2", "drains": 3, "nodes": 1, "checks": ["gpu.xid:3"]},
+        {"week": next_monday, "kind": "switch", "component": "leaf7", "drains": 1, "nodes": 1,
+         "checks": ["gpu.ecc:1"]}]
+    text = gg(cfg, "fleet", "report", *window).stdout
+    assert "drains per switch (and site component) per week" in text
+    assert f"  {monday:<11} {'switch leaf7':<22} {4:>6} {2:>6}  gpu.xid:4" in text, text
 
 
 def test_missing_schema_and_unreachable_database_are_one_line_errors(db, tmp_path):

@@ -186,6 +186,17 @@ def test_fleet_sweep_drains_through_ownership_rules_and_records(tmp_path):
     assert [r["stage"] for r in runs][0] == "all" and len(samples) == 0  # Fabric measurements carry no table
     report = format_report(rec, "gpu")
     assert "node2" in report and "SLOW" in report and "-> done" in report and "-> foreign" in report
+    assert "switch" not in report  # no topology: no per-switch table
+    from gpuguard.nccl.fleet import per_switch
+    from gpuguard.slurm.topology import parse_topology
+
+    topo = parse_topology("SwitchName=leaf7 Level=0 LinkSpeed=1 Nodes=node[1-2]\n"
+                          "SwitchName=leaf8 Level=0 LinkSpeed=1 Nodes=node[3-4]\n")
+    by_switch = format_report(rec, "gpu", switches=topo)
+    assert "leaf7" in by_switch and "leaf8" in by_switch
+    groups = per_switch(rec.outcome, topo)
+    assert groups["leaf7"]["count"] == 2 and groups["leaf7"]["slow"] == 1 and groups["leaf7"]["drained"] == 1
+    assert groups["leaf8"]["nodes"] == "node[3-4]"
 
 
 def test_no_drain_reports_only():

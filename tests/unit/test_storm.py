@@ -301,3 +301,86 @@ def test_the_census_runs_the_sinfo_the_config_finds(tmp_path, where):
     cfg = make_cfg(tmp_path, slurm={"scontrol": scontrol, "backend": "cli",
                                     **({"sinfo": str(stub)} if where == "key" else {})})
     assert [r.node for r in client_from_config(cfg.slurm, 5.0).census()] == ["n1"]
+
+
+# --------------------------------------------------------------------------- shared components (issue 28 item 4)
+
+from gpuguard.notify.alertmanager import alert_labels  # noqa: E402
+from gpuguard.notify.render import title_of  # noqa: E402
+from gpuguard.slurm.components import Component, SWITCH_CHECKS  # noqa: E402
+
+LEAF7 = Component("switch", "leaf7", tuple(f"n{i:03d}" for i in range(1, 17)), SWITCH_CHECKS)
+LEAF8 = Component("switch", "leaf8", tuple(f"n{i:03d}" for i in range(17, 33)), SWITCH_CHECKS)
+
+
+def test_most_nodes_under_one_switch_failing_a_fabric_check_is_the_switch_held_and_paged_once():
+    """12 of the 16 nodes under leaf7 fail fabric.efa in one round: one switch fault. None of them drains (the
+    partition rule alone would have drained the first 4 of 32), the first held pages once, naming the switch."""
+    marks = {f"n{i:03d}": format_mark("intent", "fabric.efa", NOW - 2 + i * 0.01) for i in range(1, 13)}
+    census = rows(32, {}, marks=marks)
+    decisions = {n: decide(census, n, "fabric.efa", NOW, S, [LEAF8, LEAF7]) for n in marks}
+    assert all(d.hold and d.component == LEAF7 for d in decisions.values())
+    assert [n for n, d in decisions.items() if d.page] == ["n001"]
+    assert "switch leaf7: 12 of the 16 nodes under it fail fabric.efa" in decisions["n005"].hold
+    without = {n: decide(census, n, "fabric.efa", NOW, S) for n in marks}  # no topology: as before
+    assert sorted(n for n, d in without.items() if d.hold is None) == ["n001", "n002", "n003", "n004"]
+
+
+def test_a_switch_is_not_blamed_for_a_few_of_its_nodes_nor_for_a_check_it_does_not_explain():
+    few = {f"n{i:03d}": format_mark("intent", "fabric.efa", NOW) for i in range(1, 9)}  # 8 of 16: not most
+    d = decide(rows(32, {}, marks=few), "n008", "fabric.efa", NOW, S, [LEAF7])
+    assert d.component is None and d.hold  # the partition rule holds it (limit 4), not the switch
+    memory = {f"n{i:03d}": format_mark("intent", "sys.memory", NOW) for i in range(1, 13)}
+    assert decide(rows(32, {}, marks=memory), "n001", "sys.memory", NOW, S, [LEAF7]).hold is None
+    small = Component("switch", "leaf9", ("n001", "n002"), SWITCH_CHECKS)  # 2 of 2: as likely two bad nodes
+    both = {n: format_mark("intent", "fabric.efa", NOW) for n in small.nodes}
+    assert decide(rows(32, {}, marks=both), "n002", "fabric.efa", NOW, S, [small]).component is None
+
+
+def test_nodes_drained_earlier_count_and_a_late_node_of_the_switch_is_held_without_another_page():
+    drained = {f"n{i:03d}": ("fabric.efa", 600) for i in range(1, 8)}  # 7 drained one by one in 10 minutes
+    census = rows(32, drained, marks={"n008": format_mark("held", "fabric.efa", NOW - 60, "switch=leaf7"),
+                                      "n009": format_mark("intent", "fabric.efa", NOW)})
+    d = decide(census, "n009", "fabric.efa", NOW, S, [LEAF7])
+    assert d.hold and d.component == LEAF7 and not d.page and d.held == ("n008", "n009")
+    assert d.drained == tuple(f"n{i:03d}" for i in range(1, 8))
+    assert parse_mark(format_mark("held", "fabric.efa", NOW, "switch=leaf7")).component == "switch=leaf7"
+
+
+def test_a_rack_from_the_site_file_holds_its_nodes_and_the_page_names_it(tmp_path):
+    """The guard with a site file (no Slurm topology: scontrol fails): 6 nodes of rack12 fail gpu.temperature at
+    once; all are held, one page, titled and labelled with the rack; each held mark names it."""
+    site = tmp_path / "parts.yaml"
+    site.write_text("rack:\n  checks: [gpu.temperature]\n  nodes:\n    rack12: n[01-06]\n")
+    cluster = Cluster(10)
+    cfg = make_cfg(tmp_path, notify={"urls": ["json://127.0.0.1:1/x"]},
+                   slurm={"scontrol": "/bin/false", "shared_components_file": str(site)})
+    decided: dict[str, object] = {}
+
+    def one(node: str) -> None:
+        decided[node] = StormGuard(cfg, cluster, node, time.time, lambda: 0.3).decide(verdict("gpu.temperature"))
+
+    threads = [threading.Thread(target=one, args=(f"n{i:02d}",)) for i in range(1, 7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(h is not None for h in decided.values())
+    pages = [e for h in decided.values() for e in h.events]
+    assert len(pages) == 1 and pages[0].dedup_key == "gpuguard/rack/rack12/gpu.temperature"
+    assert title_of(pages[0]) == "gpuguard: drain storm held rack rack12 gpu.temperature"
+    labels = alert_labels(pages[0], cfg.notify)
+    assert labels["component"] == "rack12" and labels["rack"] == "rack12" and labels["component_kind"] == "rack"
+    assert "Held, not drained: n[01-06]" in pages[0].message
+    assert all(cluster.nodes[n]["comment"].endswith(":rack=rack12") for n in decided)
+
+
+def test_a_broken_site_file_is_noted_and_the_partition_rule_still_guards(tmp_path):
+    site = tmp_path / "parts.yaml"
+    site.write_text("rack:\n  nodes:\n    rack12: n[01-\n")
+    cluster = Cluster(10)
+    cfg = make_cfg(tmp_path, slurm={"scontrol": "/bin/false", "shared_components_file": str(site)})
+    g = StormGuard(cfg, cluster, "n01", time.time, lambda: 0)
+    assert g.decide(verdict()) is None  # the first of the partition drains, as without the file
+    assert g.notes == [f"slurm.shared_components_file {site}: line 3: rack.nodes.rack12: bad hostlist 'n[01-': "
+                       "unbalanced brackets"]

@@ -214,6 +214,12 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 1
         finally:
             conn.close()
+    from gpuguard.slurm.components import load_components  # the switches (and site parts) as they are now
+
+    parts, problems = load_components(cfg.slurm, float(cfg.deadlines.scontrol_s))
+    for p in problems:
+        print(f"gpuguard fleet report: {p}", file=sys.stderr)
+    rep.group_by(parts)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:

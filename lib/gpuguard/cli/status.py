@@ -36,6 +36,7 @@ import sys
 import time
 from typing import Any, Iterator, Optional
 
+from gpuguard.cli.status_held import add_switches, held_lines, held_nodes
 from gpuguard.cli.status_render import DETAIL_AUTO, render_own_health, render_status, to_json
 from gpuguard.config.lastgood import unreadable_by_this_user
 from gpuguard.notify.backlog import undelivered_notifications
@@ -45,6 +46,7 @@ from gpuguard.slurm.client import CliSlurmClient, SlurmError
 from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
 from gpuguard.slurm.parse import node_state_from_fields, parse_node_lines, slurm_time
 from gpuguard.slurm.reason import is_ours, parse_reason
+from gpuguard.slurm.topology import topology_from_config
 from gpuguard.store.sqlite import Store
 from gpuguard.util.cliargs import add_config_option
 
@@ -180,13 +182,16 @@ def cmd_status(args: Any) -> int:
         # Slurm's ReasonTime is when the reason was set (a later prolog finding the node already drained does not
         # move it); gpuguard's own record when Slurm shows none
         n["drained_since"] = slurm_time(n.get("reason_time")) or recorded
+    add_switches(nodes, topology_from_config(s, cfg.deadlines.scontrol_s))
+    held = [h for h in held_nodes(text) if wanted is None or h["node"] in wanted]
     spool = undelivered_notifications(cfg.notify.state_path or store_pattern)
     if args.json:
         doc = to_json(nodes, spool, now)
+        doc["held"] = held
         doc["gpuguard"] = {"config_issues": [str(i) for i in cfg.issues], "config_mode": cfg.mode, **health}
         print(json.dumps(doc, indent=2, default=str))
         return 0
-    print(render_status(nodes, spool, now, args.all, details))
+    print("\n".join([render_status(nodes, spool, now, args.all, details), *held_lines(held)]))
     return 0
 
 

@@ -126,6 +126,8 @@ def _detail_lines(nodes: list[dict[str, Any]], now: float) -> list[str]:
             detail = n.get("detail") or n.get("reason") or ""
             if n.get("legacy_reason"):
                 detail += "  (reason from an older gpuguard)"
+            if n.get("switch"):
+                detail += f"  (switch {n['switch']})"
             lines.append(f"  {name:<12} {n['state']:<16} {format_duration(now - since if since else None):<12} "
                          f"{iso_utc(since) or '-':<20}  {_last_check_text(n):<28} {detail}")
             if n.get("passes_since") is not None and n.get("last_healthcheck"):

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from gpuguard.fleet.components import NODE_WEEKLY, component_lines, per_component
 from gpuguard.fleet.pgquery import keyword_match
 from gpuguard.store.filters import Filters, SqlBuilder, duration_text
 from gpuguard.fleet.tables import DRAIN_MARK
@@ -96,6 +97,14 @@ class FleetReport:
     flap_min: int
     weekly: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    node_weekly: list[dict[str, Any]] = field(default_factory=list)  # drains per node per week (for components)
+    components: list[dict[str, Any]] = field(default_factory=list)  # drains per switch/component per week
+    has_components: bool = False  # a topology or site file was there to group by
+
+    def group_by(self, components: list[Any]) -> None:
+        """Drains per shared component per week (gpuguard.fleet.components); nothing without components."""
+        self.has_components = bool(components)
+        self.components = per_component(self.node_weekly, components)
 
     @property
     def flapping(self) -> list[dict[str, Any]]:
@@ -104,7 +113,8 @@ class FleetReport:
     def as_dict(self) -> dict[str, Any]:
         return {"since": iso_utc(self.since), "until": iso_utc(self.until), "source": self.source,
                 "filters": self.filters, "flap_min": self.flap_min, "drains_per_check_per_week": self.weekly,
-                "nodes": self.nodes, "flapping": self.flapping}
+                "nodes": self.nodes, "flapping": self.flapping,
+                **({"drains_per_component_per_week": self.components} if self.has_components else {})}
 
 
 def _pg_params(sql: str) -> str:
@@ -191,7 +201,8 @@ def pg_ctes(f: Filters, until: float, episodes: bool) -> tuple[str, dict[str, An
 def report_statements(f: Filters, until: float, flap_min: int) -> list[tuple[str, dict[str, Any]]]:
     """The report's three statements over the central database (weekly, per node, checks per node)."""
     out = []
-    for sql, episodes in ((WEEKLY, False), (f"{NODE_CTES} {NODES}", True), (NODE_CHECKS, False)):
+    for sql, episodes in ((WEEKLY, False), (f"{NODE_CTES} {NODES}", True), (NODE_CHECKS, False),
+                          (NODE_WEEKLY, False)):
         base, params = pg_ctes(f, until, episodes)
         params = {**params, "since": float(f.since), "until": float(until), "flap_min": int(flap_min)}
         joiner = ", " if sql.lstrip().startswith("marks AS") else " "
@@ -203,8 +214,8 @@ def report_pg(conn: Any, f: Filters, label: str, flap_min: int = 3, now: Optiona
     until = f.until if f.until is not None else (time.time() if now is None else now)
     rep = FleetReport(f.since, until, label, f.describe(), flap_min)
     with conn.cursor() as cur:
-        weekly, nodes, checks = (_rows(cur.execute(sql, params)) for sql, params in
-                                 report_statements(f, until, flap_min))
+        weekly, nodes, checks, rep.node_weekly = (_rows(cur.execute(sql, params)) for sql, params in
+                                                  report_statements(f, until, flap_min))
     conn.rollback()  # read-only: end the transaction
     return _finish(rep, weekly, nodes, checks)
 
@@ -244,6 +255,7 @@ def report_sqlite(paths: list[str], f: Filters, flap_min: int = 3, now: Optional
     weekly = _rows(mem.execute(f"WITH {seen} {WEEKLY}", params))
     nodes = _rows(mem.execute(f"WITH {seen}, {NODE_CTES} {NODES}", params))
     checks = _rows(mem.execute(f"WITH {seen} {NODE_CHECKS}", params))
+    rep.node_weekly = _rows(mem.execute(f"WITH {seen} {NODE_WEEKLY}", params))
     mem.close()
     return _finish(rep, weekly, nodes, checks)
 
@@ -286,4 +298,6 @@ def format_report(rep: FleetReport, max_nodes: int = 50) -> str:
     for n in flapping:
         out.append(f"  {n['node']:<14} failures={n['failures']} undrains={n['undrains']} pinned={n['flapping_pins']} "
                    f"checks={' '.join(n['checks']) or '-'}")
+    if rep.has_components:
+        out += component_lines(rep.components)
     return "\n".join(out) + "\n"

@@ -153,16 +153,25 @@ def cmd_nccl_sweep(args: argparse.Namespace) -> int:
             return 3
     finally:
         store.close()
-    if args.json:
-        out = rec.outcome.to_dict()
-        out.update(sweep_id=rec.sweep_id, duration_s=round(rec.duration_s, 2), drained=rec.drained,
-                   template=runner.template_used)
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        sys.stdout.write(format_report(rec, args.partition, method))
+    print_sweep(args, cfg, rec, runner.template_used, method)
     if rec.outcome.conclusion == "pass":
         return 0
     return 1 if rec.outcome.conclusion == "isolated" else 3
+
+
+def print_sweep(args: argparse.Namespace, cfg: Any, rec: Any, template: Any, method: str) -> None:
+    """The sweep's report, with a table per leaf switch where Slurm has a topology."""
+    from gpuguard.nccl.fleet import per_switch
+    from gpuguard.slurm.topology import topology_from_config
+
+    switches = topology_from_config(cfg.slurm, cfg.deadlines.scontrol_s)  # {} without one: no per-switch table
+    if args.json:
+        out = rec.outcome.to_dict()
+        out.update(sweep_id=rec.sweep_id, duration_s=round(rec.duration_s, 2), drained=rec.drained,
+                   template=template, switches=per_switch(rec.outcome, switches))
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        sys.stdout.write(format_report(rec, args.partition, method, switches))
 
 
 def cmd_nccl_probe(args: argparse.Namespace) -> int:

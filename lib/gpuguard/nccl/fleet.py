@@ -80,8 +80,36 @@ def _f(v: Optional[float], nd: int = 1) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
 
-def format_report(rec: SweepRecord, partition: Optional[str] = None, method: str = "pairwise") -> str:
-    """The tables `gpuguard nccl sweep` prints: every run, then every node."""
+def per_switch(o: Any, switches: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """{leaf switch: {nodes, ok, slow, other, drained}} over the swept nodes under it (Slurm's topology). Pure."""
+    out: dict[str, dict[str, Any]] = {}
+    for sw, members in switches.items():
+        mine = [n for n in o.nodes if n in members]
+        if not mine:
+            continue
+        status = [o.verdicts[n].status if n in o.verdicts else "-" for n in mine]
+        out[sw] = {"nodes": compress_hostlist(mine), "count": len(mine), "ok": status.count("ok"),
+                   "slow": status.count("slow"), "other": len(mine) - status.count("ok") - status.count("slow"),
+                   "drained": sum(1 for n in mine if n in o.verdicts and o.verdicts[n].drain)}
+    return out
+
+
+def switch_lines(o: Any, switches: dict[str, list[str]]) -> list[str]:
+    groups = per_switch(o, switches)
+    if not groups:
+        return []
+    lines = ["", f"{'switch':16} {'nodes':>5} {'ok':>4} {'slow':>5} {'other':>6} {'drained':>8}  hostlist"]
+    for sw, g in groups.items():
+        note = "  <- most of its nodes slow: suspect the switch" if g["slow"] * 2 > g["count"] >= 2 else ""
+        lines.append(f"{sw:16} {g['count']:>5} {g['ok']:>4} {g['slow']:>5} {g['other']:>6} {g['drained']:>8}  "
+                     f"{g['nodes']}{note}")
+    return lines
+
+
+def format_report(rec: SweepRecord, partition: Optional[str] = None, method: str = "pairwise",
+                  switches: Optional[dict[str, list[str]]] = None) -> str:
+    """The tables `gpuguard nccl sweep` prints: every run, then every node, then every leaf switch (when Slurm has
+    a topology)."""
     o = rec.outcome
     lines = [f"NCCL sweep of {len(o.nodes)} nodes ({compress_hostlist(o.nodes)})"
              + (f", partition {partition}" if partition else "") + f", {method}"
@@ -108,6 +136,7 @@ def format_report(rec: SweepRecord, partition: Optional[str] = None, method: str
         status = v.status.upper() if v.status != "ok" else "ok"
         lines.append(f"{n:16} {status:8} {_f(v.busbw_gbps):>11}  {v.evidence}"
                      + (f", job {v.job_id}" if v.job_id else "") + action)
+    lines += switch_lines(o, switches or {})
     jobs = len([m for m in o.measurements if m.job_id])
     lines += ["", f"Result: {o.conclusion}: {o.message} ({jobs} jobs, {rec.duration_s:.1f}s)"]
     return "\n".join(lines) + "\n"

@@ -106,6 +106,9 @@ def alert_labels(event: Event, ncfg: NotifyConfig) -> dict[str, str]:
     optional = {"cluster": ncfg.cluster, "partition": event.partition, "check": event.check_id,
                 "keyword": keyword_of(event), "job_id": event.job_id}
     labels.update({k: str(v) for k, v in optional.items() if v})
+    if event.component and event.component_kind:  # a shared part's fault: `switch=leaf7` beside component=leaf7
+        labels.update(component=event.component, component_kind=event.component_kind)
+        labels.setdefault(event.component_kind, event.component)
     if not job_scope:
         labels.update(_gpu_labels(event))
     return {k: _value(v, 200) for k, v in labels.items()}

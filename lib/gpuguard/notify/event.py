@@ -69,6 +69,8 @@ class Event:
     dedup_key: Optional[str] = None  # an explicit stable key; default: see dedupe_key()
     partition: Optional[str] = None  # the Slurm partition(s) of the node or job, when the caller knows them
     keyword: Optional[str] = None  # the drain keyword (XID79, ECC, ...); default: parsed from `reason`
+    component: Optional[str] = None  # a shared part at fault (leaf7): the page is about it, not about `node`
+    component_kind: Optional[str] = None  # switch | rack | pdu | ... (gpuguard.slurm.components)
 
     @property
     def resolved(self) -> bool:

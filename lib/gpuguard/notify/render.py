@@ -73,7 +73,8 @@ def title_of(event: Event, prefix: str = "gpuguard") -> str:
     what = TITLES.get(event.kind, event.kind)
     if event.kind == "drain" and (event.evidence or {}).get("drain") == "pending":
         what = "DRAIN PENDING"  # decided, Slurm has not taken it yet (slurmctld unreachable)
-    return f"{prefix}: {'RESOLVED ' if event.resolved else ''}{what} {event.node}" + \
+    about = f"{event.component_kind} {event.component}" if event.component and event.component_kind else event.node
+    return f"{prefix}: {'RESOLVED ' if event.resolved else ''}{what} {about}" + \
         (f" {event.check_id}" if event.check_id else "")
 
 

@@ -232,6 +232,7 @@ class Run:
         if self.ctx.kind == "healthcheck" and not self.read_only:
             guard.release({f.check_id for f in verdict.failing} if verdict.outcome == "drain" else set())
         hold = guard.decide(verdict) if guarded else None
+        self.notes.extend(guard.notes)
         self.storm = guard if guarded and hold is None else None
         if hold is None:
             return

@@ -18,6 +18,13 @@ did). A node within the first `limit` drains (and removes its mark); the others 
 `gpuguard-storm:held:<check>:<time>` and are held. The first node held pages the storm; the nodes after it, in this
 round or a later one (the marks of held nodes show the storm is known), do not. Pure: the census and the clock come in as arguments
 (gpuguard.pipeline.stormguard does the I/O).
+
+**Shared components** (gpuguard.slurm.components: the leaf switches of Slurm's topology, the racks and PDUs of a
+site file) are judged first: when more than half of the nodes under one component, and at least SHARED_MIN_NODES,
+fail a check that component's fault explains (drained for it within the window, or marked intent/held), it is one
+fault of that component, not of its nodes. Every node of it that has not drained yet is held (whatever the
+partition limit), its held mark names the component (`gpuguard-storm:held:<check>:<time>:switch=leaf7`), and the
+first of them pages once, naming the component. Without components the partition rule alone decides, as before.
 """
 
 from __future__ import annotations
@@ -26,12 +33,16 @@ import math
 from typing import Optional, Sequence
 
 from gpuguard.config.core import PolicyConfig
+from gpuguard.slurm.components import Component
 from gpuguard.slurm.parse import NodeRow, slurm_time
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.util.record import Frozen, record
 
 MARK = "gpuguard-storm"
 INTENT_TTL_S = 60.0  # an intent mark older than this is a hook that died between marking and deciding
+# a component is blamed only when at least this many of its nodes fail together: two nodes failing at once are as
+# likely two bad nodes (and holding drains of broken hardware has a cost)
+SHARED_MIN_NODES = 3
 
 
 @record
@@ -57,18 +68,19 @@ class Mark(Frozen):
     state: str  # intent | held
     check_id: str
     ts: float
+    component: str = ""  # a held node's component at fault: "switch=leaf7"; "" for a partition storm
 
 
-def format_mark(state: str, check_id: str, ts: float) -> str:
-    return f"{MARK}:{state}:{check_id}:{ts:.2f}"
+def format_mark(state: str, check_id: str, ts: float, component: str = "") -> str:
+    return f"{MARK}:{state}:{check_id}:{ts:.2f}" + (f":{component}" if component else "")
 
 
 def parse_mark(comment: Optional[str]) -> Optional[Mark]:
     parts = (comment or "").strip().split(":")
-    if len(parts) != 4 or parts[0] != MARK or parts[1] not in ("intent", "held"):
+    if len(parts) not in (4, 5) or parts[0] != MARK or parts[1] not in ("intent", "held"):
         return None
     try:
-        return Mark(parts[1], parts[2], float(parts[3]))
+        return Mark(parts[1], parts[2], float(parts[3]), parts[4] if len(parts) == 5 else "")
     except ValueError:
         return None
 
@@ -92,36 +104,39 @@ class Decision(Frozen):
     limit: int = 0
     drained: tuple[str, ...] = ()  # the nodes that have (or take) the partition's drains for the check
     held: tuple[str, ...] = ()  # the nodes held back, this one included
+    component: Optional[Component] = None  # the shared component at fault (its nodes are held, not drained)
+    failing: int = 0  # a component's nodes failing the check
 
 
-def _drains(rows: Sequence[NodeRow], partition: str, check_id: str, now: float,
+def _drains(rows: Sequence[NodeRow], partition: Optional[str], check_id: str, now: float,
             window_s: float) -> list[tuple[float, str]]:
+    """(when, node) drained for the check within the window, in `partition` (None: in any, each node once)."""
     out = []
     for r in rows:
-        if r.partition != partition or not r.drained or not r.reason:
+        if (partition is not None and r.partition != partition) or not r.drained or not r.reason:
             continue
         parsed = parse_reason(r.reason)
         when = slurm_time(r.reason_time)
         if parsed and parsed.check_id == check_id and parsed.keyword != "FLAPPING" and when is not None \
                 and now - when <= window_s:
             out.append((when, r.node))
-    return sorted(out)
+    return sorted(set(out))
 
 
-def _marks(rows: Sequence[NodeRow], partition: str, check_id: str, state: str, now: float,
+def _marks(rows: Sequence[NodeRow], partition: Optional[str], check_id: str, state: str, now: float,
            max_age_s: float) -> list[tuple[float, str]]:
     out = []
     for r in rows:
-        m = parse_mark(r.comment) if r.partition == partition else None
+        m = parse_mark(r.comment) if partition is None or r.partition == partition else None
         if m is not None and m.state == state and m.check_id == check_id and -max_age_s <= now - m.ts <= max_age_s:
             out.append((m.ts, r.node))
-    return sorted(out)
+    return sorted(set(out))
 
 
-def _in_partition(rows: Sequence[NodeRow], node: str, partition: str, check_id: str, now: float,
-                  s: StormSettings) -> Decision:
-    size = len({r.node for r in rows if r.partition == partition})
-    limit = s.limit(size)
+def _ranked(rows: Sequence[NodeRow], partition: Optional[str], check_id: str, now: float,
+            s: StormSettings) -> tuple[list[tuple[float, str]], list[str]]:
+    """(the drains for the check within the window; every node failing it in one order: the drained first, then
+    the intents and held nodes by time and name)."""
     drains = _drains(rows, partition, check_id, now, s.window_s)
     drained = {n for _, n in drains}
     # intents, and the nodes already held (a held mark keeps its intent's time): one order for everyone, whichever
@@ -129,7 +144,32 @@ def _in_partition(rows: Sequence[NodeRow], node: str, partition: str, check_id: 
     queued = sorted(_marks(rows, partition, check_id, "intent", now, INTENT_TTL_S)
                     + _marks(rows, partition, check_id, "held", now, s.window_s))
     order = [n for _, n in drains] + [n for _, n in queued if n not in drained]
-    order = list(dict.fromkeys(order))
+    return drains, list(dict.fromkeys(order))
+
+
+def _shared(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings,
+            component: Component) -> Optional[Decision]:
+    """The component's fault, when most of its nodes fail the check: this node is held (None: not the case)."""
+    members = set(component.nodes)
+    drains, order = _ranked([r for r in rows if r.node in members], None, check_id, now, s)
+    if node not in order:
+        order.append(node)
+    if len(order) < SHARED_MIN_NODES or len(order) * 2 <= len(members):
+        return None
+    drained = [n for _, n in drains]
+    held = [n for n in order if n not in drained]
+    why = (f"{component.label}: {len(order)} of the {len(members)} nodes under it fail {check_id} within "
+           f"{s.window_s / 60:g} min: one {component.kind} fault, not {len(order)} node faults (this node is held, "
+           "not drained)")
+    return Decision(why, page=bool(held) and held[0] == node, size=len(members), drained=tuple(drained),
+                    held=tuple(held), component=component, failing=len(order))
+
+
+def _in_partition(rows: Sequence[NodeRow], node: str, partition: str, check_id: str, now: float,
+                  s: StormSettings) -> Decision:
+    size = len({r.node for r in rows if r.partition == partition})
+    limit = s.limit(size)
+    drains, order = _ranked(rows, partition, check_id, now, s)
     if node not in order:
         order.append(node)  # no mark of its own to be seen (its Comment is someone else's): it comes last
     pos = order.index(node)
@@ -144,9 +184,16 @@ def _in_partition(rows: Sequence[NodeRow], node: str, partition: str, check_id: 
                     drained=tuple(order[:limit]), held=tuple(order[limit:]))
 
 
-def decide(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings) -> Decision:
+def decide(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings,
+           components: Sequence[Component] = ()) -> Decision:
     """Whether `node` may drain for `check_id`, from one census taken after the node marked its intent (or without
-    a mark, when it could not write one). Held in any of its partitions: held (the first such one)."""
+    a mark, when it could not write one). A shared component of the node at fault first (its first such one), then
+    the partitions: held in any of them, held (the first such one)."""
+    for c in components:
+        if node in c.nodes and c.explains(check_id):
+            d = _shared(rows, node, check_id, now, s, c)
+            if d is not None:
+                return d
     for partition in sorted({r.partition for r in rows if r.node == node}):
         d = _in_partition(rows, node, partition, check_id, now, s)
         if d.hold is not None:

@@ -10,6 +10,10 @@ what a held node remembers.
   same check fails, the node is held without another census (10,000 held nodes must not read the whole node table
   every health check) and without another page. When that check passes again (a health check, `release`), the
   held mark is removed from Slurm and the decision forgotten.
+- **Shared components** (leaf switches from `scontrol show topology`, racks/PDUs from `slurm.shared_components_file`)
+  are read only when a census was taken (one bounded scontrol call; a site file that cannot be read is noted and
+  left out): a component at fault holds the node with a mark naming it, and the page names the component
+  (`switch leaf7`, alert labels `component`, `component_kind` and `switch`/`rack`/...: the kind).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class StormGuard:
         self.settle_s = settle_s  # how long this run may wait for its round (the run's budget decides)
         self.path = state_path(cfg, node)
         self.marked: Optional[str] = None  # the mark this run wrote in the node's Comment
+        self.notes: list[str] = []  # what the run should log (a site file of shared components that is wrong)
 
     # ------------------------------------------------------------------ before a drain
     def decide(self, verdict: Any) -> Optional[Hold]:
@@ -66,13 +71,22 @@ class StormGuard:
         except SlurmError as e:
             self.clear_mark()
             return self._no_census(verdict, str(e))
-        d = decide(rows, self.node, check, now, settings_from(self.cfg.policy))
+        d = decide(rows, self.node, check, now, settings_from(self.cfg.policy), self._components())
         if d.hold is None:
             return None
+        part = f"{d.component.kind}={d.component.name}" if d.component is not None else ""
         if self.marked:
-            self._mark("held", check, now)
-        self._keep(check, d.hold, now)
-        return Hold(d.hold, [self._storm_event(verdict, d)] if d.page else [])
+            self._mark("held", check, now, part)
+        self._keep(check, d.hold, now, part)
+        event = self._shared_event(verdict, d) if d.component is not None else self._storm_event(verdict, d)
+        return Hold(d.hold, [event] if d.page else [])
+
+    def _components(self) -> list[Any]:
+        from gpuguard.slurm.components import load_components  # cold path: a census was taken
+
+        found, problems = load_components(self.cfg.slurm, float(self.cfg.deadlines.scontrol_s))
+        self.notes += problems
+        return found
 
     def after_drain(self) -> None:
         """The drain is in (or pending): the node counts by its drain now, its intent mark goes."""
@@ -105,13 +119,32 @@ class StormGuard:
                    "configuration or launch choice applied to every node, fix the profile/config "
                    "(`sinfo -N -O NodeList,Comment` lists the held nodes)")
 
+    def _shared_event(self, verdict: Any, d: Decision) -> Any:
+        from gpuguard.notify import Event  # cold path: a held drain pages
+
+        c, check = d.component, verdict.primary.check_id
+        assert c is not None
+        return Event(
+            kind="storm", severity="critical", node=self.node, check_id=check, reason=verdict.reason,
+            dedup_key=f"gpuguard/{c.kind}/{c.name}/{check}", component=c.name, component_kind=c.kind,
+            evidence={c.kind: c.name, "failing": d.failing, "nodes": len(c.nodes)},
+            message=(f"{c.label}: {check} fails on {d.failing} of the {len(c.nodes)} nodes under it within "
+                     f"{self.cfg.policy.storm_window_s / 60:g} min: one {c.kind} fault, not {d.failing} node faults. "
+                     f"Held, not drained: {compress_hostlist(d.held) or '-'}. Drained before it was seen: "
+                     f"{compress_hostlist(d.drained) or '-'}. Its other nodes that fail it later are held without "
+                     f"another page (their Comment names {c.kind}={c.name}). Reason they would have: {verdict.reason}"),
+            action=(f"look at {c.label} (its ports, cabling, power, logs) rather than at its nodes; once it is "
+                    "fixed the held nodes' health checks pass and let go. If the nodes themselves are broken, drain "
+                    "them by hand (`sinfo -N -O NodeList,Comment` lists the held nodes)"))
+
     # ------------------------------------------------------------------ held nodes
     def release(self, failing: set[str]) -> None:
         """A health check: a held check that no longer fails lets go of its hold (mark and decision)."""
         kept = self._read()
         if kept is None or kept.get("check") in failing:
             return
-        self.marked = format_mark("held", kept["check"], kept["since"]) if kept.get("marked") else None
+        self.marked = format_mark("held", kept["check"], kept["since"], str(kept.get("component") or "")) \
+            if kept.get("marked") else None
         self.clear_mark()
         try:
             os.unlink(self.path)
@@ -124,9 +157,9 @@ class StormGuard:
             return None
         return kept
 
-    def _keep(self, check: str, why: str, now: float) -> None:
+    def _keep(self, check: str, why: str, now: float, component: str = "") -> None:
         data = {"check": check, "why": why, "since": now, "until": now + float(self.cfg.policy.storm_window_s),
-                "marked": bool(self.marked)}
+                "marked": bool(self.marked), "component": component}
         try:
             atomic_write(self.path, json.dumps(data))
         except OSError:
@@ -141,7 +174,7 @@ class StormGuard:
         return data if isinstance(data, dict) and "check" in data and "since" in data else None
 
     # ------------------------------------------------------------------ the node's Comment
-    def _mark(self, state: str, check: str, now: float) -> bool:
+    def _mark(self, state: str, check: str, now: float, component: str = "") -> bool:
         """Write this node's mark, only over an empty Comment or a mark of gpuguard's. False: not written."""
         client = self.slurm.client()
         if getattr(client, "set_comment", None) is None:
@@ -151,7 +184,7 @@ class StormGuard:
                 st = client.get_node(self.node)
                 if st is None or not may_mark((st.fields or {}).get("Comment")):
                     return False
-            text = format_mark(state, check, now)
+            text = format_mark(state, check, now, component)
             client.set_comment(self.node, text)
         except SlurmError:
             return False

@@ -1,28 +1,14 @@
-"""Slurm's network topology (`scontrol show topology`, from topology.conf) and when a switch, not a node, is to blame.
-Pure: parsing and deciding only; without a topology every blame falls on nodes, as before."""
+"""When a switch, not a node, is to blame in a pre-flight (the topology itself is read by gpuguard.slurm.topology,
+re-exported here). Pure: deciding only; without a topology every blame falls on nodes, as before."""
 
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
 from gpuguard.nccl.isolate import Measurement, SweepOutcome
-from gpuguard.slurm.hostlist import HostlistError, expand_hostlist
+from gpuguard.slurm.topology import parse_topology
 
-
-def parse_topology(text: str) -> dict[str, list[str]]:
-    """{leaf switch: its nodes} from `scontrol show topology` (one `SwitchName=... Nodes=...` per line); switches
-    that only join other switches are left out. Malformed lines are skipped."""
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-        name, nodes = fields.get("SwitchName"), fields.get("Nodes")
-        if not name or not nodes or nodes == "(null)":
-            continue
-        try:
-            out[name] = expand_hostlist(nodes)
-        except HostlistError:
-            continue
-    return out
+__all__ = ["parse_topology", "job_switches", "crossing", "blamed_switch"]
 
 
 def job_switches(topology: dict[str, list[str]], nodes: Iterable[str]) -> dict[str, list[str]]:

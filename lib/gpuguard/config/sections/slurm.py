@@ -21,3 +21,7 @@ class SlurmConfig(Section):
     # sinfo, for the drain-storm guard's census of the partitions; default: beside `scontrol` when that names a path
     # with sinfo in it, else found on PATH like scontrol (a site whose scontrol is a wrapper names it here)
     sinfo: Optional[str] = key(string(allow_none=True), None)
+    # a YAML file naming other parts several nodes share (racks, PDUs: kind -> {nodes: {name: hostlist}, checks}):
+    # the drain-storm guard blames such a part, not its nodes, when most of them fail one of its checks together;
+    # leaf switches come from Slurm's topology (topology.conf) without it (docs: README "Shared components")
+    shared_components_file: Optional[str] = key(string(allow_none=True), None)
