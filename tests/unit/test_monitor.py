@@ -307,7 +307,11 @@ def test_monitor_metrics_file_parses(site, tmp_path):
     assert samples[("gpuguard_gpu_temperature_celsius", "2")] == 71
     assert samples[("gpuguard_gpu_sm_clock_hertz", "0")] == 1980e6
     assert samples[("gpuguard_gpu_utilization_ratio", "7")] == pytest.approx(0.97)
-    assert 0 < samples[("gpuguard_monitor_resident_memory_bytes", None)] < 200 * 2**20
+    # the monitor here runs inside this pytest worker: its figure is this process's RSS (whatever earlier tests of
+    # the worker left in it); the sidecar's own budget as a process is test_cost_per_sample_fits_the_budget's
+    import psutil
+    rss = psutil.Process().memory_info().rss
+    assert 0.5 * rss < samples[("gpuguard_monitor_resident_memory_bytes", None)] <= 1.5 * rss
     assert not [name for name, _ in samples if name.startswith("gpuguard_node_")]
 
 
