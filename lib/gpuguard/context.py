@@ -35,6 +35,9 @@ class RunContext(Frozen):
     exclusive: Optional[bool] = None
     job_exit_code: Optional[int] = None  # epilog: SLURM_JOB_EXIT_CODE2 style "exit:signal" -> raw
     ignored_env: tuple[str, ...] = field(default_factory=tuple)  # env vars that were malformed
+    # how a hook came to run, for its result line and metrics: "agent" (the node agent's child), "local(<why the agent
+    # that listens did not run it>)", None (its own process: no agent, or not a hook)
+    via: Optional[str] = None
 
 
 def parse_gpu_list(value: Optional[str]) -> Optional[tuple[int, ...]]:

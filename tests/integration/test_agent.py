@@ -160,6 +160,30 @@ def test_a_stopped_agent_costs_a_bounded_wait_and_never_a_second_run(quiet_site:
     assert again.code == 0 and again.client_pid not in again.ran_in()  # and it serves the next hook
 
 
+def test_a_burst_of_prologs_is_served_by_the_agent_and_counted(quiet_site: DevSite, tmp_path: Path):
+    """Issue 30: a job array starting on a node sends it a burst of prologs while every process waits for a CPU.
+    With a flat 0.5 s bound, 182 of a 200-job burst's prologs fell back to their own processes (each a whole
+    interpreter start-up more, at the worst moment) and nothing counted them. A busy agent is waited for; the
+    node's metrics count how each hook ran."""
+    quiet_site.write_config({"metrics": {"textfile_dir": str(tmp_path / "prom")}})
+    # the rest of the burst: the other nodes' prologs on a shared test machine, busy loops here
+    hogs = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.monotonic() + 30\n"
+                              "while time.monotonic() < t: pass"]) for _ in range(4 * (os.cpu_count() or 1))]
+    try:
+        burst = [Hook(quiet_site, "prolog", **prolog_env(str(300 + i))) for i in range(12)]
+        done = [h.wait() for h in burst]
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert [h.code for h in done] == [0] * len(done), [h.err[-500:] for h in done if h.code]
+    fell_back = [h.err[-300:] for h in done if h.client_pid in h.ran_in()]
+    assert not fell_back  # every one ran in a child of the agent
+    prom = (tmp_path / "prom" / "gpuguard_node.prom").read_text()
+    assert 'gpuguard_hook_runs_via_total{kind="prolog",node="node1",via="agent"} 12' in prom, prom
+    assert 'gpuguard_hook_runs_via_total{kind="prolog",node="node1",via="agent_busy"} 0' in prom
+
+
 def test_a_dead_agent_means_the_hook_runs_itself(quiet_site: DevSite):
     assert quiet_site.agent is not None
     quiet_site.agent.kill()  # SIGKILL: its socket file stays behind, nobody listens

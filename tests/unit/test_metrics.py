@@ -634,3 +634,45 @@ def test_status_lists_the_conditions_of_a_node_whose_journal_a_reboot_removed(tm
     copies = os.path.dirname(conditions_copy_path(cfg, "node2"))
     assert "XID79" in [c["keyword"] for c in own_health(runtime_dir(cfg), copies)["conditions"]]
     assert own_health(runtime_dir(cfg))["conditions"] == []
+
+
+# --------------------------------------------------------------------------- how hooks ran: the node agent (issue 30)
+
+
+@pytest.mark.parametrize("via, label", [
+    ("agent", "agent"),
+    (None, "no_agent"),
+    ("local(agent refused code changed)", "refused"),
+    ("local(agent did not start a child within 0.5s (idle))", "agent_idle"),
+    ("local(agent child did not take the hook within 0.51s (idle))", "agent_idle"),
+    ("local(agent did not start a child within 5s (busy))", "agent_busy"),
+    ("local(agent child ended before taking the hook)", "child_lost"),
+    ("local(agent child gave no verdict)", "child_lost"),
+    ("local(agent unreachable: PermissionError)", "unreachable"),
+    ("local(agent of another user)", "other_user"),
+    ("local(no socket: Too many open files)", "other"),
+])
+def test_the_result_lines_via_becomes_a_bounded_label(via: Optional[str], label: str):
+    from gpuguard.metrics.state import VIA, via_label
+
+    assert via_label(via) == label and label in VIA
+
+
+def test_hook_runs_are_counted_by_how_they_ran(tmp_path):
+    """How many hooks the agent ran, how many fell back to their own process and why: a node whose agent is
+    stopped, outdated or overloaded shows it in a counter, not only in grep -c 'via=local(' of its log."""
+    cfg = make_cfg(tmp_path, str(tmp_path / "prom"))
+    slurm = MemorySlurm()
+    for i, via in enumerate(("agent", "agent", None, "local(agent did not start a child within 5s (busy))",
+                             "local(agent refused code changed)")):
+        ctx = RunContext(kind="prolog", node="node2", job_id=str(i), gpu_indices=tuple(range(8)), via=via)
+        assert run_sim(ctx, cfg, simulate=str(SCENARIOS / "healthy-p5.yaml"), slurm_client=slurm).exit_code == 0
+    m = read_metrics(tmp_path / "prom" / "gpuguard_node.prom")
+    assert value(m, "gpuguard_hook_runs_via_total", kind="prolog", via="agent") == 2
+    assert value(m, "gpuguard_hook_runs_via_total", kind="prolog", via="no_agent") == 1
+    assert value(m, "gpuguard_hook_runs_via_total", kind="prolog", via="agent_busy") == 1
+    assert value(m, "gpuguard_hook_runs_via_total", kind="prolog", via="refused") == 1
+    # every series a rule reads is there from the first run, at 0
+    assert value(m, "gpuguard_hook_runs_via_total", kind="prolog", via="agent_idle") == 0
+    assert value(m, "gpuguard_hook_runs_via_total", kind="healthcheck", via="child_lost") == 0
+    promtool_check_metrics(tmp_path / "prom" / "gpuguard_node.prom")

@@ -5,8 +5,10 @@ It asks the node agent (gpuguard.agent.server) to run the hook and exits with th
 its own process instead (gpuguard.cli.hooks, as it always did) whenever
 
 - there is no agent socket, nobody listens on it, or the listener is not root (not this user);
-- the agent does not fork a child for it, or the child does not take the request, within ACK_TIMEOUT_S each (a
-  hung or stopped agent);
+- the agent does not fork a child for it, or the child does not take the request, within ACK_TIMEOUT_S each while
+  it neither runs nor waits for a CPU (a hung or stopped agent: /proc/PID/schedstat does not move), or within
+  PATIENCE_S while it does (a burst of hooks on a loaded node: running the hook here instead would cost the node
+  a whole interpreter start-up more, at the worst moment);
 - the agent refuses (its code is older than the installed one, another installation, a malformed request, limits
   it cannot give the child);
 - the agent's child ends without an answer (killed, crashed: the agent unit restarted, the OOM killer) while there is
@@ -30,10 +32,16 @@ import time
 import _socket
 
 from gpuguard.agent.wire import (HOOK_KINDS, HookRequest, LineReader, WireError, address, encode_request, package_dir,
-                                 peer_uid, runtime_signature, send_with_fds, socket_path, stream_settings)
+                                 peer_pid, peer_uid, runtime_signature, send_with_fds, socket_path, stream_settings)
 from gpuguard.util.nodedirs import state_dir
 
 ACK_TIMEOUT_S = 0.5  # the agent accepts and forks in milliseconds; a hung or stopped one costs a hook this much
+# ... but under a burst (a 200-job array starting on 16 nodes at once) it and its children wait for a CPU like
+# everything else: while the process we wait for runs or waits for a CPU for at least BUSY_SHARE of each
+# ACK_TIMEOUT_S, it is busy, not hung, and we keep waiting, for up to PATIENCE_S from the connection (issue 30:
+# with a flat 0.5 s bound 182 of 200 prologs of such a burst fell back, each paying a whole start-up more)
+PATIENCE_S = 5.0
+BUSY_SHARE = 0.2
 FIRST_REPORT_S = 15.0  # the child reports the hook's deadline once the config is loaded (10 s on a hung filesystem)
 WATCHDOG_GRACE_S = 2.0  # the hook's watchdog ends it at its deadline + 1 s; after one more second the client stops
 MIN_FALLBACK_S = 1.0  # a child that died with its verdict and less time than this left: its verdict stands
@@ -70,6 +78,7 @@ def run_through_agent(args: list[str], started: float, directory: str | None = N
         return None, f"no socket: {e.strerror or e}"
     child = Child()
     why = NO_AGENT
+    wait = None
     try:
         sock.settimeout(ack_timeout_s)
         addr, dirfd = address(path)
@@ -80,28 +89,67 @@ def run_through_agent(args: list[str], started: float, directory: str | None = N
                 os.close(dirfd)
         if peer_uid(sock) != os.geteuid():
             return None, "agent of another user"  # only an agent running as root may answer for a root hook
-        why = f"agent did not start a child within {ack_timeout_s:g}s"
-        reader = LineReader(sock)
+        wait = PatientWait(LineReader(sock), ack_timeout_s)
+        why = "agent did not start a child"
         # the agent forked a child for us; only now do our stdin/stdout/stderr travel: a connection a stopped
         # agent never accepted must not hold them (whoever reads the hook's output would wait for its end)
-        first = reader.line(ack_timeout_s)
+        first = wait.line(peer_pid(sock), why)
         if not child.hello(first):
             said = (first or b"").decode("utf-8", "replace").strip()[:120]
             return None, f"agent {said}" if said.startswith("refused") else why
         why = "agent child gave no verdict"
         fds = [fd for fd in (0, 1, 2) if _is_open(fd)]
         send_with_fds(sock, encode_request(_request(args, started, "".join(map(str, fds)))), fds)
-        code, refused = _converse(reader, child, started, ack_timeout_s)
+        code, refused = _converse(wait, child, started)
         if not child.ended:
             child.kill()  # past the hook's deadline and its watchdog's: it must not act later
         return code, (refused or why) if code is None else ""
     except (OSError, WireError, ValueError) as e:
         if not child.ended:
             child.kill()  # a timeout: alive but not answering, it must not act later
+        if isinstance(e, _socket.timeout) and wait is not None and wait.gave_up:
+            why = wait.gave_up  # "... within 0.5s (idle)": stopped or hung; "... within 5s (busy)": overloaded
         return None, why if why != NO_AGENT or isinstance(e, (FileNotFoundError, ConnectionRefusedError)) \
             else f"agent unreachable: {type(e).__name__}"
     finally:
         sock.close()
+
+
+def schedstat_ns(pid: int) -> int | None:
+    """Nanoseconds the process `pid` (its main thread) has run or waited for a CPU (/proc/PID/schedstat), None when
+    unknown (gone; a kernel without it)."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            ran, waited = f.read().split()[:2]
+        return int(ran) + int(waited)
+    except (OSError, ValueError):
+        return None
+
+
+class PatientWait:
+    """The next line from the agent, waited for ACK_TIMEOUT_S at a time: again while the process that owes it (the
+    agent, then its child) is busy, until PATIENCE_S after the connection. `gave_up` says why it stopped waiting."""
+
+    def __init__(self, reader: LineReader, ack_timeout_s: float, patience_s: float | None = None) -> None:
+        self.reader = reader
+        self.ack_timeout_s = ack_timeout_s
+        self.until = time.monotonic() + max(PATIENCE_S if patience_s is None else patience_s, ack_timeout_s)
+        self.gave_up = ""
+
+    def line(self, pid: int, what: str) -> bytes | None:
+        """`what`: the fallback's reason should the wait end without a line ("agent did not start a child")."""
+        t0, before = time.monotonic(), schedstat_ns(pid)
+        first = t0
+        while True:
+            try:
+                return self.reader.line(self.ack_timeout_s)
+            except _socket.timeout:
+                now, after = time.monotonic(), schedstat_ns(pid)
+                busy = before is not None and after is not None and after - before >= BUSY_SHARE * (now - t0) * 1e9
+                if not busy or now >= self.until:
+                    self.gave_up = f"{what} within {now - first:.2g}s ({'busy' if busy else 'idle'})"
+                    raise
+                t0, before = now, after
 
 
 class Child:
@@ -144,9 +192,10 @@ def _request(args: list[str], started: float, fds: str) -> HookRequest:
                        stream_settings())
 
 
-def _converse(reader: LineReader, child: Child, started: float, ack_timeout_s: float) -> tuple[int | None, str]:
+def _converse(wait: PatientWait, child: Child, started: float) -> tuple[int | None, str]:
     """(exit code or None, why the agent refused: "" unless it did)."""
-    line = reader.line(ack_timeout_s)  # _socket.timeout (an OSError): hung before taking the request
+    reader = wait.reader
+    line = wait.line(child.pid, "agent child did not take the hook")  # _socket.timeout (an OSError): hung before taking the request
     if line is None or not line.startswith(b"ready "):
         child.ended = True  # gone, or `refused ...` (and ending)
         said = (line or b"").decode("utf-8", "replace").strip()[:120]

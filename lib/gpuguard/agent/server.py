@@ -40,8 +40,8 @@ from gpuguard.notify.apprise_target import preload as preload_apprise
 from gpuguard.util import nodedirs
 from gpuguard.xid.catalog import load_catalog
 
-REQUEST_TIMEOUT_S = 2.0  # the client sends its request right after connecting
-GO_TIMEOUT_S = 2.0  # and says `go` right after `ready`; a client that went its own way never starts a run
+REQUEST_TIMEOUT_S = 5.0  # the client sends its request right after `hello` (seconds under a burst on a loaded node)
+GO_TIMEOUT_S = 5.0  # and says `go` right after `ready`; a client that went its own way never starts a run
 POLL_S = 1.0
 
 
@@ -158,15 +158,29 @@ class Agent:
                 if self.parent is not None and os.getppid() != self.parent:
                     _log("the watch daemon is gone: stopping")
                     return EXIT_STOPPED
-                if ready and not self.accept():
+                if ready and not self.accept_pending():
                     return EXIT_CODE_CHANGED
                 if not ready and self.code_changed():  # idle: an upgrade is taken up without waiting for a hook
                     return EXIT_CODE_CHANGED
         finally:
             self.close()
 
-    def accept(self) -> bool:
-        """Hand one connection to a child. False: the code on disk changed, stop."""
+    def accept_pending(self) -> bool:
+        """Hand every connection already queued to a child of its own, the code on disk checked once for all of
+        them (a burst of hooks queues many: each one's wait for its child is the time the agent takes for the
+        ones before it). False: the code on disk changed, stop."""
+        assert self.listener is not None
+        changed = self.code_changed()
+        while True:
+            if not self.accept(changed):
+                return False
+            ready, _, _ = select.select([self.listener], [], [], 0)
+            if not ready:
+                return True
+
+    def accept(self, code_changed: bool) -> bool:
+        """Hand one connection to a child, which the agent announces (`hello PID`: the hook may send its request
+        and streams, the child exists). False: the code on disk changed, stop."""
         assert self.listener is not None
         try:
             conn, _ = self.listener.accept()
@@ -175,7 +189,7 @@ class Agent:
         with conn:
             if wire.peer_uid(conn) != os.geteuid():
                 return True
-            if self.code_changed():
+            if code_changed:
                 _send(conn, b"refused code changed\n")  # the hook runs in its own process, with the new code
                 return False
             sys.stdout.flush()
@@ -184,6 +198,7 @@ class Agent:
             if pid == 0:
                 self._become_child(conn)
             self.served += 1
+            _send(conn, f"hello {pid}\n".encode())  # before the child could say anything: it waits for the request
         return True
 
     def code_changed(self) -> bool:
@@ -259,8 +274,7 @@ def read_request(conn: socket.socket) -> tuple[wire.HookRequest, list[int]]:
 
 
 def serve_request(conn: socket.socket) -> int:
-    if not _send(conn, f"hello {os.getpid()}\n".encode()):
-        return 2  # the client gave up on a queued connection
+    """One hook run in this child of the agent (which said `hello PID` for it)."""
     try:
         req, fds = read_request(conn)
     except (OSError, wire.WireError) as e:

@@ -169,6 +169,12 @@ def peer_uid(sock: _socket.socket) -> int:
     return int.from_bytes(creds[4:8], sys.byteorder)
 
 
+def peer_pid(sock: _socket.socket) -> int:
+    """The pid of the process at the other end: for a client, the agent that listens (SO_PEERCRED)."""
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    return int.from_bytes(creds[0:4], sys.byteorder)
+
+
 class LineReader:
     """Lines from a socket with a timeout per read; `None` at EOF."""
 

@@ -27,6 +27,7 @@ from gpuguard.slurm.reason import format_reason
 from gpuguard.store import replaced
 from gpuguard.store.sqlite import Store
 from gpuguard.util.log import HookLog
+from gpuguard.util.record import replace
 from gpuguard.util.timefmt import iso_utc
 
 HOOK_KINDS = ("prolog", "epilog", "healthcheck")
@@ -120,6 +121,8 @@ def run_hook(kind: str, config_path: Optional[str], simulate: Optional[str] = No
     ends the process. `via`: who runs it, for the log line (`agent`). The caller exits right after: the
     notifications the run spooled are delivered by a process of their own (gpuguard.notify.handoff)."""
     ctx = context_from_env(kind, os.environ)
+    if via:
+        ctx = replace(ctx, via=via)  # counted in the metrics (gpuguard_hook_runs_via_total)
     if os.geteuid() != 0 and simulate is None:
         return _not_root(kind, ctx.node)
     handoff = Handoff()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from gpuguard.metrics.state import DRAIN_OPS, HOOK_KINDS, VERDICTS, XID_SEVERITIES, DrainState
+from gpuguard.metrics.state import DRAIN_OPS, HOOK_KINDS, VERDICTS, VIA, XID_SEVERITIES, DrainState
 from gpuguard.metrics.textfile import Family
 
 
@@ -132,6 +132,15 @@ def _counters(fam: NewFamily, st: dict[str, Any], gpus: list[dict[str, Any]], no
     """Runs, drain operations, Xid events and lifetime ECC errors, each counter a rule uses present from 0."""
     runs = fam("gpuguard_runs_total", "counter", "gpuguard runs on this node, by kind and verdict")
     _add_counters(runs, st["runs_total"], [f"{k}|{v}" for k in HOOK_KINDS for v in VERDICTS], ("kind", "verdict"),
+                  node=node)
+
+    via = fam("gpuguard_hook_runs_via_total", "counter",
+              "Hook runs on this node by how they ran: agent (a child of the node agent), no_agent (their own process: "
+              "no agent listens), or why the agent that listens did not run them (their own process, a whole "
+              "interpreter start-up more): refused (its code changed, another installation, ...), agent_idle "
+              "(stopped or hung: no child within 0.5 s), agent_busy (no child within 5 s on an overloaded node), "
+              "child_lost (its child ended without a verdict), unreachable, other_user, other")
+    _add_counters(via, st.get("via_total", {}), [f"{k}|{v}" for k in HOOK_KINDS for v in VIA], ("kind", "via"),
                   node=node)
 
     ops = fam("gpuguard_drain_operations_total", "counter",

@@ -16,6 +16,9 @@ HOOK_KINDS = ("prolog", "epilog", "healthcheck")  # their run counters exist fro
 XID_SEVERITIES = ("fatal", "app", "warn", "info")  # the catalog's classes (an unknown code resolves to fatal)
 # drain operations a rule counts: present from the first run, at 0
 DRAIN_OPS = (("drain", "done"), ("drain", "failed"), ("undrain", "done"))
+# how a hook ran (gpuguard_hook_runs_via_total): the node agent's child, its own process with no agent listening,
+# or its own process because the agent that listens did not run it, by reason (gpuguard.agent.client)
+VIA = ("agent", "no_agent", "refused", "agent_idle", "agent_busy", "child_lost", "unreachable", "other_user", "other")
 PROBES = ("nvml", "kernel_log", "fabric", "system", "nccl", "dcgm", "efa_counters")
 STATE_VERSION = 1
 
@@ -71,6 +74,26 @@ def new_xid_events(events: list[Any], boot_id: Optional[str], mark: dict[str, An
     return fresh, out
 
 
+def via_label(via: Optional[str]) -> str:
+    """The `via` label of a hook run from its result line's `via=` (gpuguard.agent.client's reasons): one of VIA."""
+    if not via:
+        return "no_agent"
+    if via == "agent":
+        return "agent"
+    why = via[len("local("):-1] if via.startswith("local(") and via.endswith(")") else via
+    if why.startswith("agent refused"):
+        return "refused"
+    if why.startswith(("agent did not start a child", "agent child did not take the hook")):
+        return "agent_busy" if why.endswith("(busy)") else "agent_idle"
+    if why.startswith(("agent child ended", "agent child gave no verdict")):
+        return "child_lost"
+    if why.startswith("agent unreachable"):
+        return "unreachable"
+    if why.startswith("agent of another user"):
+        return "other_user"
+    return "other"
+
+
 def _gpu_key(g: Any) -> str:
     return str(g.uuid) if g.uuid else f"index:{g.index}"
 
@@ -91,7 +114,7 @@ def update_state(state: dict[str, Any], result: "RunResult", xid_severity: Calla
     ctx = result.context
     st: dict[str, Any] = {"v": STATE_VERSION, "runs": {}, "runs_total": {}, "drains_total": {}, "drain_mark": 0,
                           "xid_total": {}, "xid_by_code": {}, "xid_mark": {}, "gpus": {}, "pending": [],
-                          "config_issues": 0}
+                          "config_issues": 0, "via_total": {}}
     if state.get("v") == STATE_VERSION:
         st.update({k: v for k, v in state.items() if k in st})
 
@@ -110,6 +133,9 @@ def update_state(state: dict[str, Any], result: "RunResult", xid_severity: Calla
         "store_ok": not getattr(result, "store_errors", None)}}
     key = f"{ctx.kind}|{verdict}"
     st["runs_total"] = {**st["runs_total"], key: st["runs_total"].get(key, 0) + 1}
+    if ctx.kind in HOOK_KINDS:
+        via = f"{ctx.kind}|{via_label(getattr(ctx, 'via', None))}"
+        st["via_total"] = {**st["via_total"], via: st["via_total"].get(via, 0) + 1}
     # gpuguard's own health as of this run: drains Slurm has not taken yet, the config's state
     st["pending"] = [[p.op, p.created] for p in getattr(result, "pending", [])]
     st["config_issues"] = len(getattr(result, "config_issues", []))
