@@ -54,13 +54,13 @@ def check_xid(obs: Observations, inp: CheckInput) -> list[Finding]:
     s = spec_of(inp)
     if obs.kernel_log is None:
         return [incomplete(s, "kernel log not read")]
-    if inp.xid_catalog is None:
+    if inp.xid_catalog is None and obs.kernel_log.events:
         return [incomplete(s, "Xid catalog not loaded")]
     return judge_kernel_log(obs.kernel_log, inp.xid_catalog, gpus=obs.nvml.gpus if obs.nvml else [], kind=inp.kind,
                             spec=s, known=known_pci(obs))
 
 
-def judge_kernel_log(log: KernelLogObservation, catalog: "XidCatalog", *, spec: CheckSpec,
+def judge_kernel_log(log: KernelLogObservation, catalog: Optional["XidCatalog"], *, spec: CheckSpec,
                      gpus: Sequence[GpuInfo] = (), kind: str = "manual",
                      known: Mapping[str, Any] = {}) -> list[Finding]:  # noqa: B006 - read only
     """The gpu.xid findings for the Xid events of a kernel-log observation (`spec`: gpu.xid's, from the registry;
@@ -70,8 +70,10 @@ def judge_kernel_log(log: KernelLogObservation, catalog: "XidCatalog", *, spec: 
     findings: list[Finding] = []
     fatal: list[tuple[XidEvent, "XidInfo"]] = []
     recorded: list[dict[str, object]] = []
+    if log.events and catalog is None:  # None only for a log without events (gpuguard.pipeline.evaluate)
+        raise ValueError("judging Xid events needs the Xid catalog")
     for ev in log.events:
-        info = xid_info(ev, catalog)
+        info = xid_info(ev, catalog)  # type: ignore[arg-type]
         entry = {"code": ev.code, "pci": ev.pci, "severity": info.severity, "detail": ev.detail[:160],
                  "catalog": info.source}  # "unknown": a code gpuguard's catalog does not know (alerted, not drained)
         recorded.append(entry)

@@ -9,24 +9,24 @@ owned by this user that nobody else can write, read without following a symlink.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
 from typing import Any, Optional
 
+from gpuguard.util.digest import sha256_hex
 from gpuguard.util.fs import atomic_write
 
 MAX_BYTES = 4 << 20
 
 
 def source_digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return sha256_hex(data)
 
 
 def copy_path(directory: str, kind: str, source: str) -> str:
     """Where the compiled copy of `source` lives in `directory`: one file per source path."""
-    key = hashlib.sha256(os.path.abspath(source).encode()).hexdigest()[:16]
+    key = sha256_hex(os.path.abspath(source).encode())[:16]
     return os.path.join(directory, f"{kind}-{key}.json")
 
 

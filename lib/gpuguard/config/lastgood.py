@@ -19,7 +19,6 @@ lets broken nodes take jobs fleet-wide; failing closed drains the fleet. Instead
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -30,6 +29,7 @@ from typing import Any, Callable, Optional
 from gpuguard.config.compiled import read_trusted_json
 from gpuguard.config.schema import (SECTIONS, CheckParams, Config, ConfigError, ConfigIssue, config_from_mapping,
                                     config_path, default_config, parse_config)
+from gpuguard.util.digest import sha256_hex
 from gpuguard.util.fs import atomic_write
 from gpuguard.util.nodedirs import state_dir
 from gpuguard.util.record import field_names
@@ -38,7 +38,7 @@ CACHE_VERSION = 1
 
 
 def cache_path(config_file: str, directory: Optional[str] = None) -> str:
-    key = hashlib.sha256(os.path.abspath(config_file).encode()).hexdigest()[:16]
+    key = sha256_hex(os.path.abspath(config_file).encode())[:16]
     return os.path.join(directory or state_dir(), f"config-{key}.last-good.json")
 
 
@@ -125,7 +125,7 @@ def load_guarded(explicit: Optional[str] = None, directory: Optional[str] = None
                                                                   " (gpuguard runs as root)"))
     except OSError as e:
         return _fallback(cache, path, ConfigIssue("(file)", None, f"cannot read: {e}"))
-    digest = hashlib.sha256(raw).hexdigest()
+    digest = sha256_hex(raw)
     last = read_last_good(cache)
     if last is not None and last[1] == digest:
         cfg = last[0]  # the file validated as it is now: no YAML on the hot path

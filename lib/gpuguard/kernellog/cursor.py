@@ -60,9 +60,9 @@ Cursor = Union[KmsgCursor, JournalCursor, DmesgCursor, FileCursor]
 
 
 def head_digest(head: bytes) -> str:
-    import hashlib  # only file sources hash (OpenSSL's import costs ~2.5 ms, the default kmsg source needs none)
+    from gpuguard.util.digest import sha256_hex  # only file sources hash; never OpenSSL (gpuguard.util.digest)
 
-    return hashlib.sha256(head).hexdigest()[:32]
+    return sha256_hex(head)[:32]
 
 
 def same_boot(stored: Optional[str], current: Optional[str]) -> bool:

@@ -9,7 +9,6 @@ prints the whole ring buffer, so records up to the cursor are skipped by their t
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional
 
 from gpuguard.kernellog.base import Batch, StoredCursor, run_log_tool, stderr_text, tool_failed
@@ -18,8 +17,9 @@ from gpuguard.kernellog.formats import NEEDLE
 from gpuguard.kernellog.scan import Accumulator, observation
 from gpuguard.kernellog.toolsource import ToolSource
 from gpuguard.model import KernelLogObservation
+from gpuguard.util.lazyre import lazy
 
-_TS_RE = re.compile(rb"<\d{1,4}>\[\s*(\d+\.\d+)\]")
+_TS_RE = lazy(rb"<\d{1,4}>\[\s*(\d+\.\d+)\]")
 
 
 class DmesgFilter:

@@ -35,6 +35,7 @@ from typing import Optional
 
 from gpuguard.model import XidEvent
 from gpuguard.util.record import Frozen, record
+from gpuguard.util.lazyre import lazy
 
 NEEDLE = b"NVRM: Xid"
 _NEEDLE_STR = NEEDLE.decode()
@@ -54,13 +55,13 @@ _FACILITIES = (
 # Format strings in the driver (open-gpu-kernel-modules, kernel_rc_notification.c):
 #   "NVRM: Xid (PCI:%04x:%02x:%02x): %d, pid=%s, name=%s, %s"  plus " GPU-I:%02u[ GPU-CI:%02u]" under MIG.
 # Older drivers: "NVRM: Xid (%04x:%02x:%02x): %d, %s". Some tools print the function too ("0000:3b:00.0").
-_XID_RE = re.compile(
+_XID_RE = lazy(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
     r"(?P<mig>(?: GPU-C?I:\s?\d{1,3})*)\):\s?(?P<code>\d{1,5})(?P<tail>[,\s].*)?\Z",
     re.S,
 )
-_PID_RE = re.compile(r"pid=(?P<pid>'[^']*'|<[^>]*>|[^,\s]*)(?:,\s?|\s*\Z)")
-_NAME_RE = re.compile(r"name=(?P<name>.*?)(?:,\s?|\Z)", re.S)
+_PID_RE = lazy(r"pid=(?P<pid>'[^']*'|<[^>]*>|[^,\s]*)(?:,\s?|\s*\Z)")
+_NAME_RE = lazy(r"name=(?P<name>.*?)(?:,\s?|\Z)", re.S)
 _UNKNOWN_VALUES = {"", "<unknown>", "'<unknown>'", "<n/a>", "'n/a'", "n/a", "unknown"}
 
 
@@ -129,28 +130,28 @@ class LineResult(Frozen):
     reason: str = ""  # why it was rejected or malformed (for humans and tests)
 
 
-_KMSG_RE = re.compile(r"(?P<pri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20})(?:,[^;\n]*)?;(?P<msg>.*)\Z", re.S)
-_DMESG_RAW_RE = re.compile(r"<(?P<pri>\d{1,4})>(?:\[\s*(?P<mono>\d+\.\d+)\]\s?)?(?P<msg>.*)\Z", re.S)
+_KMSG_RE = lazy(r"(?P<pri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20})(?:,[^;\n]*)?;(?P<msg>.*)\Z", re.S)
+_DMESG_RAW_RE = lazy(r"<(?P<pri>\d{1,4})>(?:\[\s*(?P<mono>\d+\.\d+)\]\s?)?(?P<msg>.*)\Z", re.S)
 # `dmesg -x`: "kern  :warn  : [ 12.3] msg" (facility and level names padded)
-_DMESG_DECODED_RE = re.compile(r"(?P<fac>" + _FACILITIES + r")\s*:(?P<lvl>[a-z]+)\s*: (?P<rest>.*)\Z", re.S)
+_DMESG_DECODED_RE = lazy(r"(?P<fac>" + _FACILITIES + r")\s*:(?P<lvl>[a-z]+)\s*: (?P<rest>.*)\Z", re.S)
 # `talosctl dmesg`: "10.0.0.1: kern: warning: [2026-04-22T21:27:51.291660856Z]: msg"
-_TALOS_RE = re.compile(
+_TALOS_RE = lazy(
     r"(?P<host>\S+): (?P<fac>" + _FACILITIES + r"): (?P<lvl>[a-z]+): \[(?P<ts>[^\]]{1,64})\]: (?P<msg>.*)\Z", re.S
 )
-_MONO_RE = re.compile(r"\[\s*(?P<mono>\d{1,12}\.\d{1,9})\]\s?")
-_CTIME_RE = re.compile(r"\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?")
-_ISO_RE = re.compile(
+_MONO_RE = lazy(r"\[\s*(?P<mono>\d{1,12}\.\d{1,9})\]\s?")
+_CTIME_RE = lazy(r"\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?")
+_ISO_RE = lazy(
     r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?P<frac>[.,]\d{1,9})?(?:Z|[+-]\d\d(?::?\d\d)?)?)\s+"
 )
-_FULL_RE = re.compile(r"(?P<ts>[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? [A-Za-z0-9+:_/-]{1,32})\s+")
-_UNIX_RE = re.compile(r"(?P<ts>\d{9,11}\.\d{1,9})\s+")
+_FULL_RE = lazy(r"(?P<ts>[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? [A-Za-z0-9+:_/-]{1,32})\s+")
+_UNIX_RE = lazy(r"(?P<ts>\d{9,11}\.\d{1,9})\s+")
 # month names are locale dependent in journalctl output ("Okt", "sep"), so any short word is accepted
-_BSD_RE = re.compile(r"(?P<ts>[^\W\d_]{3,9}\.?\s{1,2}\d{1,2} \d\d:\d\d:\d\d(?:\.\d{1,9})?)\s+")
-_TAGGED_RE = re.compile(
+_BSD_RE = lazy(r"(?P<ts>[^\W\d_]{3,9}\.?\s{1,2}\d{1,2} \d\d:\d\d:\d\d(?:\.\d{1,9})?)\s+")
+_TAGGED_RE = lazy(
     r"(?:(?P<host>[^\s\[\]:]{1,255})\s+)?(?P<tag>[^\s:\[\]]{1,128})(?:\[(?P<pid>\d{1,10})\])?:\s(?P<msg>.*)\Z", re.S
 )
 # CONFIG_PRINTK_CALLER kernels add "[T1234]" / "[C3]" before the message
-_CALLER_RE = re.compile(r"\[\s*[TC]\d{1,10}\]\s?")
+_CALLER_RE = lazy(r"\[\s*[TC]\d{1,10}\]\s?")
 
 
 def _strip_caller(msg: str) -> str:

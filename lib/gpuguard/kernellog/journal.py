@@ -20,9 +20,10 @@ from gpuguard.kernellog.formats import JSON_ARRAY_NEEDLE, NEEDLE
 from gpuguard.kernellog.scan import Accumulator, observation
 from gpuguard.kernellog.toolsource import ToolSource
 from gpuguard.model import KernelLogObservation
+from gpuguard.util.lazyre import lazy
 
-_CURSOR_RE = re.compile(rb'"__CURSOR"\s*:\s*"([^"\\\n]{1,1024})"')
-_BOOT_RE = re.compile(rb'"_BOOT_ID"\s*:\s*"([0-9a-fA-F-]{1,64})"')
+_CURSOR_RE = lazy(rb'"__CURSOR"\s*:\s*"([^"\\\n]{1,1024})"')
+_BOOT_RE = lazy(rb'"_BOOT_ID"\s*:\s*"([0-9a-fA-F-]{1,64})"')
 
 
 class JournalSource(ToolSource):

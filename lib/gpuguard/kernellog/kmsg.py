@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import re
 import stat
 import time
 from typing import Callable, Optional
@@ -24,10 +23,11 @@ from gpuguard.kernellog.cursor import KmsgCursor, decode, encode, same_boot
 from gpuguard.kernellog.filetail import FileTail, Region
 from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, observation, scan_chunks, scan_lines
 from gpuguard.model import KernelLogObservation
+from gpuguard.util.lazyre import lazy
 
 _BATCH_RECORDS = 4096  # records per followed batch (the ring buffer holds a few thousand at most)
 _EDGE_BYTES = 1 << 16  # how much of a file's head and tail to read for its first and last record numbers
-_SEQ_ANY_RE = re.compile(rb"(?m)^\d{1,4},(\d{1,20}),\d{1,20}[,;]")
+_SEQ_ANY_RE = lazy(rb"(?m)^\d{1,4},(\d{1,20}),\d{1,20}[,;]")
 
 
 class KmsgSource(KernelLogSource):

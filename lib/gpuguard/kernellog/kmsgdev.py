@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import time
 from typing import Optional
+from gpuguard.util.lazyre import lazy
 
 READ_SIZE = 1 << 16  # /dev/kmsg returns EINVAL when the buffer is smaller than one record
-_SEQ_RE = re.compile(rb"\d{1,4},(\d{1,20}),")
+_SEQ_RE = lazy(rb"\d{1,4},(\d{1,20}),")
 
 
 def record_seq(line: bytes, start: int = 0, end: Optional[int] = None) -> Optional[int]:

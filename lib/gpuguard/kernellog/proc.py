@@ -8,7 +8,6 @@ the source then asks for. Output is handed out as complete lines; a line longer 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -16,6 +15,7 @@ from typing import Callable, Optional
 
 from gpuguard.kernellog.base import FollowStats, tool_env
 from gpuguard.kernellog.chunks import LineChunker
+from gpuguard.util.toolrun import which
 
 # called with the exit status and whether the run printed any complete line
 OnExit = Callable[[int, bool], None]
@@ -42,7 +42,7 @@ class ToolFollower:
 
     def _spawn(self) -> None:
         argv = self.argv()
-        exe = shutil.which(argv[0]) or argv[0]
+        exe = which(argv[0]) or argv[0]
         try:
             self._proc = subprocess.Popen([exe, *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,

@@ -11,7 +11,6 @@ be opened, else journalctl if installed, else dmesg.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from typing import Optional
 
@@ -22,6 +21,7 @@ from gpuguard.kernellog.file import FileSource
 from gpuguard.kernellog.journal import JournalSource
 from gpuguard.kernellog.kmsg import KmsgSource
 from gpuguard.model import KernelLogObservation, ProbeStatus
+from gpuguard.util.toolrun import which
 
 SPECS = "auto, kmsg[:PATH], journal[:JOURNALCTL], dmesg[:DMESG], file:PATH"
 
@@ -34,7 +34,7 @@ def make_source(source_spec: str, *, boot_id_path: str = DEFAULT_BOOT_ID_PATH, b
     if kind == "auto" and not arg:
         if kmsg_readable("/dev/kmsg"):
             return KmsgSource("/dev/kmsg", poll_interval_s=poll_interval_s, **ids)
-        if shutil.which("journalctl"):
+        if which("journalctl"):
             return JournalSource("journalctl", **ids)
         return DmesgSource("dmesg", **ids)
     if kind == "kmsg":
@@ -71,7 +71,7 @@ def make_follower(spec: str, *, cursor: Optional[StoredCursor], boot_id: Optiona
     if start_at not in START_AT:
         raise FollowError(f"unknown start position {start_at!r} (one of {', '.join(START_AT)})")
     kind, _, arg = spec.partition(":")
-    if kind == "auto" and not arg and not kmsg_readable("/dev/kmsg") and not shutil.which("journalctl"):
+    if kind == "auto" and not arg and not kmsg_readable("/dev/kmsg") and not which("journalctl"):
         raise FollowError("no kernel log to follow: /dev/kmsg is not readable and journalctl is not installed")
     if kind == "kmsg" and not os.path.exists(arg or "/dev/kmsg"):
         raise FollowError(f"{arg or '/dev/kmsg'} does not exist")

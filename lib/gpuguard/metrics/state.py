@@ -94,6 +94,14 @@ def via_label(via: Optional[str]) -> str:
     return "other"
 
 
+def count_via(totals: dict[str, int], ctx: Any) -> dict[str, int]:
+    """The hook runs by kind and how they ran (`via_label`), counting this run's."""
+    if ctx.kind not in HOOK_KINDS:
+        return totals
+    key = f"{ctx.kind}|{via_label(getattr(ctx, 'via', None))}"
+    return {**totals, key: totals.get(key, 0) + 1}
+
+
 def _gpu_key(g: Any) -> str:
     return str(g.uuid) if g.uuid else f"index:{g.index}"
 
@@ -133,9 +141,7 @@ def update_state(state: dict[str, Any], result: "RunResult", xid_severity: Calla
         "store_ok": not getattr(result, "store_errors", None)}}
     key = f"{ctx.kind}|{verdict}"
     st["runs_total"] = {**st["runs_total"], key: st["runs_total"].get(key, 0) + 1}
-    if ctx.kind in HOOK_KINDS:
-        via = f"{ctx.kind}|{via_label(getattr(ctx, 'via', None))}"
-        st["via_total"] = {**st["via_total"], via: st["via_total"].get(via, 0) + 1}
+    st["via_total"] = count_via(st["via_total"], ctx)
     # gpuguard's own health as of this run: drains Slurm has not taken yet, the config's state
     st["pending"] = [[p.op, p.created] for p in getattr(result, "pending", [])]
     st["config_issues"] = len(getattr(result, "config_issues", []))

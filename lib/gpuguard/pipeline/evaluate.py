@@ -13,13 +13,15 @@ from gpuguard.model import Finding, Observations
 from gpuguard.pipeline.gpumap import resolve_job_gpus
 from gpuguard.profiles import Profile
 from gpuguard.util.record import replace
-from gpuguard.xid.catalog import load_catalog
 
 
 def evaluate(specs: list[CheckSpec], obs: Observations, cfg: Config, ctx: RunContext, profile: Profile,
              mapping: Any = None) -> list[Finding]:
     catalog = None
-    if any(s.needs == "kernel_log" for s in specs):
+    if obs.kernel_log is not None and obs.kernel_log.events and any(s.needs == "kernel_log" for s in specs):
+        # only with an Xid to judge: a quiet prolog neither imports nor builds the catalog (~170 entries)
+        from gpuguard.xid.catalog import load_catalog
+
         catalog = load_catalog(overrides=cfg.xid.overrides or None)
     findings: list[Finding] = []
     for spec in specs:

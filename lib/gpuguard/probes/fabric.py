@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 
 from gpuguard.model import FabricObservation, FiInfo, ProbeStatus, RdmaDevice, RdmaPort
 from gpuguard.util.toolrun import run_tool
+from gpuguard.util.lazyre import lazy
 
 # --------------------------------------------------------------------------- sysfs
 
@@ -111,9 +112,9 @@ def read_rdma_devices(sysfs_root: str = "/sys") -> list[RdmaDevice]:
 # --------------------------------------------------------------------------- fi_info
 
 # Prefixes that launchers add to each line: `srun -l` ("0: "), `mpirun --tag-output` ("[1,0]<stdout>:").
-_LINE_PREFIX_RE = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s)")
-_ENTRY_FIELD_RE = re.compile(r"^\s*([A-Za-z_]+):\s*(.*?)\s*$")
-_DOMAIN_SUFFIX_RE = re.compile(r"-(?:rdm|dgrm)$")
+_LINE_PREFIX_RE = lazy(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s)")
+_ENTRY_FIELD_RE = lazy(r"^\s*([A-Za-z_]+):\s*(.*?)\s*$")
+_DOMAIN_SUFFIX_RE = lazy(r"-(?:rdm|dgrm)$")
 
 
 def _entries(text: str) -> tuple[list[dict[str, str]], list[str]]:

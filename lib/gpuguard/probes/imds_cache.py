@@ -8,11 +8,11 @@ only. Pure parsing and a small file read: nothing of HTTP is imported here.
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any, Optional, Tuple
 
 from gpuguard.util.fs import atomic_write
+from gpuguard.util.lazyre import lazy
 
 DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 CACHE_VERSION = 1
@@ -20,7 +20,7 @@ MAX_BODY = 4096  # a token is ~56 bytes, an instance type < 32; anything bigger 
 NEGATIVE_TTL_S = 600.0  # how long "not EC2" is believed
 
 # "p5.48xlarge", "p6-b200.48xlarge", "u-6tb1.metal": lower-case family, a dot, a size.
-_INSTANCE_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*\.[a-z0-9-]+$")
+_INSTANCE_TYPE_RE = lazy(r"^[a-z0-9][a-z0-9-]*\.[a-z0-9-]+$")
 
 
 def is_valid_instance_type(value: str) -> bool:

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Optional
 
 from gpuguard.util.record import Frozen, Record, field, record
+from gpuguard.util.lazyre import lazy
 
 
 @record
@@ -41,9 +42,9 @@ class NodeState(Record):
 # followed by Slurm's " [user@time]" stamp. Parse the plain -o form: every Slurm version prints it.
 
 # A key as `scontrol show ... -o` prints them: `NodeName`, `Socks/Node`, `ReqB:S:C:T`, `NtasksPerN:B:S:C`.
-_KEY_AT = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+_KEY_AT = lazy(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
 # Slurm appends who set a node's reason and when: `Reason=Prolog error [root@2024-05-01T10:00:00]`.
-_REASON_STAMP = re.compile(r"\s\[([^\[\]\s@]+)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d|Unknown|None)\]")
+_REASON_STAMP = lazy(r"\s\[([^\[\]\s@]+)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d|Unknown|None)\]")
 
 
 def _split_fields(text: str) -> dict[str, str]:
@@ -105,7 +106,7 @@ def parse_node_lines(text: str) -> dict[str, dict[str, str]]:
 
 
 # The user picks a job's name, and scontrol prints it unescaped right before `UserId=name(uid) GroupId=`.
-_JOB_NAME = re.compile(r"(?:^|\s)JobName=(.*?) UserId=(\S*\(\d+\)) GroupId=")
+_JOB_NAME = lazy(r"(?:^|\s)JobName=(.*?) UserId=(\S*\(\d+\)) GroupId=")
 
 
 def parse_job_line(text: str) -> dict[str, str]:

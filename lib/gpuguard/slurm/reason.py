@@ -19,6 +19,7 @@ import re
 from typing import Optional
 
 from gpuguard.util.record import Frozen, record
+from gpuguard.util.lazyre import lazy
 
 PREFIX = "gpuguard:"
 MAX_LEN = 120
@@ -46,17 +47,17 @@ def __getattr__(name: str) -> object:  # `reason.KEYWORDS`, derived on first use
     raise AttributeError(name)
 
 
-_KEYWORD_RE = re.compile(r"^([A-Z]+)(\d*)$")
+_KEYWORD_RE = lazy(r"^([A-Z]+)(\d*)$")
 # Characters that must never reach Slurm's reason field: double quotes and backquotes (break naive parsers and
 # shell users), '=' (makes `scontrol show node -o` ambiguous), brackets other than our context, backslashes,
 # control chars. A single quote is kept inside a word ("the GPU's slowdown temperature"), nowhere else.
-_UNSAFE = re.compile(r"[\"`=\[\]\\\x00-\x1f\x7f]")
-_STRAY_QUOTE = re.compile(r"(?<![A-Za-z0-9])'|'(?![A-Za-z0-9])")
-_SPACES = re.compile(r"\s+")
+_UNSAFE = lazy(r"[\"`=\[\]\\\x00-\x1f\x7f]")
+_STRAY_QUOTE = lazy(r"(?<![A-Za-z0-9])'|'(?![A-Za-z0-9])")
+_SPACES = lazy(r"\s+")
 _TAIL = r": (?P<detail>.*?)(?: \[(?P<context>[^\]]*)\])?$"
 # The keyword is upper case and the check id lower case, so the two grammars can never be confused.
-_REASON_RE = re.compile(r"^gpuguard: (?P<keyword>[A-Z]+\d*) (?P<check>[a-z0-9_.]+)" + _TAIL)
-_LEGACY_REASON_RE = re.compile(r"^gpuguard: (?P<check>[a-z0-9_.]+) (?P<keyword>[A-Z]+\d*)" + _TAIL)
+_REASON_RE = lazy(r"^gpuguard: (?P<keyword>[A-Z]+\d*) (?P<check>[a-z0-9_.]+)" + _TAIL)
+_LEGACY_REASON_RE = lazy(r"^gpuguard: (?P<check>[a-z0-9_.]+) (?P<keyword>[A-Z]+\d*)" + _TAIL)
 
 
 def sanitize(text: str) -> str:

@@ -13,8 +13,6 @@ before: what they can write, a user could have written anyway."""
 from __future__ import annotations
 
 import os
-import secrets
-import tempfile
 from typing import Union
 
 from gpuguard.util.trust import open_trusted_dir
@@ -36,6 +34,8 @@ def atomic_write(path: Union[str, os.PathLike[str]], data: Union[bytes, str], mo
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     # a dot-file: tools that glob the directory (node_exporter's *.prom) never pick up the temp file
+    import tempfile  # not root (tests, a user's own files): root's hooks write through _root_write
+
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -57,7 +57,7 @@ def atomic_write(path: Union[str, os.PathLike[str]], data: Union[bytes, str], mo
 def _root_write(path: str, data: bytes, mode: int, durable: bool, sticky_ok: bool) -> str:
     directory, name = os.path.split(os.path.abspath(path))
     dfd = open_trusted_dir(directory, sticky_end=sticky_ok)
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # secrets.token_hex(6), without importing secrets (random, hashlib)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         try:

@@ -22,20 +22,21 @@ from __future__ import annotations
 
 import re
 from typing import Iterable
+from gpuguard.util.lazyre import lazy
 from urllib.parse import unquote, urlsplit
 
 MASK = "***"
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,30})://(.*)$", re.S)
+_SCHEME = lazy(r"^([A-Za-z][A-Za-z0-9+.-]{0,30})://(.*)$", re.S)
 # query parameters whose values are shown as they are (libpq connection settings and timeouts): never secrets
 SAFE_QUERY_KEYS = frozenset({
     "sslmode", "host", "hostaddr", "port", "dbname", "user", "connect_timeout", "application_name",
     "target_session_attrs", "gssencmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "channel_binding",
     "keepalives", "keepalives_idle", "options", "timeout", "cto", "rto",
 })
-_SECRET_KEY = re.compile(r"pass|pwd|secret|token|key|auth|sig|cred|session", re.I)
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+_SECRET_KEY = lazy(r"pass|pwd|secret|token|key|auth|sig|cred|session", re.I)
+_PLAIN_KEY = lazy(r"^[A-Za-z0-9_.-]{1,40}$")
 # "?...password=" before the last '@': the '@' may be part of that value rather than end a userinfo
-_QUERY_SECRET = re.compile(r"\?(?:.*&)?[A-Za-z0-9_.-]*(?:pass|pwd|secret|token|key|auth|sig|cred|session)"
+_QUERY_SECRET = lazy(r"\?(?:.*&)?[A-Za-z0-9_.-]*(?:pass|pwd|secret|token|key|auth|sig|cred|session)"
                            r"[A-Za-z0-9_.-]*=", re.I | re.S)
 
 

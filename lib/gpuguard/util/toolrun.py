@@ -5,7 +5,6 @@ children would otherwise keep the pipes open and hang the caller)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 from typing import Mapping, Optional
@@ -41,7 +40,19 @@ class ToolRun(Record):
 
 
 def which(name: str) -> Optional[str]:
-    return shutil.which(name, path=os.environ.get("PATH") or DEFAULT_PATH)
+    """`shutil.which(name)` in PATH, else DEFAULT_PATH (slurmd gives hooks none), without importing shutil on the
+    hooks' path (it imports bz2 and lzma, which load their libraries: milliseconds of every hook's start-up)."""
+    if os.sep in name:
+        return name if _executable(name) else None
+    for directory in (os.environ.get("PATH") or DEFAULT_PATH).split(os.pathsep):
+        candidate = os.path.join(directory or os.curdir, name)
+        if _executable(candidate):
+            return candidate
+    return None
+
+
+def _executable(path: str) -> bool:
+    return os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
 
 
 def run_tool(argv: list[str], timeout_s: float, env: Optional[Mapping[str, str]] = None) -> ToolRun:
