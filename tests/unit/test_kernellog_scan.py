@@ -3,8 +3,10 @@ admin runs it (a whole process: what it imports, what it says, its exit code).""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuguard.kernellog import bulk, find
+from gpuguard.kernellog import bulk, find, mapped
 from gpuguard.kernellog.formats import NEEDLE
 from gpuguard.kernellog.scan import scan_xid_bytes
 
@@ -119,6 +121,64 @@ def test_a_failed_child_costs_time_not_results(tmp_path, small_parts, monkeypatc
 
     monkeypatch.setattr(bulk, "_encode", broken)  # only children encode: each one fails
     assert summary(bulk.scan_file(str(path), workers=3)) == want
+
+
+# --------------------------------------------------------------------------- a part searched where it is mapped
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(st.sampled_from([b"[1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, gone\n", b"NVRM: Xid",
+                                 b"Nov 20 10:11:12 node alice: NVRM: Xid (PCI:0000:3b:00): 79, forged\n", b"\n",
+                                 b"ordinary line\n", b"x" * 40000, b"\xff\xfe"]) | st.binary(max_size=20),
+                max_size=40), st.integers(0, 40))
+def test_a_mapped_part_scans_as_a_read_one(tmp_path_factory, pieces, cut):
+    """gpuguard.kernellog.mapped gives what the chunked pread scan gives: every Xid line, lines over
+    MAX_LINE_BYTES (64 KiB: two or more of the 40 KB pieces) malformed, the last line without its newline."""
+    data = b"".join(pieces)
+    path = tmp_path_factory.mktemp("mapped") / "kern.log"
+    path.write_bytes(data)
+    lines = [0] + [i + 1 for i, c in enumerate(data) if c == 0x0A]
+    start = lines[min(cut, len(lines) - 1)]  # a part starts at a line start
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read = bulk._scan_part(fd, start, len(data), 10_000, False)
+        mapped_result = mapped.scan_region(fd, start, len(data), 10_000)
+    finally:
+        os.close(fd)
+    assert mapped_result is not None
+    assert summary(mapped_result) == summary(read) and mapped_result.end_offset == read.end_offset
+
+
+def test_a_child_killed_while_reading_its_mapping_costs_time_not_results(tmp_path, small_parts, monkeypatch):
+    """A kern.log truncated under a child's mapping (logrotate's copytruncate) ends it with SIGBUS: its part is
+    read again here, with pread."""
+    path = tmp_path / "kern.log"
+    path.write_bytes(mixed_log(10))
+    want = summary(bulk.scan_file(str(path), workers=1))
+
+    def sigbus(*_args):
+        faulthandler.disable()  # pytest's would print this child's stack
+        os.kill(os.getpid(), signal.SIGBUS)
+
+    monkeypatch.setattr(mapped, "scan_region", sigbus)  # only children map
+    assert summary(bulk.scan_file(str(path), workers=3)) == want
+
+
+def test_a_large_file_is_mapped_by_a_child_even_when_not_split(tmp_path, monkeypatch):
+    path = tmp_path / "kern.log"
+    path.write_bytes(mixed_log(10))
+    want = summary(bulk.scan_file(str(path), workers=1))  # workers=1: this process may not fork, pread
+    monkeypatch.setattr(bulk, "MAPPED_MIN_BYTES", 4096)
+    real = mapped.scan_region
+
+    def watched(*args):
+        (tmp_path / f"mapped-by-{os.getpid()}").touch()
+        return real(*args)
+
+    monkeypatch.setattr(mapped, "scan_region", watched)
+    assert summary(bulk.scan_file(str(path), workers=2)) == want
+    mappers = [p.name for p in tmp_path.glob("mapped-by-*")]
+    assert len(mappers) == 1 and mappers[0] != f"mapped-by-{os.getpid()}"  # one child mapped it, never this process
 
 
 def test_parts_never_start_inside_a_line(tmp_path, small_parts):

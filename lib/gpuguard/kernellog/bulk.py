@@ -1,10 +1,12 @@
 """A whole log file at the C library's speed, for `gpuguard xid scan --file`.
 
 A regular file of at least PARALLEL_MIN_BYTES per part is split at line boundaries across the CPUs this process may
-use: each extra part is scanned by a forked child that reads it with pread(2) and sends its result back through a
-pipe (marshal: no pickle import), while this process scans the first part. A child that fails, for whatever
-reason, costs time only: its part is scanned here again. Lines are not counted (counting every newline costs as
-much as finding the needles); bytes are. A pipe or a small file is scanned in this process.
+use; each part is scanned by a forked child that maps it (gpuguard.kernellog.mapped: no byte copied, only the lines
+holding the needle read by Python; a file of MAPPED_MIN_BYTES or more takes one such child even when it is not
+split) and sends its result back through a pipe (marshal: no pickle import). A child that fails, for whatever
+reason (a file truncated under its mapping ends it with SIGBUS), costs time only: its part is scanned here again,
+read with pread(2). Lines are not counted (counting every newline costs as much as finding the needles); bytes are.
+A pipe, a small file, journal JSON, or a caller that may not fork (`workers=1`) is read here with pread(2).
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 import marshal
 import os
 import stat
-from dataclasses import astuple
 from typing import Callable, Optional
 
+from gpuguard.kernellog import mapped
 from gpuguard.kernellog.scan import DEFAULT_MAX_EVENTS, Accumulator, ScanResult, scan_xid_stream
 from gpuguard.model import XidEvent
+from gpuguard.util.record import field_names
 
 PARALLEL_MIN_BYTES = 64 << 20  # below this per part, forking costs more than it saves
+MAPPED_MIN_BYTES = 16 << 20  # below this, a child and a mapping cost more than the copy they save
 MAX_WORKERS = 8
 
 
@@ -31,16 +35,33 @@ def scan_file(path: str, *, workers: Optional[int] = None, max_events: int = DEF
         st = os.fstat(fd)
         json_lines = _looks_like_journal_json(fd, st)
         n = _parts(st, workers)
-        if n <= 1:
+        mapped_parts = _mappable(st, n, workers, json_lines)
+        if n <= 1 and not mapped_parts:
             acc = Accumulator(None, max_events)
             return scan_xid_stream(f.readinto, final=True, acc=acc, count_lines=False, json_lines=json_lines)
         bounds = _split(fd, st.st_size, n)
-        children = [_fork(lambda s=start, e=end: _scan_part(fd, s, e, max_events, json_lines))
-                    for start, end in bounds[1:]]
-        results = [_scan_part(fd, *bounds[0], max_events, json_lines)]
-        for (start, end), child in zip(bounds[1:], children):
+        if mapped_parts:
+            children = [_fork(lambda s=start, e=end: _scan_part_mapped(fd, s, e, max_events)) for start, end in bounds]
+            results = []
+        else:
+            children = [None] + [_fork(lambda s=start, e=end: _scan_part(fd, s, e, max_events, json_lines))
+                                 for start, end in bounds[1:]]
+            results = [_scan_part(fd, *bounds[0], max_events, json_lines)]
+        for (start, end), child in list(zip(bounds, children))[len(results):]:
             results.append(_collect(child) or _scan_part(fd, start, end, max_events, json_lines))
     return _merge(results, max_events)
+
+
+def _mappable(st: os.stat_result, parts: int, workers: Optional[int], json_lines: bool) -> bool:
+    """Whether the parts go to children that map them (gpuguard.kernellog.mapped)."""
+    if json_lines or not stat.S_ISREG(st.st_mode) or not hasattr(os, "fork") or workers == 1:
+        return False
+    return (parts > 1 or st.st_size >= MAPPED_MIN_BYTES) and mapped.available()
+
+
+def _scan_part_mapped(fd: int, start: int, end: int, max_events: int) -> ScanResult:
+    found = mapped.scan_region(fd, start, end, max_events)
+    return found if found is not None else _scan_part(fd, start, end, max_events, False)
 
 
 def _looks_like_journal_json(fd: int, st: os.stat_result) -> bool:
@@ -150,7 +171,8 @@ def _collect(child: Optional[tuple[int, int]]) -> Optional[ScanResult]:
 
 
 def _encode(r: ScanResult) -> bytes:
-    return marshal.dumps(([astuple(e) for e in r.events], r.malformed, r.rejected_non_kernel, r.bytes_scanned,
+    names = field_names(XidEvent)  # dataclasses.astuple's order, without importing dataclasses (and inspect)
+    return marshal.dumps(([tuple(getattr(e, n) for n in names) for e in r.events], r.malformed, r.rejected_non_kernel, r.bytes_scanned,
                           r.end_offset, r.events_dropped))
 
 

@@ -23,7 +23,6 @@ as with `@dataclass`; a mutable plain default and a field without a default afte
 
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
@@ -241,4 +240,6 @@ def as_dict(obj: Any) -> Any:
         import dataclasses
 
         return dataclasses.asdict(obj)
+    import copy  # only for a value that is neither a record nor a container (copy imports weakref)
+
     return copy.deepcopy(obj)
