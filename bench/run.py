@@ -122,10 +122,34 @@ def bench_hooks(table: Table, runs: int, workdir: Path) -> None:
             t = interleaved(cmds, runs, env_for=fresh_job)
         checks = {kind: _checks_passed(agent, kind) for kind in ("prolog", "healthcheck")}
         served = {kind: _via_agent(agent, kind) for kind in ("prolog", "healthcheck")}
+        with Measuring() as burst_load:
+            burst = _burst(agent, cmds["prolog, agent"], BURST)
     finally:
         agent.stop()
         alone.stop()
     _hook_rows(table, t, load, checks, served, nhc_what if nhc else None)
+    table.row(f"a burst of {BURST} prologs at once through the agent: served by it / fell back (why) / wall",
+              f"{burst[0]} / {burst[1]} / {burst[2]:.2f} s", "all served", burst[0] == BURST, load=burst_load)
+
+
+BURST = 12  # a job array's prologs starting on one node at once (200 jobs on 16 nodes: 12-13 each)
+
+
+def _burst(site: DevSite, prolog: Command, n: int) -> tuple[int, str, float]:
+    """(served by the agent, the fallbacks by reason, wall time) of `n` prologs started at once (issue 30: with a
+    flat 0.5 s bound, most of a burst's prologs fell back to their own processes on a loaded node)."""
+    argv, env = prolog
+    jobs = [str(90000 + i) for i in range(n)]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(argv, env={**env, "SLURM_JOB_ID": job}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, cwd="/") for job in jobs]
+    for p in procs:
+        p.wait(timeout=120)
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in site.log_lines(" prolog node=") if any(f" job={job} " in ln for job in jobs)]
+    why = [m.group(1) for m in (re.search(r" via=local\((.*?)\)(?: |$)", ln) for ln in lines) if m]
+    fell_back = f"{len(why)}" + (f" ({'; '.join(sorted(set(why)))})" if why else "")
+    return sum(" via=agent" in ln for ln in lines), fell_back, wall
 
 
 def _hook_rows(table: Table, t: dict[str, list[float]], load: Load, checks: dict[str, int],

@@ -195,7 +195,8 @@ def _request(args: list[str], started: float, fds: str) -> HookRequest:
 def _converse(wait: PatientWait, child: Child, started: float) -> tuple[int | None, str]:
     """(exit code or None, why the agent refused: "" unless it did)."""
     reader = wait.reader
-    line = wait.line(child.pid, "agent child did not take the hook")  # _socket.timeout (an OSError): hung before taking the request
+    # _socket.timeout (an OSError): hung before taking the request
+    line = wait.line(child.pid, "agent child did not take the hook")
     if line is None or not line.startswith(b"ready "):
         child.ended = True  # gone, or `refused ...` (and ending)
         said = (line or b"").decode("utf-8", "replace").strip()[:120]

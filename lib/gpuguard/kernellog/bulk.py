@@ -172,7 +172,8 @@ def _collect(child: Optional[tuple[int, int]]) -> Optional[ScanResult]:
 
 def _encode(r: ScanResult) -> bytes:
     names = field_names(XidEvent)  # dataclasses.astuple's order, without importing dataclasses (and inspect)
-    return marshal.dumps(([tuple(getattr(e, n) for n in names) for e in r.events], r.malformed, r.rejected_non_kernel, r.bytes_scanned,
+    events = [tuple(getattr(e, n) for n in names) for e in r.events]
+    return marshal.dumps((events, r.malformed, r.rejected_non_kernel, r.bytes_scanned,
                           r.end_offset, r.events_dropped))
 
 
