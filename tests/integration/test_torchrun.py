@@ -6,7 +6,8 @@ tiny_train.py, without its ~2.4 s of CPU per rank and attempt for importing torc
 together over gloo are in test_torchrun_debian.py and test_example_train.py. Faults are injected through files
 the training reads, and through gpuguard's own health check draining a node with simulated Xid 79. Each job plays
 several scenarios (a torchrun start on two nodes is the expensive part): the first one the requeue, the node
-exclusions and the private scratch.
+exclusions and the private scratch. The last one runs `gpuguard monitor` beside the training (`monitor: true`): a
+rank that stops making progress is paged by name and the monitor's requeue is recorded as a hang.
 
 What a user would notice is asserted: the job's final state and restart count (scontrol show job), where each
 attempt ran, the ledger in the job directory, the `attempts` table in the user-side store (templates.store_path,
