@@ -6,7 +6,8 @@ tiny_train.py, without its ~2.4 s of CPU per rank and attempt for importing torc
 together over gloo are in test_torchrun_debian.py and test_example_train.py. Faults are injected through files
 the training reads, and through gpuguard's own health check draining a node with simulated Xid 79. Each job plays
 several scenarios (a torchrun start on two nodes is the expensive part): the first one the requeue, the node
-exclusions and the private scratch.
+exclusions and the private scratch. The last one runs `gpuguard monitor` beside the training (`monitor: true`): a
+rank that stops making progress is paged by name and the monitor's requeue is recorded as a hang.
 
 What a user would notice is asserted: the job's final state and restart count (scontrol show job), where each
 attempt ran, the ledger in the job directory, the `attempts` table in the user-side store (templates.store_path,
@@ -19,11 +20,13 @@ test_torchrun_debian.py and test_torchrun_oldest.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 from torchjob import NEEDS_TORCH, STAND_IN, Job, configure
 
 pytestmark = NEEDS_TORCH
@@ -155,3 +158,71 @@ def test_syntax_error_is_not_retried(site_factory, tmp_path):
     ledger = job.ledger()
     assert [(r["reason"], r["action"]) for r in ledger] == [("no_retry", "gave_up")], ledger
     assert "SyntaxError" in ledger[0]["detail"]
+
+
+@pytest.mark.slow(55)  # two attempts; attempt 1 waits out the monitor's hang limit (15 s without progress)
+def test_a_hung_node_is_paged_by_name_and_the_monitor_requeues_the_job_which_resumes(site_factory, hook, tmp_path):
+    """Issue 29 item 4: the monitor's requeue of a hung job is a hang in the ledger (a failure against the budget),
+    not the time limit nor a manual stop. `monitor: true` puts `gpuguard monitor` beside the training on both nodes;
+    it follows the job's output for progress (rank 0's `step: N` lines). The rank on node2 stops making progress
+    (control file stall-node2: a stuck data loader, say); rank 0 waits for it, as in a collective, so the whole job
+    stops stepping. After monitor.hang_minutes one monitor pages once, naming node2, and asks for the requeue
+    (`scancel --batch --signal=USR1`, its default requeue_command); the template's USR1 trap has the training
+    checkpoint and stop, and `job-attempt end` finds the monitor's record: attempt 1 is a hang. Attempt 2 resumes
+    from that checkpoint and finishes.
+
+    The page names the stuck node from the nodes' reports in the job directory: node2's (simulated) GPUs are idle
+    while node1's are busy, what a rank stuck outside a collective looks like while its peers spin in one. The fake
+    NVML reads its scenario when the monitor starts, so those GPU states hold from the start; monitor.idle_minutes is
+    set far off so that the idleness alone never counts as a hang here: the missing progress does."""
+    site = site_factory(nodes=2)
+    busy = tmp_path / "busy.yaml"
+    busy.write_text(yaml.safe_dump({"instance_type": "p5.48xlarge", "gpus": {
+        "defaults": {"utilization_pct": 97, "power_w": 650}}}))
+    site.set_scenario("node1", str(busy))  # node2 keeps the healthy scenario's idle GPUs
+    configure(site, notify={"urls": [hook.url("/alerts")]},
+              monitor={"hang_minutes": 0.25, "idle_minutes": 60, "requeue_on_hang": True, "py_spy": None})
+    t0 = time.monotonic()
+    job = Job(site, train=STAND_IN, steps=40, step_time=0.3, monitor=True, monitor_interval_s=1)
+    events = site.cluster.jobs_dir / "runs" / job.id / "gpuguard" / "events.jsonl"
+
+    def monitor_events() -> list[dict]:
+        return [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+
+    job.wait_for(lambda: (job.ckpt / "step-000002" / "COMPLETE").exists(), "the first checkpoints")
+    (job.control / "stall-node2").touch()  # attempt 1 only
+    (job.control / "finish-after-resume").touch()
+    job.wait_for(lambda: len(job.ledger()) >= 1, "the monitor to requeue the hung job", timeout=120)
+    info = job.wait()
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job.why(info)
+    ledger = job.ledger()
+    assert [(r["attempt"], r["reason"], r["event"], r["action"], r["budget"]) for r in ledger] == [
+        (1, "hang", "stop", "requeued", "failure"), (2, "completed", "none", "finished", None)], job.why(info)
+    assert "gpuguard monitor requeued a hung job: monitor.progress, stuck: node2 (asked by node" in ledger[0]["detail"]
+    assert "failure 1 of 3 in a row" in ledger[0]["detail"]
+    assert [(r["reason"], r["signal"]) for r in job.store_attempts()] == [("hang", 10), ("completed", None)]
+    # the stop path checkpointed the stalled attempt; attempt 2 resumed from that checkpoint and finished
+    step = ledger[0]["ckpt_step"]
+    assert "stalled (injected)" in out and "stop request while stalled" in out and "SIGTERM: checkpointed" in out
+    assert ledger[1]["resumed_from"].endswith(f"step-{step:06d}") and f"resumed from step {step} " in out
+    assert "finished 40 steps" not in out and (job.ckpt / "DONE").read_text() == str(step + 2)
+    assert "a requeue was asked for, not the time limit" in out and "SignalException" not in out
+    # the monitor: the hang seen on both nodes, reported by one, which asked for one requeue (its intent recorded
+    # before the command ran, the outcome after)
+    mon = [e for e in monitor_events() if e.get("kind") in ("hang", "requeue") and e.get("state") != "resolved"]
+    hangs = [e for e in mon if e["kind"] == "hang"]
+    assert {e["node"] for e in hangs} == {"node1", "node2"} and [e["reported"] for e in hangs].count(True) == 1, mon
+    reporter = next(e for e in hangs if e["reported"])
+    assert reporter["stuck"] == ["node2"], mon
+    assert [(e["phase"], e.get("ok"), e["node"], e["stuck"]) for e in mon if e["kind"] == "requeue"] == [
+        ("asking", None, reporter["node"], ["node2"]), ("done", True, reporter["node"], ["node2"])], mon
+    # what the on-call person got: one hang page and the requeue, both about node2 (whichever node sent them)
+    pages = [r["body"] for r in hook.wait_for(2)]
+    firing = [p["title"] for p in pages if "RESOLVED" not in p["title"]]
+    assert sorted(firing) == ["gpuguard: job hang node2 monitor.progress",
+                              "gpuguard: job requeue requested node2 monitor.progress"], firing
+    hang_page = next(p["message"] for p in pages if p["title"] == "gpuguard: job hang node2 monitor.progress")
+    assert "stuck: node2: every GPU idle" in hang_page and "while node1 are busy" in hang_page, hang_page
+    assert f"reported by {reporter['node']}" in hang_page
+    print(f"stall -> hang page -> monitor requeue -> checkpoint -> resume -> finish: {time.monotonic() - t0:.1f}s")

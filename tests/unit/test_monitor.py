@@ -20,6 +20,7 @@ from notify_servers import WebhookServer
 
 from gpuguard.siteconfig import parse_config
 from gpuguard.monitor.loop import Monitor
+from gpuguard.templates.jobfiles import requeue_asked
 from gpuguard.simulate.build import build_fake_nvml
 from gpuguard.simulate.scenario import materialize
 
@@ -187,8 +188,11 @@ def test_slow_node_step_time_against_peers(site, hook):
 def test_stalled_log_is_a_hang_with_stacks_and_one_report(site, hook, tmp_path):
     s = site(hang_minutes=1.0, requeue_on_hang=True,
              requeue_command=[sys.executable, str(tmp_path / "requeue_stub.py"), "--job", "{job_id}"])
+    # the stub also keeps what the job directory said while it ran: the monitor's intent is recorded before it
+    events = s.job_dir / "gpuguard" / "events.jsonl"
     (tmp_path / "requeue_stub.py").write_text(
-        f"import sys\nopen({str(tmp_path / 'requeued')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+        f"import shutil, sys\nopen({str(tmp_path / 'requeued')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"shutil.copy({str(events)!r}, {str(tmp_path / 'events-while-asking')!r})\n")
     s.node("node1", {"defaults": BUSY})
     log = s.job_dir / "train.log"
     log.parent.mkdir(parents=True)
@@ -228,6 +232,13 @@ def test_stalled_log_is_a_hang_with_stacks_and_one_report(site, hook, tmp_path):
     assert (tmp_path / "requeued").read_text() == "--job 5150\n"
     requeue = [r["body"] for r in hook.wait_for(2) if "job requeue requested" in r["body"]["title"]]
     assert requeue and "requeue requested" in requeue[0]["message"]
+    # intent, then outcome (gpuguard job-attempt end must never miss the monitor's requeue, however fast the job
+    # stops): the ask was in the job directory while the command ran, its outcome after
+    asked = [json.loads(e) for e in (tmp_path / "events-while-asking").read_text().splitlines()]
+    assert [(e["kind"], e.get("phase")) for e in asked][-1] == ("requeue", "asking")
+    final = [json.loads(e) for e in events.read_text().splitlines() if '"requeue"' in e]
+    assert [(e["phase"], e.get("ok")) for e in final] == [("asking", None), ("done", True)]
+    assert final[0]["ts"] == final[1]["ts"] and final[1]["check"] == "monitor.progress"
 
 
 def test_progress_resumes_then_stalls_again_alerts_again(site, hook):
@@ -347,8 +358,10 @@ def test_cost_per_sample_fits_the_budget(site, tmp_path):
 def test_the_hang_page_names_the_stuck_node_not_the_one_that_claimed_it(site, hook):
     """Issue 29 item 4: one shared training log stalls, so every node's monitor sees the hang and node1 claims it
     first; node3's GPUs went idle while node1's and node2's spin in the collective waiting for it: the page is
-    about node3 (title and message), says node1 reported it, and points at no stack dump (py_spy null)."""
-    s = site(hang_minutes=1.0, py_spy=None)
+    about node3 (title and message), says node1 reported it, and points at no stack dump (py_spy null). node1
+    also asks for the requeue: that page is about node3 too, and so is the record `gpuguard job-attempt end`
+    reads (the ledger's "hang" names the stuck node, not the one that asked)."""
+    s = site(hang_minutes=1.0, py_spy=None, requeue_on_hang=True, requeue_command=[sys.executable, "-c", "pass"])
     s.node("node1", {"defaults": BUSY})
     s.node("node2", {"defaults": BUSY})
     s.node("node3", {"defaults": {"utilization_pct": 0}})
@@ -373,3 +386,7 @@ def test_the_hang_page_names_the_stuck_node_not_the_one_that_claimed_it(site, ho
     assert "py-spy not available" not in msg and "pip install" not in msg
     events = [json.loads(e) for e in (s.job_dir / "gpuguard" / "events.jsonl").read_text().splitlines()]
     assert [e.get("stuck") for e in events if e.get("reported")] == [["node3"]]
+    requeue = [r["body"] for r in hook.wait_for(2) if "requeue" in r["body"]["title"]]
+    assert [p["title"] for p in requeue] == ["gpuguard: job requeue requested node3 monitor.progress"], requeue
+    assert "reported_by" in requeue[0]["message"] and "node1" in requeue[0]["message"]
+    assert requeue_asked(events, t0 - 1) == "monitor.progress, stuck: node3 (asked by node1)"

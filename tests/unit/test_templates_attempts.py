@@ -14,7 +14,7 @@ from gpuguard.templates.attempts import (AttemptFacts, Budget, DEFAULT_NO_RETRY,
 from gpuguard.templates.exclusions import Excluded, nodes_needed, plan_exclusions, unschedulable
 from gpuguard.templates.torchrun_report import parse_error_file, parse_torchrun_failures
 from gpuguard.templates.jobattempt import CheckpointSpec, JobContext, begin, end, policy_from_args, slurm_requeued
-from gpuguard.templates.jobfiles import user_store_path, worker_exits
+from gpuguard.templates.jobfiles import requeue_asked, user_store_path, worker_exits
 from gpuguard.templates.jobslurm import Scontrol
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "output"
@@ -441,8 +441,46 @@ def test_a_monitor_requeue_is_recorded_as_a_hang(fake):
                             "ok": True, "detail": "scancel --batch --signal=USR1 77"}) + "\n")
     dec = end(ctx, job_dir, 1, 0, "timelimit", policy_from_args(3, [], []))
     assert (dec.reason, dec.action, dec.budget) == ("hang", "requeued", "failure")
-    assert "monitor.progress on node2" in dec.detail
+    assert "monitor.progress (asked by node2)" in dec.detail
     assert _store(ctx)[0]["reason"] == "hang"
+
+
+ASK = {"node": "node1", "kind": "requeue", "check": "monitor.progress", "stuck": ["node2"]}
+
+
+@pytest.mark.parametrize("events, expected", [
+    # intent, then outcome: the ask counts from the moment it is recorded, before the command returns (the stop it
+    # causes may end the attempt first), and when the command gave no answer in time (it may have taken effect)
+    ([{**ASK, "ts": 100.0, "phase": "asking"}], "monitor.progress, stuck: node2 (asked by node1)"),
+    ([{**ASK, "ts": 100.0, "phase": "asking"}, {**ASK, "ts": 100.0, "phase": "done", "ok": True}],
+     "monitor.progress, stuck: node2 (asked by node1)"),
+    ([{**ASK, "ts": 100.0, "phase": "asking"}, {**ASK, "ts": 100.0, "phase": "done", "ok": None}],
+     "monitor.progress, stuck: node2 (asked by node1)"),
+    # the command failed: the USR1 that stopped the job was someone else's
+    ([{**ASK, "ts": 100.0, "phase": "asking"}, {**ASK, "ts": 100.0, "phase": "done", "ok": False}], None),
+    # an earlier attempt's ask does not count; an older monitor's single record does when it succeeded
+    ([{**ASK, "ts": 10.0, "phase": "asking"}], None),
+    ([{"ts": 100.0, "node": "node2", "kind": "requeue", "check": "monitor.gpu_idle", "ok": True}],
+     "monitor.gpu_idle (asked by node2)"),
+    ([{"ts": 100.0, "node": "node2", "kind": "requeue", "check": "monitor.gpu_idle", "ok": False}], None),
+    ([{**ASK, "ts": "garbage", "phase": "asking"}, {"ts": 100.0, "kind": "hang", "node": "node1"}], None),
+])
+def test_which_monitor_requeue_the_stop_was(events, expected):
+    assert requeue_asked(events, 50.0) == expected
+
+
+def test_a_stop_that_overtakes_the_monitors_requeue_command_is_still_a_hang(fake):
+    """The USR1 can end the attempt before the monitor's requeue command returns (a slow slurmctld, a command
+    that times out although the signal went out): its intent, recorded before the command ran, is enough."""
+    import time as _t
+
+    ctx, d, log, job_dir = fake
+    begin(ctx, job_dir, 1)
+    (job_dir / "gpuguard").mkdir(parents=True, exist_ok=True)
+    (job_dir / "gpuguard" / "events.jsonl").write_text(json.dumps({**ASK, "ts": _t.time(), "phase": "asking"}) + "\n")
+    dec = end(ctx, job_dir, 1, 0, "stop", policy_from_args(3, [], []))
+    assert (dec.reason, dec.action, dec.budget) == ("hang", "requeued", "failure")
+    assert "gpuguard monitor requeued a hung job: monitor.progress, stuck: node2 (asked by node1)" in dec.detail
 
 
 def test_worker_exits_merges_report_and_error_files(tmp_path):

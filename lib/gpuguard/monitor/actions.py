@@ -80,12 +80,13 @@ def dump_stacks(py_spy: str, pids: list[int], out_path: str, timeout_s: float) -
     return f"{ok} of {len(pids)} stack(s) dumped to {out_path}", out_path if ok else None
 
 
-def requeue(argv_template: list[str], job_id: str, timeout_s: float) -> tuple[bool, str]:
-    """Run the configured requeue command ("{job_id}" substituted in each argument; no shell)."""
+def requeue(argv_template: list[str], job_id: str, timeout_s: float) -> tuple[Optional[bool], str]:
+    """Run the configured requeue command ("{job_id}" substituted in each argument; no shell). (True: done, False:
+    refused or not run, None: no answer in time, so it may still have taken effect; what it said.)"""
     argv = [a.replace("{job_id}", str(job_id)) for a in argv_template]
     r = run_tool(argv, timeout_s)
     if r.timed_out:
-        return False, f"{' '.join(argv)}: no answer within {timeout_s:g}s"
+        return None, f"{' '.join(argv)}: no answer within {timeout_s:g}s (it may still take effect)"
     if r.rc is None:
         return False, f"cannot run {argv[0]}: {r.error}"
     out = (r.err_text() or r.text()).strip()[:300]

@@ -143,7 +143,7 @@ class AlertEpisodes:
                 continue  # another node reports this job's hang (and requeues), or this node already did
             fired.append(f"{a.check_id}:{self._notify(self._event(page, now, evidence=evidence))}")
             if a.kind == "hang" and self.p.requeue_on_hang and self.job_id:
-                self._requeue(now, a)
+                self._requeue(now, a, list(evidence.get("stuck_nodes") or []))
         return fired
 
     def _resolve(self, now: float, current: set[str]) -> list[str]:
@@ -247,18 +247,21 @@ class AlertEpisodes:
         _log(summary)
         return summary, path
 
-    def _requeue(self, now: float, alert: Alert) -> None:
+    def _requeue(self, now: float, alert: Alert, stuck: list[str]) -> None:
+        """Ask for the job's requeue, once per attempt (one node's claim). The intent is recorded in the job
+        directory before the command runs, its outcome after: `gpuguard job-attempt end` reads them to call the
+        stop a hang, and the batch shell's USR1 may end the attempt before the command even returns."""
         if not self.jobdir.claim(f"requeue-{self.job_id}-{int(self.started)}", self.node):
             return
+        ask = {"ts": now, "node": self.node, "kind": "requeue", "check": alert.check_id, "stuck": stuck}
+        self._record({**ask, "phase": "asking"})
         ok, detail = requeue(self.p.requeue_command, str(self.job_id), self.p.command_timeout_s)
         _log(f"requeue after {alert.check_id}: {detail}")
-        try:
-            self.jobdir.record_event({"ts": now, "node": self.node, "kind": "requeue", "check": alert.check_id,
-                                      "ok": ok, "detail": detail})
-        except OSError:
-            pass
-        self._notify(Event(kind="requeue", node=self.node, job_id=self.job_id, check_id=alert.check_id,
-                           severity="warning" if ok else "critical",
-                           message=f"job {self.job_id} {'requeue requested' if ok else 'requeue FAILED'} after: "
-                                   f"{alert.message}", evidence={"command": detail}, ts=now,
-                           action=None if ok else "requeue or cancel the job by hand"))
+        self._record({**ask, "phase": "done", "ok": ok, "detail": detail})
+        what = {True: "requeue requested", False: "requeue FAILED", None: "requeue asked, no answer"}[ok]
+        self._notify(Event(kind="requeue", node=self.hang_label or self.node, job_id=self.job_id,
+                           check_id=alert.check_id, severity="warning" if ok else "critical",
+                           message=f"job {self.job_id} {what} after: {alert.message}",
+                           evidence={"command": detail, "reported_by": self.node, "stuck_nodes": stuck}, ts=now,
+                           scope="job",
+                           action=None if ok else "check that the job was requeued; requeue or cancel it by hand"))

@@ -11,7 +11,7 @@ import sqlite3
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from gpuguard.templates.attempts import WorkerExit
 from gpuguard.templates.fabric import read_attempt, summary
@@ -162,8 +162,8 @@ def fabric_summary(job_dir: Path, attempt: int) -> Optional[dict[str, Any]]:
 
 def monitor_requeue_since(job_dir: Path, since: Optional[float]) -> Optional[str]:
     """The latest requeue `gpuguard monitor` asked for during this attempt (it records its events in
-    <job dir>/gpuguard/events.jsonl), as "check: detail"; None when there was none."""
-    found = None
+    <job dir>/gpuguard/events.jsonl), as "check, stuck: nodes (asked by node)"; None when there was none."""
+    events = []
     try:
         with open(job_dir / "gpuguard" / "events.jsonl", errors="replace") as f:
             for line in f:
@@ -171,9 +171,39 @@ def monitor_requeue_since(job_dir: Path, since: Optional[float]) -> Optional[str
                     ev = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(ev, dict) and ev.get("kind") == "requeue" and ev.get("ok") and \
-                        (since is None or float(ev.get("ts") or 0) >= float(since)):
-                    found = f"{ev.get('check') or 'hang'} on {ev.get('node') or '?'}"
+                if isinstance(ev, dict):
+                    events.append(ev)
     except OSError:
         return None
-    return found
+    return requeue_asked(events, since)
+
+
+def requeue_asked(events: Sequence[Mapping[str, Any]], since: Optional[float]) -> Optional[str]:
+    """Of the monitor's events, its latest requeue since `since` that may have reached the job. The monitor records
+    its intent ("phase": "asking") before it runs the requeue command and the outcome after, so a stop that
+    overtakes the command (or a command with no answer in time) is still the monitor's; only an ask whose
+    outcome says it failed does not count. Records without a phase (older monitors) count when ok. Pure."""
+    asks: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for ev in events:
+        if ev.get("kind") != "requeue":
+            continue
+        try:
+            ts = float(ev.get("ts") or 0)
+        except (TypeError, ValueError):
+            continue
+        if since is not None and ts < float(since):
+            continue
+        key = (str(ev.get("node")), str(ev.get("ts")))
+        phase = ev.get("phase")
+        if phase == "asking" or (phase is None and ev.get("ok")):
+            asks.pop(key, None)
+            asks[key] = ev  # the latest ask last
+        elif ev.get("ok") is False:
+            asks.pop(key, None)  # refused, or never ran: the stop came from someone else
+    if not asks:
+        return None
+    ev = list(asks.values())[-1]
+    stuck = ev.get("stuck")
+    names = ", ".join(str(n) for n in stuck) if isinstance(stuck, list) and stuck else None
+    return f"{ev.get('check') or 'hang'}" + (f", stuck: {names}" if names else "") + \
+        f" (asked by {ev.get('node') or '?'})"
