@@ -111,9 +111,13 @@ def _wait_file(path: Path, timeout: float = 20.0) -> None:
 
 
 def _stop(proc: subprocess.Popen[str], tmp: Path) -> None:
-    """What `scancel --signal=USR2 <job>.<step>` does: SIGUSR2 to every process of the step."""
+    """What `scancel --signal=USR2 <job>.<step>` does: SIGUSR2 to every process of the step; sent once both
+    workers run and the fake torchrun has set its trap (it writes torchrun.pid after `trap`): a SIGTERM forwarded
+    before that would kill it by default and leave its workers looping with the pipes open (a 60 s hang here on a
+    loaded machine)."""
     _wait_file(tmp / "w0.started")
     _wait_file(tmp / "w1.started")
+    _wait_file(tmp / "torchrun.pid")
     os.killpg(proc.pid, signal.SIGUSR2)
 
 
@@ -154,8 +158,7 @@ def test_new_torchrun_gets_the_stop_itself(tmp_path):
 @pytest.mark.parametrize("node,is_host", [("node1", "1"), ("node2", "0")])
 def test_only_the_first_node_hosts_the_rendezvous_store(tmp_path, node, is_host):
     proc = _start(tmp_path, "[--shutdown-timeout S]", node=node)
-    _wait_file(tmp_path / "w0.started")
-    os.killpg(proc.pid, signal.SIGUSR2)
+    _stop(proc, tmp_path)
     proc.communicate(timeout=60)
     argv = (tmp_path / "torchrun.args").read_bytes().split(b"\0")[:-1]
     assert argv[0].decode() == f"--rdzv-conf=is_host={is_host}" and argv[1].decode() == "--nnodes=2"
