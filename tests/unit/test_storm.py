@@ -372,7 +372,9 @@ def test_a_rack_from_the_site_file_holds_its_nodes_and_the_page_names_it(tmp_pat
     labels = alert_labels(pages[0], cfg.notify)
     assert labels["component"] == "rack12" and labels["rack"] == "rack12" and labels["component_kind"] == "rack"
     assert "Held, not drained: n[01-06]" in pages[0].message
-    assert all(cluster.nodes[n]["comment"].endswith(":rack=rack12") for n in decided)
+    assert all(cluster.nodes[n]["comment"].startswith("gpuguard-storm:held:gpu.temperature@rack=rack12:")
+               for n in decided), {n: cluster.nodes[n]["comment"] for n in decided}
+    assert all(parse_mark(cluster.nodes[n]["comment"]).component == "rack=rack12" for n in decided)
 
 
 def test_a_broken_site_file_is_noted_and_the_partition_rule_still_guards(tmp_path):
@@ -384,3 +386,144 @@ def test_a_broken_site_file_is_noted_and_the_partition_rule_still_guards(tmp_pat
     assert g.decide(verdict()) is None  # the first of the partition drains, as without the file
     assert g.notes == [f"slurm.shared_components_file {site}: line 3: rack.nodes.rack12: bad hostlist 'n[01-': "
                        "unbalanced brackets"]
+
+
+# --------------------------------------------------------------------------- a component's fault and the partition
+
+
+def test_a_switch_fault_takes_none_of_the_partitions_drains_from_a_node_elsewhere():
+    """leaf7's 12 failing nodes are one switch fault, held and paged once. n020 (under leaf8, healthy) fails the same
+    check in the same round: its own fault, and the partition's limit is computed without leaf7's nodes (16 of 32
+    left: limit 2), so it drains. Without the fix leaf7's 12 intents ranked first and n020 came 13th of a limit of 4:
+    held, and the partition storm paged as well."""
+    marks = {f"n{i:03d}": format_mark("intent", "fabric.efa", NOW - 2 + i * 0.01) for i in range(1, 13)}
+    marks["n020"] = format_mark("intent", "fabric.efa", NOW - 1)
+    census = rows(32, {}, marks=marks)
+    d = decide(census, "n020", "fabric.efa", NOW, S, [LEAF7, LEAF8])
+    assert d.hold is None and not d.page, d.hold
+    # the same once leaf7's nodes are held (their marks name the switch) and the round is over
+    held = {n: format_mark("held", "fabric.efa", NOW - 2 + i * 0.01, "switch=leaf7") for i, n in
+            enumerate(sorted(marks)[:12], start=1)}
+    later = rows(32, {}, marks={**held, "n020": format_mark("intent", "fabric.efa", NOW)})
+    assert decide(later, "n020", "fabric.efa", NOW, S, [LEAF7, LEAF8]).hold is None
+    # a held mark names the switch even when leaf7 is no longer blamed from this census (some let go): still not
+    # the partition's
+    few = {n: m for n, m in held.items() if n in ("n001", "n002", "n003", "n004", "n005")}
+    assert decide(rows(32, {}, marks={**few, "n020": format_mark("intent", "fabric.efa", NOW)}), "n020",
+                  "fabric.efa", NOW, S, [LEAF7, LEAF8]).hold is None
+    # and every leaf7 node still pages the switch once, not the partition
+    decisions = {n: decide(census, n, "fabric.efa", NOW, S, [LEAF7, LEAF8]) for n in marks if n != "n020"}
+    assert all(x.component == LEAF7 for x in decisions.values())
+    assert [n for n, x in decisions.items() if x.page] == ["n001"]
+
+
+def test_the_partition_limit_still_holds_unrelated_nodes_beyond_it():
+    """The switch fault does not switch the partition rule off: outside leaf7 (16 nodes, limit 2), a third node
+    failing in the same round is held and pages the partition's storm."""
+    marks = {f"n{i:03d}": format_mark("intent", "fabric.efa", NOW - 2 + i * 0.01) for i in range(1, 13)}
+    marks.update({n: format_mark("intent", "fabric.efa", NOW - 1 + k * 0.01)
+                  for k, n in enumerate(("n020", "n021", "n022"))})
+    census = rows(32, {}, marks=marks)
+    out = {n: decide(census, n, "fabric.efa", NOW, S, [LEAF7, LEAF8]) for n in ("n020", "n021", "n022")}
+    assert [out[n].hold is None for n in out] == [True, True, False]
+    assert out["n022"].page and out["n022"].component is None and out["n022"].held == ("n022",)
+
+
+def test_a_switch_whose_first_nodes_the_partition_rule_held_is_paged_once_when_it_is_blamed():
+    """n001 was held by the partition rule (its mark names no component; it told the partition's storm then, and
+    keeps its decision without another census). Now n002 and n003, also under leaf4, fail: 3 of 4, the switch is
+    blamed. The switch page goes out once, from n002 (the first whose mark is, or will be, the switch's), not from
+    n001 which decides nothing now; a later node of the switch does not page again."""
+    leaf4 = Component("switch", "leaf4", ("n001", "n002", "n003", "n004"), SWITCH_CHECKS)
+    drained = {"n010": ("fabric.efa", 300), "n011": ("fabric.efa", 300)}
+    marks = {"n001": format_mark("held", "fabric.efa", NOW - 200),
+             "n002": format_mark("intent", "fabric.efa", NOW), "n003": format_mark("intent", "fabric.efa", NOW + 0.1)}
+    census = rows(20, drained, marks=marks)
+    first = {n: decide(census, n, "fabric.efa", NOW, S, [leaf4]) for n in ("n002", "n003")}
+    assert all(d.component == leaf4 and d.hold for d in first.values())
+    assert [n for n, d in first.items() if d.page] == ["n002"]
+    assert first["n002"].held == ("n001", "n002", "n003")
+    # n003 takes its census after n002 marked itself held for the switch: the same, one page
+    marks["n002"] = format_mark("held", "fabric.efa", NOW, "switch=leaf4")
+    assert not decide(rows(20, drained, marks=marks), "n003", "fabric.efa", NOW, S, [leaf4]).page
+    marks["n003"] = format_mark("held", "fabric.efa", NOW + 0.1, "switch=leaf4")
+    marks["n004"] = format_mark("intent", "fabric.efa", NOW + 30)
+    late = decide(rows(20, drained, marks=marks), "n004", "fabric.efa", NOW + 30, S, [leaf4])
+    assert late.component == leaf4 and not late.page
+
+
+# --------------------------------------------------------------------------- marks across versions (an upgrade)
+
+
+def _parse_mark_before_components(comment: Optional[str]) -> Optional[tuple[str, str, float]]:
+    """parse_mark as released before shared components (commit ae80d4d), verbatim but for the tuple: what a node
+    not yet upgraded reads in every other node's Comment (its census) and in its own (may_mark, clear_mark)."""
+    parts = (comment or "").strip().split(":")
+    if len(parts) != 4 or parts[0] != "gpuguard-storm" or parts[1] not in ("intent", "held"):
+        return None
+    try:
+        return (parts[1], parts[2], float(parts[3]))
+    except ValueError:
+        return None
+
+
+def test_a_node_not_yet_upgraded_reads_a_switch_held_mark_as_gpuguards_and_never_as_the_check_itself():
+    """During an upgrade old and new nodes read each other's Comments. A held mark naming a component must still be
+    gpuguard's mark to an old node (else: an admin's Comment it never overwrites, so a node rolled back keeps a stale
+    mark it can neither clear nor replace), held, with its time, and not a hold for the check itself (else an old
+    node's partition rule counts a switch fault against its own drain: the partition's slots eaten again). Intent
+    and partition-storm marks read exactly as before."""
+    t = 1733140000.52
+    old = _parse_mark_before_components(format_mark("held", "fabric.efa", t, "switch=leaf7"))
+    assert old is not None, format_mark("held", "fabric.efa", t, "switch=leaf7")
+    assert old[0] == "held" and old[2] == t and old[1] != "fabric.efa" and "leaf7" in old[1]
+    assert _parse_mark_before_components(format_mark("held", "fabric.efa", t)) == ("held", "fabric.efa", t)
+    assert _parse_mark_before_components(format_mark("intent", "fabric.efa", t)) == ("intent", "fabric.efa", t)
+    new = parse_mark(format_mark("held", "fabric.efa", t, "rack=rack-12.b"))
+    assert new is not None and (new.state, new.check_id, new.ts, new.component) == ("held", "fabric.efa", t,
+                                                                                     "rack=rack-12.b")
+    # what the first build with components wrote (a fifth field) still reads, so its nodes can be let go
+    five = parse_mark(f"gpuguard-storm:held:fabric.efa:{t:.2f}:switch=leaf7")
+    assert five is not None and (five.check_id, five.component) == ("fabric.efa", "switch=leaf7")
+    assert may_mark(f"gpuguard-storm:held:fabric.efa:{t:.2f}:switch=leaf7")
+
+
+def test_a_rack_whose_first_node_the_partition_held_pages_once_when_most_of_it_fails(tmp_path):
+    """Through the guard and the marks it writes: n05 and n06 drain (the partition's limit, 2 of 10), n01 (rack12)
+    is held by the partition rule and pages that storm. Then n02 and n03 fail in one round: 3 of rack12's 4 nodes,
+    the rack is at fault. One page names it (n01, held already, decides nothing now and must not swallow it)."""
+    site = tmp_path / "parts.yaml"
+    site.write_text("rack:\n  checks: [fabric.efa]\n  nodes:\n    rack12: n[01-04]\n")
+    cluster = Cluster(10)
+    cfg = make_cfg(tmp_path, notify={"urls": ["json://127.0.0.1:1/x"]},
+                   slurm={"scontrol": "/bin/false", "shared_components_file": str(site)})
+
+    def guard_of(node: str) -> StormGuard:
+        return StormGuard(cfg, cluster, node, time.time, lambda: 0.3)
+
+    for n in ("n05", "n06"):
+        g = guard_of(n)
+        assert g.decide(verdict()) is None
+        cluster.drain(n, EFA)
+        g.after_drain()
+    first = guard_of("n01").decide(verdict())
+    assert first is not None and [e.dedup_key for e in first.events] == ["gpuguard/storm/gpu/fabric.efa"]
+    assert parse_mark(cluster.nodes["n01"]["comment"]).component == ""
+    decided: dict[str, object] = {}
+
+    def one(node: str) -> None:
+        decided[node] = guard_of(node).decide(verdict())
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in ("n01", "n02", "n03")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(h is not None for h in decided.values())
+    pages = [e for h in decided.values() for e in h.events]
+    assert [p.dedup_key for p in pages] == ["gpuguard/rack/rack12/fabric.efa"], pages
+    assert "Held, not drained: n[01-03]" in pages[0].message
+    assert [parse_mark(cluster.nodes[n]["comment"]).component for n in ("n01", "n02", "n03")] == \
+        ["", "rack=rack12", "rack=rack12"]
+    late = guard_of("n04").decide(verdict())  # the rack's last node fails later: held, no second page
+    assert late is not None and late.events == [] and "rack rack12" in late.why

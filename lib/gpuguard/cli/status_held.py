@@ -1,5 +1,5 @@
 """`gpuguard status`'s view of the drain-storm guard and of the topology: the nodes held back (not drained) with
-what holds them, read from the marks in their Slurm Comments (`gpuguard-storm:held:<check>:<time>[:switch=leaf7]`,
+what holds them, read from the marks in their Slurm Comments (`gpuguard-storm:held:<check>[@switch=leaf7]:<time>`,
 gpuguard.pipeline.storm), and the leaf switch of each drained node (gpuguard.slurm.topology). Pure apart from
 nothing: the caller gives `scontrol show node -o` and the topology."""
 

@@ -23,8 +23,15 @@ round or a later one (the marks of held nodes show the storm is known), do not. 
 site file) are judged first: when more than half of the nodes under one component, and at least SHARED_MIN_NODES,
 fail a check that component's fault explains (drained for it within the window, or marked intent/held), it is one
 fault of that component, not of its nodes. Every node of it that has not drained yet is held (whatever the
-partition limit), its held mark names the component (`gpuguard-storm:held:<check>:<time>:switch=leaf7`), and the
-first of them pages once, naming the component. Without components the partition rule alone decides, as before.
+partition limit), its held mark names the component (`gpuguard-storm:held:<check>@switch=leaf7:<time>`), and one
+of them pages once, naming the component: the first, by time and name, of those deciding now or held for it
+already (nodes the partition rule held before the component was blamed page nothing and stop nothing). The
+component's nodes take none of the partition's drains: the partition rule then judges a node elsewhere failing the
+same check against the partition without them (its size, its limit, its ranking). Without components the partition
+rule alone decides, as before.
+
+The marks (in a node's Comment; ARCHITECTURE.md, "The storm guard's marks"): `gpuguard-storm:<intent|held>:<check>[@<kind>=<name>]:<time>`,
+always four ':'-separated fields, which the releases before components parse too.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ INTENT_TTL_S = 60.0  # an intent mark older than this is a hook that died betwee
 # a component is blamed only when at least this many of its nodes fail together: two nodes failing at once are as
 # likely two bad nodes (and holding drains of broken hardware has a cost)
 SHARED_MIN_NODES = 3
+COMPONENT_SEP = "@"  # in a held mark, between the check and the component at fault (a check id never holds one)
 
 
 @record
@@ -71,16 +79,30 @@ class Mark(Frozen):
     component: str = ""  # a held node's component at fault: "switch=leaf7"; "" for a partition storm
 
 
+def component_ref(component: Component) -> str:
+    """How a held mark names a component: "switch=leaf7"."""
+    return f"{component.kind}={component.name}"
+
+
 def format_mark(state: str, check_id: str, ts: float, component: str = "") -> str:
-    return f"{MARK}:{state}:{check_id}:{ts:.2f}" + (f":{component}" if component else "")
+    """`gpuguard-storm:<state>:<check>:<time>`, a component-held node's `gpuguard-storm:held:<check>@<kind>=<name>:
+    <time>`: always four fields, so a gpuguard from before components (which wants exactly four) reads the latter as
+    gpuguard's own held mark, for a check that is not `<check>` (it never counts it against a partition's drains,
+    as the component's nodes must not count) instead of as an admin's Comment."""
+    return f"{MARK}:{state}:{check_id}" + (f"{COMPONENT_SEP}{component}" if component else "") + f":{ts:.2f}"
 
 
 def parse_mark(comment: Optional[str]) -> Optional[Mark]:
+    """A mark (check ids never hold '@', component names never ':'), also the five-field held mark of the first
+    build with components (`...:<check>:<time>:switch=leaf7`); None for anything else."""
     parts = (comment or "").strip().split(":")
     if len(parts) not in (4, 5) or parts[0] != MARK or parts[1] not in ("intent", "held"):
         return None
+    check, _, component = parts[2].partition(COMPONENT_SEP)
+    if len(parts) == 5:
+        component = component or parts[4]
     try:
-        return Mark(parts[1], parts[2], float(parts[3]), parts[4] if len(parts) == 5 else "")
+        return Mark(parts[1], check, float(parts[3]), component)
     except ValueError:
         return None
 
@@ -147,22 +169,69 @@ def _ranked(rows: Sequence[NodeRow], partition: Optional[str], check_id: str, no
     return drains, list(dict.fromkeys(order))
 
 
+def _failing(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings,
+             component: Component) -> tuple[list[tuple[float, str]], list[str]]:
+    """The component's nodes failing the check: (drains within the window; every one in the ranking's order, `node`
+    last when it is one of them and shows no mark)."""
+    members = set(component.nodes)
+    drains, order = _ranked([r for r in rows if r.node in members], None, check_id, now, s)
+    if node in members and node not in order:
+        order.append(node)
+    return drains, order
+
+
+def _at_fault(component: Component, failing: int) -> bool:
+    return failing >= SHARED_MIN_NODES and failing * 2 > len(component.nodes)
+
+
+def _pager(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings, component: Component,
+           held: Sequence[str]) -> Optional[str]:
+    """The one node of the component that pages its fault: the first, by its mark's time and name, of the held nodes
+    deciding now (an intent mark) or held for this component already (a held mark naming it: that one paged). Nodes
+    held before the component was blamed (the partition rule's, another component's) decide nothing now and page
+    nothing: they do not stand in the way. The same on every node, whichever of intent or held each census saw."""
+    ref, members, out = component_ref(component), set(component.nodes), []
+    for r in rows:
+        m = parse_mark(r.comment) if r.node in members and r.node in held else None
+        if m is None or m.check_id != check_id:
+            continue
+        if (m.state == "intent" and abs(now - m.ts) <= INTENT_TTL_S) or \
+                (m.state == "held" and m.component == ref and abs(now - m.ts) <= s.window_s):
+            out.append((m.ts, r.node))
+    order = [n for _, n in sorted(set(out))]
+    if node not in order:
+        order.append(node)  # no mark of its own to be seen: it comes last
+    return order[0]
+
+
 def _shared(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings,
             component: Component) -> Optional[Decision]:
     """The component's fault, when most of its nodes fail the check: this node is held (None: not the case)."""
-    members = set(component.nodes)
-    drains, order = _ranked([r for r in rows if r.node in members], None, check_id, now, s)
-    if node not in order:
-        order.append(node)
-    if len(order) < SHARED_MIN_NODES or len(order) * 2 <= len(members):
+    drains, order = _failing(rows, node, check_id, now, s, component)
+    if not _at_fault(component, len(order)):
         return None
     drained = [n for _, n in drains]
     held = [n for n in order if n not in drained]
-    why = (f"{component.label}: {len(order)} of the {len(members)} nodes under it fail {check_id} within "
+    members = len(component.nodes)
+    why = (f"{component.label}: {len(order)} of the {members} nodes under it fail {check_id} within "
            f"{s.window_s / 60:g} min: one {component.kind} fault, not {len(order)} node faults (this node is held, "
            "not drained)")
-    return Decision(why, page=bool(held) and held[0] == node, size=len(members), drained=tuple(drained),
-                    held=tuple(held), component=component, failing=len(order))
+    return Decision(why, page=_pager(rows, node, check_id, now, s, component, held) == node, size=members,
+                    drained=tuple(drained), held=tuple(held), component=component, failing=len(order))
+
+
+def _components_at_fault(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings,
+                         components: Sequence[Component]) -> set[str]:
+    """The nodes whose failure of the check is a component's, not theirs: under a component blamed from this census,
+    or held with a mark naming a component (held for it even when some of its nodes have let go since)."""
+    out = {n for c in components if c.explains(check_id) and _at_fault(c, len(_failing(rows, node, check_id, now, s,
+                                                                                           c)[1]))
+           for n in c.nodes}
+    for r in rows:
+        m = parse_mark(r.comment)
+        if m is not None and m.state == "held" and m.component and m.check_id == check_id:
+            out.add(r.node)
+    return out
 
 
 def _in_partition(rows: Sequence[NodeRow], node: str, partition: str, check_id: str, now: float,
@@ -188,14 +257,18 @@ def decide(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: Sto
            components: Sequence[Component] = ()) -> Decision:
     """Whether `node` may drain for `check_id`, from one census taken after the node marked its intent (or without
     a mark, when it could not write one). A shared component of the node at fault first (its first such one), then
-    the partitions: held in any of them, held (the first such one)."""
+    the partitions without the nodes of components at fault (a switch fault takes none of a partition's drains: a
+    node elsewhere failing the same check is judged against the rest): held in any of them, held (the first such
+    one)."""
     for c in components:
         if node in c.nodes and c.explains(check_id):
             d = _shared(rows, node, check_id, now, s, c)
             if d is not None:
                 return d
-    for partition in sorted({r.partition for r in rows if r.node == node}):
-        d = _in_partition(rows, node, partition, check_id, now, s)
+    theirs = _components_at_fault(rows, node, check_id, now, s, components) - {node} if components else set()
+    rest = [r for r in rows if r.node not in theirs]
+    for partition in sorted({r.partition for r in rest if r.node == node}):
+        d = _in_partition(rest, node, partition, check_id, now, s)
         if d.hold is not None:
             return d
     return Decision(None)

@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Optional
 
 from gpuguard.pipeline.journal import runtime_dir
-from gpuguard.pipeline.storm import Decision, decide, format_mark, may_mark, parse_mark, settings_from
+from gpuguard.pipeline.storm import Decision, component_ref, decide, format_mark, may_mark, parse_mark, settings_from
 from gpuguard.slurm.client import SlurmError
 from gpuguard.slurm.hostlist import compress_hostlist
 from gpuguard.util.fs import atomic_write
@@ -74,7 +74,7 @@ class StormGuard:
         d = decide(rows, self.node, check, now, settings_from(self.cfg.policy), self._components())
         if d.hold is None:
             return None
-        part = f"{d.component.kind}={d.component.name}" if d.component is not None else ""
+        part = component_ref(d.component) if d.component is not None else ""
         if self.marked:
             self._mark("held", check, now, part)
         self._keep(check, d.hold, now, part)
