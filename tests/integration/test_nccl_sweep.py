@@ -31,7 +31,9 @@ def _configure(site, tmp_path: Path, **extra) -> None:
 
 
 def test_sweep_finds_the_slow_node_and_drains_only_it(site_factory, tmp_path):
-    site = site_factory(nodes=4)
+    """Slurm has a topology (topology.conf: leaf1 = node[1-2], leaf2 = node[3-4]): the report also groups the swept
+    nodes by leaf switch, from `scontrol show topology`; one slow node of two is not its switch's fault."""
+    site = site_factory(nodes=4, topology={"leaf1": "node[1-2]", "leaf2": "node[3-4]"})
     site.set_scenario("node3", str(_slow_scenario(tmp_path, 0.4)))
     _configure(site, tmp_path)
     t0 = time.monotonic()
@@ -67,16 +69,28 @@ def test_sweep_finds_the_slow_node_and_drains_only_it(site_factory, tmp_path):
     # what an admin reads: the report table and progress lines
     assert "node3" in p.stdout and "SLOW" in p.stdout and "isolated" in p.stdout
     assert "submitted" in p.stderr
+    # the per-switch table, as `scontrol show topology` groups the nodes: leaf2 holds the one slow (drained) node,
+    # and one of two is no reason to suspect the switch
+    table = p.stdout[p.stdout.index("\nswitch "):]
+    assert table.splitlines()[1].split() == ["switch", "nodes", "ok", "slow", "other", "drained", "hostlist"], table
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:] if line.startswith("leaf")}
+    assert rows == {"leaf1": ["leaf1", "2", "2", "0", "0", "0", "node[1-2]"],
+                    "leaf2": ["leaf2", "2", "1", "1", "0", "1", "node[3-4]"]}, table
+    assert "suspect the switch" not in p.stdout
     print(f"sweep of 4 nodes: {len(runs)} jobs, node3 drained in {took:.1f}s\n{p.stdout}")
 
 
 def test_sweep_of_a_healthy_fleet_drains_nothing_and_records_a_baseline(site_factory, tmp_path):
-    site = site_factory(nodes=3)
+    site = site_factory(nodes=3, topology={"leaf1": "node[1-2]", "leaf2": "node3"})
     _configure(site, tmp_path, sweep_method="bisect")
     p = site.gpuguard("nccl", "sweep", "--nodes", "node[1-3]", "--json", timeout=90)
     assert p.returncode == 0, p.stdout + p.stderr
     report = json.loads(p.stdout)
     assert report["conclusion"] == "pass" and report["slow"] == [] and len(report["measurements"]) == 1
+    # --json groups the swept nodes by leaf switch too (Slurm's topology)
+    assert report["switches"] == {
+        "leaf1": {"nodes": "node[1-2]", "count": 2, "ok": 2, "slow": 0, "other": 0, "drained": 0},
+        "leaf2": {"nodes": "node3", "count": 1, "ok": 1, "slow": 0, "other": 0, "drained": 0}}, report["switches"]
     for node in site.cluster.node_names:
         assert "DRAIN" not in site.cluster.node_flags(node)
     # every measured size went into the baseline samples, so thresholds can be proposed from the fleet
