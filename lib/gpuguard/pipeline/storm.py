@@ -224,9 +224,14 @@ def _components_at_fault(rows: Sequence[NodeRow], node: str, check_id: str, now:
                          components: Sequence[Component]) -> set[str]:
     """The nodes whose failure of the check is a component's, not theirs: under a component blamed from this census,
     or held with a mark naming a component (held for it even when some of its nodes have let go since)."""
-    out = {n for c in components if c.explains(check_id) and _at_fault(c, len(_failing(rows, node, check_id, now, s,
-                                                                                           c)[1]))
-           for n in c.nodes}
+    by_node: dict[str, list[NodeRow]] = {}
+    for r in rows:
+        by_node.setdefault(r.node, []).append(r)
+    out: set[str] = set()
+    for c in components:  # each over its own nodes' rows: linear in the census, however many components
+        mine = [r for n in dict.fromkeys(c.nodes) for r in by_node.get(n, ())]
+        if c.explains(check_id) and _at_fault(c, len(_failing(mine, node, check_id, now, s, c)[1])):
+            out.update(c.nodes)
     for r in rows:
         m = parse_mark(r.comment)
         if m is not None and m.state == "held" and m.component and m.check_id == check_id:
