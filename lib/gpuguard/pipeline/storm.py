@@ -185,7 +185,7 @@ def _at_fault(component: Component, failing: int) -> bool:
 
 
 def _pager(rows: Sequence[NodeRow], node: str, check_id: str, now: float, s: StormSettings, component: Component,
-           held: Sequence[str]) -> Optional[str]:
+           held: Sequence[str]) -> str:
     """The one node of the component that pages its fault: the first, by its mark's time and name, of the held nodes
     deciding now (an intent mark) or held for this component already (a held mark naming it: that one paged). Nodes
     held before the component was blamed (the partition rule's, another component's) decide nothing now and page
