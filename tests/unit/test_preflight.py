@@ -153,13 +153,3 @@ def test_summary_line_says_what_how_long_and_who():
     line = summary_line(NODES, 6.24, "isolated", ["node3"], "busbw 0.2")
     assert line == "gpuguard preflight: 4 nodes node[1-4] in 6.2s: blamed node3 (busbw 0.2)"
     assert isinstance(Measurement(("a",), "all"), Measurement)
-
-
-def test_a_worker_takes_its_rank_from_its_place_in_the_group_not_from_slurm():
-    """Slurm numbers a step's tasks in the allocation's node order: in the confirm group node4,node2 its task 0 is
-    on node2, but the master (rank 0, the rendezvous) must be node4, the address everyone dials."""
-    from gpuguard.preflight.worker import rank_and_world
-
-    assert rank_and_world("node4,node2", {"SLURMD_NODENAME": "node4", "SLURM_PROCID": "1"}) == (0, 2)
-    assert rank_and_world("node4,node2", {"SLURMD_NODENAME": "node2", "SLURM_PROCID": "0"}) == (1, 2)
-    assert rank_and_world("", {"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}) == (2, 4)

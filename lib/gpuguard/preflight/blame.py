@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuguard.nccl.isolate import Measure, SweepOutcome, isolate
-from gpuguard.preflight.judge import best_peer_gbps, convicting_error, drain_reason, peers_of
+from gpuguard.preflight.judge import TOO_SLOW, best_peer_gbps, convicting_error, drain_reason, peers_of
 from gpuguard.preflight.topology import blamed_switch
 
 
@@ -46,6 +46,11 @@ def run_blame(nodes: list[str], measure: Measure, switches: Optional[dict[str, l
                                                convicting_error(outcome, n))
         b.exclude = sorted(b.nodes_to_drain)
         b.what = "; ".join(r.split(": ", 1)[1] for r in b.nodes_to_drain.values())
+        return b
+    slow_to_judge = [m for m in outcome.measurements if m.error and m.error.startswith(TOO_SLOW)]
+    if slow_to_judge:  # load or the budget, not the fabric: say so rather than blame the scale or the switch
+        b.what = f"{slow_to_judge[0].error.split(': ', 1)[0]} ({len(slow_to_judge)} run(s) stopped: " \
+                 f"{slow_to_judge[0].error.split(': ', 1)[-1]}); nothing drained"
         return b
     b.what = f"nothing reproducible ({outcome.message}); nothing drained"
     return b

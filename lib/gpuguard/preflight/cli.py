@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from typing import Any, Optional
@@ -18,7 +19,8 @@ from gpuguard.siteconfig import load_config
 from gpuguard.nccl.sweep import threshold_resolver
 from gpuguard.preflight.blame import Blame, run_blame
 from gpuguard.preflight.judge import summary_line
-from gpuguard.preflight.runner import SrunMeasure
+from gpuguard.preflight.pool import WorkerPool
+from gpuguard.preflight.runner import PoolMeasure
 from gpuguard.preflight.topology import job_switches, parse_topology
 from gpuguard.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from gpuguard.slurm.parse import parse_node_lines
@@ -26,6 +28,7 @@ from gpuguard.util.fs import atomic_write
 from gpuguard.util.toolrun import run_tool
 
 BLAMED_EXIT = 10
+STARTUP_SHARE = 0.6
 
 
 def add_parser(sub: Any) -> None:
@@ -58,16 +61,29 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     floor = threshold_resolver(args.floor if args.floor is not None else n.preflight_busbw_gbps,
                                {} if args.floor is not None else n.preflight_busbw_by_nodes)
-    # the rounds end by `start + budget - reserve`: time left to stop late steps and drain what was blamed;
-    # three rounds (all nodes, pairs, confirm) fit in what remains
+    # the rounds end by `start + budget - reserve`: time left to stop late collectives and drain what was blamed.
+    # The workers' start-up (torch's import) may take up to STARTUP_SHARE of the rest; the rounds share what remains
     reserve = min(5.0, budget * 0.15)
-    measure = SrunMeasure(node_addrs(nodes), floor, start + budget - reserve, backend=n.preflight_backend,
-                          min_bytes=n.preflight_min_bytes, max_bytes=n.preflight_max_bytes,
-                          iters=n.preflight_iterations, step_cap_s=max(3.0, (budget - reserve) / 3))
-    switches = job_switches(read_topology(), nodes)
-    blame = run_blame(nodes, measure, switches or None)
+    here = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    addrs = node_addrs(nodes)
+    pool = WorkerPool(nodes, here, {**addrs, here: addrs.get(here) or local_addr(addrs.get(nodes[0], nodes[0]))})
+    try:
+        pool.wait_up(start + (budget - reserve) * STARTUP_SHARE)
+        up_s = max((w.up_s for w in pool.workers.values() if w.up_s is not None), default=None)
+        backend = n.preflight_backend
+        if backend == "auto":
+            cuda = [w.cuda for w in pool.workers.values() if w.sock is not None]
+            backend = "nccl" if cuda and all(cuda) else "gloo"
+        measure = PoolMeasure(pool, floor, start + budget - reserve, backend=backend,
+                              min_bytes=n.preflight_min_bytes, max_bytes=n.preflight_max_bytes,
+                              iters=n.preflight_iterations, step_cap_s=max(3.0, (budget - reserve) / 2))
+        switches = job_switches(read_topology(), nodes)
+        blame = run_blame(nodes, measure, switches or None)
+    finally:
+        pool.close()
     acted = act(cfg, blame, n.preflight_drain and not args.no_drain, getattr(args, "config", None))
-    line = summary_line(nodes, time.monotonic() - start, blame.outcome.conclusion, blame.blamed, blame.what)
+    line = summary_line(nodes, time.monotonic() - start, blame.outcome.conclusion, blame.blamed, blame.what,
+                        up_s, measure.rounds)
     print(line + (f"; {acted}" if acted else ""), flush=True)
     if blame.exclude:
         print(f"GPUGUARD_PREFLIGHT_EXCLUDE={compress_hostlist(blame.exclude)}", flush=True)
@@ -84,6 +100,16 @@ def node_addrs(nodes: list[str]) -> dict[str, str]:
     r = run_tool(["scontrol", "show", "node", "-o", ",".join(nodes)], 10.0)
     info = parse_node_lines(r.text()) if r.ok else {}
     return {name: d.get("NodeAddr") or name for name, d in info.items()}
+
+
+def local_addr(peer: str) -> str:
+    """This machine's address towards `peer` (a connected UDP socket sends nothing): what the workers dial back."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((peer, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def read_topology() -> dict[str, list[str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from gpuguard.nccl.isolate import Group, Measurement, NodeVerdict, SweepOutcome
 from gpuguard.slurm.hostlist import compress_hostlist
@@ -23,6 +23,8 @@ NO_FLOOR = 1e-9
 # a step that ran out of time is a hang only if a comparable run of the same round finished within this share of the
 # time the hung one had: otherwise the machine (load) or the budget stopped it, and that is no evidence
 HANG_MARGIN = 0.5
+# what a run stopped without evidence says: load or the budget stopped it, not the node
+TOO_SLOW = "too slow to judge"
 
 
 @dataclass(frozen=True)
@@ -72,21 +74,25 @@ def measurement(group: Group, stage: str, *, threshold: Optional[float], output:
 
 
 def round_measurements(steps: list[Step], stage: str, threshold_for: Callable[[int], Optional[float]],
-                       allowance_s: float, cut_by_budget: bool) -> list[Measurement]:
+                       allowance_s: float, cut_by_budget: bool,
+                       quickest: Optional[dict[int, float]] = None) -> list[Measurement]:
     """A round's Measurements. A step stopped at its time is evidence (a hang, 0 GB/s) only when the round had its
     full time (not cut short by the pre-flight's budget) and a run of the same size in the same round gave a result
-    within HANG_MARGIN of that time; else it is unknown (no bandwidth: the isolation never convicts on it)."""
+    within HANG_MARGIN of that time (or, `quickest`, an earlier round's run of that size did: size -> seconds); else
+    it is unknown (no bandwidth: the isolation never convicts on it)."""
     done = [s for s in steps if not s.timed_out and s.rc == 0 and parse_result(s.output)]
     out = []
     for s in steps:
         thr = threshold_for(len(s.group))
         thr = thr if thr is not None else NO_FLOOR
         beside = [o.duration_s for o in done if o is not s and len(o.group) == len(s.group)]
+        beside += [(quickest or {})[len(s.group)]] if len(s.group) in (quickest or {}) else []
         quick = min(beside) if beside else None
-        if s.timed_out and (cut_by_budget or quick is None or quick > allowance_s * HANG_MARGIN):
-            why = ("the pre-flight's budget ran out" if cut_by_budget else
+        cut = cut_by_budget and s.duration_s >= allowance_s * 0.98  # stopped by the budget, not by the early stop
+        if s.timed_out and (cut or quick is None or quick > s.duration_s * HANG_MARGIN):
+            why = ("the pre-flight's budget ran out" if cut else
                    "no run beside it finished in half that time (load, not evidence)")
-            out.append(Measurement(s.group, stage, thr, None, error=f"stopped after {s.duration_s:.1f}s: {why}",
+            out.append(Measurement(s.group, stage, thr, None, error=f"{TOO_SLOW}: stopped after {s.duration_s:.1f}s: {why}",
                                    duration_s=s.duration_s))
             continue
         m = measurement(s.group, stage, threshold=thr, output=s.output, rc=s.rc, timed_out=s.timed_out,
@@ -132,9 +138,12 @@ def convicting_error(outcome: SweepOutcome, node: str) -> Optional[str]:
     return None
 
 
-def summary_line(nodes: list[str], seconds: float, conclusion: str, blamed: list[str], what: str) -> str:
-    """The one line the job's output gets."""
+def summary_line(nodes: list[str], seconds: float, conclusion: str, blamed: list[str], what: str,
+                 up_s: Optional[float] = None, rounds: Sequence[tuple[str, float]] = ()) -> str:
+    """The one line the job's output gets: what was tested, how long it took (the workers' start-up and each
+    round), what was blamed."""
     head = f"gpuguard preflight: {len(nodes)} nodes {compress_hostlist(nodes)} in {seconds:.1f}s: "
-    if blamed:
-        return head + f"blamed {compress_hostlist(blamed)} ({what})"
-    return head + (what or conclusion)
+    body = f"blamed {compress_hostlist(blamed)} ({what})" if blamed else (what or conclusion)
+    parts = ([f"workers up in {up_s:.1f}s"] if up_s is not None else []) + \
+        ([f"rounds {' '.join(f'{st} {s:.1f}s' for st, s in rounds)}"] if rounds else [])
+    return head + body + (f" [{', '.join(parts)}]" if parts else "")

@@ -1,100 +1,92 @@
-"""The pre-flight's `measure(groups, stage)` inside an allocation: one `srun` step per group (one task per node,
-`--overlap` so that disjoint groups run side by side), a round's steps bounded together by what is left of the
-pre-flight's budget. A step that does not finish in time is stopped, never a hung job start; whether it counts as a
-hang against its nodes is gpuguard.preflight.judge.round_measurements' call (only beside a run that finished)."""
+"""The pre-flight's `measure(groups, stage)` inside an allocation: each round is sent to the persistent workers
+(gpuguard.preflight.pool: one per node, torch imported once), bounded by what is left of the pre-flight's budget. A
+collective that does not finish in time is stopped, never a hung job start; whether it counts as a hang against its
+nodes is gpuguard.preflight.judge.round_measurements' call (only beside a run that finished in a fraction of that
+time).
+
+The budget: the workers' start-up (torch's import: seconds of CPU, the largest cost on a busy CPU node) may use up to
+`startup_share` of it; the first all-node round gets at most half of what is then left (its result decides whether
+anything else runs at all); the blame rounds share the rest and are cut short by the pool's early stop. A worker that
+is not up once the others have long been is evidence (a hang before its collective: a wedged driver, a stuck
+import); one not up when the budget's start-up share ran out with the others only just up is not: the machine was too
+busy to judge (`TOO_SLOW`)."""
 
 from __future__ import annotations
 
-import os
-import random
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from typing import IO, Callable, Optional
+from typing import Callable, Optional
 
 from gpuguard.nccl.isolate import Group, Measurement
-from gpuguard.preflight.judge import Step, round_measurements
+from gpuguard.preflight.judge import HANG_MARGIN, NO_FLOOR, TOO_SLOW, round_measurements
+from gpuguard.preflight.pool import WorkerPool
 
 ThresholdFn = Callable[[int], Optional[float]]
-POLL_S = 0.1
 
 
-class SrunMeasure:
-    def __init__(self, addrs: dict[str, str], threshold_for: ThresholdFn, deadline: float, *,
-                 backend: str = "auto", min_bytes: int = 65536, max_bytes: int = 4194304, iters: int = 3,
-                 srun: str = "srun", step_cap_s: float = 15.0, min_round_s: float = 3.0) -> None:
-        self.addrs = addrs  # node -> address its peers reach it at (NodeAddr)
+class PoolMeasure:
+    def __init__(self, pool: WorkerPool, threshold_for: ThresholdFn, deadline: float, *, backend: str = "gloo",
+                 min_bytes: int = 65536, max_bytes: int = 4194304, iters: int = 3, step_cap_s: float = 15.0,
+                 min_round_s: float = 2.0) -> None:
+        self.pool = pool
         self.threshold_for = threshold_for
         self.deadline = deadline  # time.monotonic() by which every round must be over
-        self.tail = ["--backend", backend, "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
-                     "--iters", str(iters)]
-        self.srun = srun
+        self.job = {"backend": backend, "min_bytes": min_bytes, "max_bytes": max_bytes, "iters": iters}
         self.step_cap_s = step_cap_s
         self.min_round_s = min_round_s  # a round with less time left is not started (unknown, not evidence)
-        self.port = random.randrange(20000, 40000)
+        self.late = late_verdicts(pool)
+        self.rounds: list[tuple[str, float]] = []  # (stage, seconds) for the record
+        self.quickest: dict[int, float] = {}  # group size -> the quickest run with a result so far (seconds)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def argv(self, group: Group, timeout_s: float) -> list[str]:
-        self.port = self.port + 1 if self.port < 60000 else 20000
-        master = f"{self.addrs.get(group[0], group[0])}:{self.port}"
-        return [self.srun, "--overlap", "-N", str(len(group)), "-n", str(len(group)), "--ntasks-per-node=1",
-                "-w", ",".join(group), "--kill-on-bad-exit=1", "--quiet", sys.executable, "-m",
-                "gpuguard.preflight.worker", "--master", master, "--group", ",".join(group), "--timeout", f"{max(1.0, timeout_s):.0f}",
-                *self.tail]
+    def thr(self, g: Group) -> float:
+        t = self.threshold_for(len(g))
+        return t if t is not None else NO_FLOOR
 
     def __call__(self, groups: list[Group], stage: str) -> list[Measurement]:
         if self.left() < self.min_round_s:  # the budget is spent: unknown, never evidence against a node
-            return [Measurement(g, stage, self.threshold_for(len(g)), None, error="pre-flight budget spent: not run")
+            return [Measurement(g, stage, self.thr(g), None, error=f"{TOO_SLOW}: the pre-flight's budget ran out")
                     for g in groups]
-        allowance = min(self.step_cap_s, self.left())
-        steps = run_round(groups, [self.argv(g, allowance) for g in groups], allowance)
-        return round_measurements(steps, stage, self.threshold_for, allowance, allowance < self.step_cap_s)
+        first = not self.rounds
+        allowance = min(self.step_cap_s, self.left() * (0.5 if first else 1.0))
+        allowance = max(allowance, min(self.min_round_s, self.left()))
+        out: dict[int, Measurement] = {}
+        runnable = []
+        for i, g in enumerate(groups):
+            late = [self.late[n] for n in g if n in self.late]
+            if late:
+                hung = [why for evidence, why in late if evidence]
+                out[i] = Measurement(g, stage, self.thr(g), 0.0 if hung else None,
+                                     error=(hung or [why for _, why in late])[0])
+            else:
+                runnable.append(i)
+        t0 = time.monotonic()
+        if runnable:
+            steps = self.pool.run_round([groups[i] for i in runnable], allowance,
+                                        {**self.job, "timeout": max(2.0, allowance)}, self.quickest)
+            ms = round_measurements(steps, stage, self.threshold_for, allowance, allowance < self.step_cap_s,
+                                    self.quickest)
+            out.update(zip(runnable, ms))
+            for st in steps:
+                if st.rc == 0 and not st.timed_out:
+                    n = len(st.group)
+                    self.quickest[n] = min(self.quickest.get(n, st.duration_s), st.duration_s)
+        self.rounds.append((stage, time.monotonic() - t0))
+        return [out[i] for i in range(len(groups))]
 
 
-def run_round(groups: list[Group], argvs: list[list[str]], allowance_s: float) -> list[Step]:
-    """Start every step at once, note when each ends (output to files: no pipe can fill), stop the late ones."""
-    files = [tempfile.TemporaryFile("w+") for _ in argvs]
-    start = time.monotonic()
-    procs = [subprocess.Popen(a, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True) for a, f in zip(argvs, files)]
-    ended: dict[int, float] = {}
-    while len(ended) < len(procs) and time.monotonic() - start < allowance_s:
-        for i, p in enumerate(procs):
-            if i not in ended and p.poll() is not None:
-                ended[i] = time.monotonic() - start
-        time.sleep(POLL_S)
-    late = [p for i, p in enumerate(procs) if i not in ended]
-    stop(late)
-    steps = []
-    for i, (g, p, f) in enumerate(zip(groups, procs, files)):
-        steps.append(Step(g, _read(f), p.returncode, i not in ended, ended.get(i, allowance_s)))
-    return steps
-
-
-def stop(procs: "list[subprocess.Popen[str]]") -> None:
-    """Late steps get srun's own stop (SIGINT twice), then SIGKILL: all together, a second apart."""
-    for sig in (signal.SIGINT, signal.SIGINT, signal.SIGKILL):
-        for p in procs:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        until = time.monotonic() + 1.0
-        while time.monotonic() < until and any(p.poll() is None for p in procs):
-            time.sleep(POLL_S)
-        procs = [p for p in procs if p.poll() is None]
-        if not procs:
-            return
-    for p in procs:
-        p.wait()
-
-
-def _read(f: IO[str]) -> str:
-    f.seek(0)
-    text = f.read()
-    f.close()
-    return text
+def late_verdicts(pool: WorkerPool) -> dict[str, tuple[bool, str]]:
+    """node -> (evidence?, why) for each worker not up when the start-up wait ended (gone ones are the pool's:
+    their groups fail at once, as a failed launch)."""
+    ups = [w.up_s for w in pool.workers.values() if w.up_s is not None]
+    waited = pool.waited_s()
+    out = {}
+    for n, w in pool.workers.items():
+        if w.sock is not None or w.gone:
+            continue
+        if ups and max(ups) <= waited * HANG_MARGIN:
+            out[n] = (True, f"hung: its worker not up within {waited:.1f}s, the others' in {max(ups):.1f}s")
+        else:
+            out[n] = (False, f"{TOO_SLOW}: its worker not up after {waited:.1f}s (the machine is loaded)")
+    return out

@@ -1,24 +1,28 @@
-"""One rank of a pre-flight collective: `srun --ntasks-per-node=1 python -m gpuguard.preflight.worker --master
-ADDR:PORT --group NODE,NODE ...` runs one per node. A rank is its node's place in --group (never SLURM_PROCID: Slurm
-numbers the tasks in the allocation's node order, so in a group such as node4,node2 rank 0 would run on node2 while
-everyone dials node4, and the run hangs); rank 0 hosts the rendezvous (torch's TCP store) on the group's first
-node, the master, and prints the tagged result line (gpuguard.preflight.judge). torch is imported here only (gpuguard[probe]).
+"""One persistent pre-flight worker per node: `srun -N1 -w NODE python -m gpuguard.preflight.worker --coordinator
+ADDR:PORT` imports torch once (seconds of CPU: the cost that used to be paid again by every round), says hello to
+the coordinator (`gpuguard preflight` on the batch node, gpuguard.preflight.pool) and then runs each collective it
+is sent in a forked child: a group's rank 0 hosts that group's rendezvous (a torch TCPStore on a port the kernel
+picks, reported back so that the other ranks dial it), every rank runs the all_reduce sizes, rank 0 reports the bus
+bandwidth. A child the coordinator gives up on (a hung collective) is killed; the worker itself stays ready for the
+next round. torch is imported here only (gpuguard[probe]).
 
-gloo picks the address it announces by resolving the host name, which stock Debian maps to 127.0.1.1: unless the
-job chose GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, the interface that carries this node's route to the master is
-used (the torchrun template does the same in shell)."""
+A rank is its node's place in the group the coordinator sends (never SLURM_PROCID). gloo picks the address it
+announces by resolving the host name, which stock Debian maps to 127.0.1.1: unless the job chose GLOO_SOCKET_IFNAME
+/ NCCL_SOCKET_IFNAME, the interface that carries this node's route to the coordinator is used."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import os
+import selectors
+import signal
+import socket
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from gpuguard.nccl.torch_probe import bus_factor, sizes
-from gpuguard.preflight.judge import result_line
+from gpuguard.preflight.protocol import LineReader, encode
 from gpuguard.util.toolrun import run_tool
 
 
@@ -35,8 +39,10 @@ def route_ifname(addr: str) -> Optional[str]:
 
 
 def time_sizes(torch: Any, dist: Any, device: Any, byte_sizes: list[int], iters: int,
-               sync: Any) -> list[float]:
+               sync: Callable[[], None]) -> list[float]:
     """Bus bandwidth (GB/s) per size: the slowest rank's mean time per all_reduce."""
+    from gpuguard.nccl.torch_probe import bus_factor
+
     world = dist.get_world_size()
     out = []
     for size in byte_sizes:
@@ -53,51 +59,152 @@ def time_sizes(torch: Any, dist: Any, device: Any, byte_sizes: list[int], iters:
     return out
 
 
-def rank_and_world(group: str, env: Any) -> tuple[int, int]:
-    """This task's rank (its node's place in the group: the master's is 0) and the world size."""
-    nodes = [n for n in group.split(",") if n]
-    here = env.get("SLURMD_NODENAME", "")
-    if here in nodes:
-        return nodes.index(here), len(nodes)
-    return int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_NTASKS", "1"))
+def run_collective(torch: Any, dist: Any, job: dict[str, Any], say: Callable[[dict[str, Any]], None]) -> None:
+    """One group's collective (in the forked child): rendezvous, the sizes, rank 0's result."""
+    from gpuguard.nccl.torch_probe import sizes
+
+    rank, world = int(job["rank"]), int(job["world"])
+    timeout = datetime.timedelta(seconds=float(job.get("timeout", 15)))
+    backend = job.get("backend") or "gloo"
+    store = dist.TCPStore(job["master"], int(job.get("port") or 0), world, rank == 0, timeout=timeout,
+                          wait_for_workers=False)
+    if rank == 0:
+        say({"port": store.port})
+    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    byte_sizes = sizes(int(job["min_bytes"]), int(job["max_bytes"]), 4)
+    busbw = time_sizes(torch, dist, device, byte_sizes, int(job["iters"]),
+                       (lambda: torch.cuda.synchronize(device)) if backend == "nccl" else (lambda: None))
+    if rank == 0:
+        say({"result": {"sizes": byte_sizes, "busbw_gbps": busbw, "backend": backend, "world": world}})
+    dist.destroy_process_group()
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-    import torch.distributed as dist
+class Server:
+    """The worker's loop: commands from the coordinator in, each collective in a child, its lines relayed back."""
 
-    rank, world = rank_and_world(args.group, os.environ)
-    addr, port = args.master.rsplit(":", 1)
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    def __init__(self, sock: socket.socket, torch: Any, dist: Any) -> None:
+        self.sock = sock
+        self.torch, self.dist = torch, dist
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ, None)
+        self.children: dict[str, tuple[int, int, LineReader]] = {}  # gid -> (pid, read fd, reader)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sock.sendall(encode(msg))
+
+    def loop(self) -> int:
+        reader = LineReader()
+        while True:
+            for key, _ in self.sel.select(timeout=1.0):
+                if key.data is None:
+                    data = self.sock.recv(65536)
+                    if not data:
+                        return self.quit()
+                    for msg in reader.feed(data):
+                        if self.command(msg):
+                            return self.quit()
+                else:
+                    self.child_output(key.data)
+
+    def command(self, msg: dict[str, Any]) -> bool:
+        op = msg.get("op")
+        if op == "exit":
+            return True
+        if op == "abort":
+            self.kill(str(msg.get("gid")))
+        elif op == "run":
+            self.fork(msg)
+        return False
+
+    def fork(self, job: dict[str, Any]) -> None:
+        gid = str(job["gid"])
+        self.kill(gid)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the loop
+            os.close(r)
+            code = 0
+            try:
+                self.sock.close()
+                run_collective(self.torch, self.dist, job,
+                               lambda m: os.write(w, encode(m)))
+            except BaseException as e:  # noqa: BLE001 - the coordinator gets whatever went wrong, as evidence
+                try:
+                    os.write(w, encode({"error": f"{type(e).__name__}: {e}"[:300]}))
+                except OSError:
+                    pass
+                code = 1
+            os._exit(code)
+        os.close(w)
+        self.children[gid] = (pid, r, LineReader())
+        self.sel.register(r, selectors.EVENT_READ, gid)
+
+    def child_output(self, gid: str) -> None:
+        pid, fd, reader = self.children[gid]
+        data = os.read(fd, 65536)
+        if data:
+            for msg in reader.feed(data):
+                self.send({**msg, "gid": gid})
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        del self.children[gid]
+        self.send({"gid": gid, "ended": os.waitstatus_to_exitcode(status)})
+
+    def kill(self, gid: str) -> None:
+        if gid not in self.children:
+            return
+        pid, fd, _ = self.children.pop(gid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.sel.unregister(fd)
+        os.close(fd)
+        os.waitpid(pid, 0)
+
+    def quit(self) -> int:
+        for gid in list(self.children):
+            self.kill(gid)
+        self.sock.close()
+        sys.stdout.flush()
+        os._exit(0)  # no interpreter teardown (torch's takes a second of CPU): the job is waiting
+
+
+def serve(coordinator: str, node: str, token: str) -> int:
+    t0 = time.monotonic()
+    host, port = coordinator.rsplit(":", 1)
     if not os.environ.get("GLOO_SOCKET_IFNAME") or not os.environ.get("NCCL_SOCKET_IFNAME"):
-        dev = route_ifname(addr)
+        dev = route_ifname(host)
         if dev:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", dev)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", dev)
-    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
-    byte_sizes = sizes(args.min_bytes, args.max_bytes, 4)
-    busbw = time_sizes(torch, dist, device, byte_sizes, args.iters,
-                       (lambda: torch.cuda.synchronize(device)) if backend == "nccl" else (lambda: None))
-    if rank == 0:
-        print(result_line(byte_sizes, busbw, backend, world), flush=True)
-    dist.destroy_process_group()
-    return 0
+    import torch
+    import torch.distributed as dist
+
+    import_s = time.monotonic() - t0
+    sock = socket.create_connection((host, int(port)), timeout=10.0)
+    sock.settimeout(None)
+    addr = sock.getsockname()[0]
+    server = Server(sock, torch, dist)
+    server.send({"op": "hello", "node": node, "token": token, "addr": addr, "import_s": round(import_s, 2),
+                 "cuda": bool(torch.cuda.is_available())})
+    return server.loop()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuguard.preflight.worker")
-    ap.add_argument("--master", required=True, help="ADDR:PORT of the group's first node")
-    ap.add_argument("--group", default="", help="the group's nodes, master first (ranks in this order)")
-    ap.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
-    ap.add_argument("--min-bytes", type=int, default=65536)
-    ap.add_argument("--max-bytes", type=int, default=4194304)
-    ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--timeout", type=float, default=15.0)
-    return run(ap.parse_args(argv))
+    ap.add_argument("--coordinator", required=True, help="ADDR:PORT of `gpuguard preflight` on the batch node")
+    ap.add_argument("--node", default=os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+    ap.add_argument("--token", default="", help="the pre-flight run this worker belongs to")
+    args = ap.parse_args(argv)
+    try:
+        return serve(args.coordinator, args.node, args.token)
+    except (OSError, KeyboardInterrupt) as e:
+        print(f"gpuguard preflight worker on {args.node}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
