@@ -189,7 +189,7 @@ def test_containers_and_srun_extra():
     text = _render("torchrun.sbatch.j2", {**TRAIN, "container_image": "nvcr.io#nvidia/pytorch:25.01-py3",
                                           "container_mounts": ["/fsx:/fsx", "/data:/data:ro"],
                                           "container_workdir": "/workspace", "srun_extra": ["--cpu-bind=none"]})
-    assert ("SRUN=(srun --nodes=\"$NNODES\" --ntasks-per-node=1 --kill-on-bad-exit=1 --label "
+    assert ("SRUN=(srun --nodes=\"$NNODES\" --ntasks-per-node=1 --kill-on-bad-exit=1 \"${SRUN_EXCLUDE[@]}\" --label "
             "--container-image='nvcr.io#nvidia/pytorch:25.01-py3' --container-mounts=\"$CONTAINER_MOUNTS\" "
             "--container-workdir=/workspace --cpu-bind=none)") in text
     assert 'CONTAINER_MOUNTS="${JOB_DIR}:${JOB_DIR},${GPUGUARD_LOCAL_ROOT}:${GPUGUARD_LOCAL_ROOT}"' in text
@@ -326,7 +326,31 @@ def test_the_preflight_runs_before_training_and_a_blame_ends_the_attempt(tmp_pat
     assert "\n".join(ln for ln in lines if not ln.startswith("ran: ")) == expect, lines
 
 
-def test_the_preflight_is_opt_in_for_now():
-    """Off unless `preflight: true` (its rounds can outlast a 20 s budget on busy CPU-only nodes: issue 28)."""
-    assert _preflight_block({**TRAIN, "preflight": True}) and not _preflight_block(TRAIN)
+def test_the_preflight_is_on_by_default_and_a_variable_turns_it_off():
+    """Issue 28: on for every job (it runs for 2+ nodes only), `preflight: false` turns it off."""
+    assert _preflight_block(TRAIN) and _preflight_block({**TRAIN, "preflight": True})
     assert not _preflight_block({**TRAIN, "preflight": False})
+
+
+@pytest.mark.parametrize("nnodes,blamed,expect", [
+    (4, "node3", "SRUN --nodes=3 --exclude=node3"),  # 3 left >= min_nodes 3: goes on without node3
+    (3, "node3", "END 10 preflight --blamed node3"),  # 2 left < 3: requeued without it
+    (4, "node1", "END 10 preflight --blamed node1"),  # the head node (the rendezvous) blamed: requeued
+])
+def test_with_min_nodes_the_training_goes_on_without_what_was_blamed(tmp_path, nnodes, blamed, expect):
+    """Issue 28 item 3: where the job's node count allows (min_nodes), the training runs on the good nodes."""
+    block = _preflight_block({**TRAIN, "min_nodes": 3})
+    fake = tmp_path / "gpuguard"
+    fake.write_text(f'#!/bin/bash\necho "{blamed}" >"$3"\nexit 10\n')
+    fake.chmod(0o755)
+    (tmp_path / "scontrol").write_text('#!/bin/bash\ntr , "\\n" <<<"$3"\n')  # show hostnames node1,node3
+    (tmp_path / "scontrol").chmod(0o755)
+    script = (f"PATH={tmp_path}:$PATH\nGPUGUARD={fake}\nATTEMPT_DIR={tmp_path}\nNNODES={nnodes}\nHEAD_NODE=node1\n"
+              "EVENT=none\nEND_ARGS=(--max-failures 3)\nSRUN_EXCLUDE=()\n"
+              'gpuguard_end() { echo "END $1 $EVENT ${END_ARGS[*]:2}"; exit 0; }\n' + block +
+              'echo "SRUN --nodes=$NNODES ${SRUN_EXCLUDE[*]}"\n')
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == expect, (p.stdout, p.stderr)
+    if expect.startswith("SRUN"):
+        assert "goes on without it on 3 of 4 nodes (min_nodes 3)" in p.stderr
