@@ -85,7 +85,7 @@ $(FAKENVML): lib/gpuguard/simulate/fakenvml.c
 
 fakenvml: $(FAKENVML)
 
-demo: deps venv fakenvml
+demo: deps venv torch fakenvml
 	@$(PY) -m devtools.demo $(DEMO_ARGS)
 
 # Whole files per worker (a module's Slurm cluster or PostgreSQL server stays in one process), longest first

@@ -14,11 +14,13 @@ The targets (issue 30), first in the summary table:
   processes (bench/kernel_log_scan.py).
 Also: the health check, the hooks' kernel-log reads after a cursor, watch mode (Xid -> drain latency beside a bare
 `scontrol update state=drain`, an Xid 13 flood, idle CPU and RSS: bench/watch_latency.py) and the central history
-at fleet scale (every `fleet history` / `fleet report` form on a generated fleet in PostgreSQL: bench/fleet_scale.py).
+at fleet scale (every `fleet history` / `fleet report` form on a generated fleet in PostgreSQL: bench/fleet_scale.py),
+and the multi-node pre-flight's cost on job start per node count, idle and under CPU load, beside the cost of one lost
+job (bench/preflight_cost.py).
 
     NHC_SRC=/path/to/nhc python bench/run.py [--prolog-runs 30] [--jobs 12] [--scan-mb 1024] [--scan-repeat 7]
         [--watch-samples 15] [--watch-idle-s 30] [--fleet-nodes 10000] [--fleet-days 30] [--strict]
-        [--skip-cluster] [--skip-scan] [--skip-watch] [--skip-fleet]
+        [--preflight-runs 3] [--skip-cluster] [--skip-scan] [--skip-watch] [--skip-fleet] [--skip-preflight]
 
 Exit status 0 when every section ran (whatever the verdicts); with --strict, 1 when a target was MISSed.
 """
@@ -254,8 +256,9 @@ def main() -> int:
     ap.add_argument("--watch-idle-s", type=float, default=30.0)
     ap.add_argument("--fleet-nodes", type=int, default=10000)
     ap.add_argument("--fleet-days", type=int, default=30)
+    ap.add_argument("--preflight-runs", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target was missed")
-    for part in ("cluster", "scan", "watch", "fleet"):
+    for part in ("cluster", "scan", "watch", "fleet", "preflight"):
         ap.add_argument(f"--skip-{part}", action="store_true")
     a = ap.parse_args()
     t0 = time.monotonic()
@@ -269,6 +272,14 @@ def main() -> int:
             table.missing(KEY_JOB_START, f"<= +{JOB_START_TARGET_S:g} s", "cluster part skipped")
         else:
             bench_job_latency(table, a.jobs, Path(d) / "jobs")
+        if not a.skip_preflight:
+            from preflight_cost import bench_preflight, missing_preflight
+
+            why = missing_preflight()
+            if why:
+                print(f"  skipping the pre-flight benchmark: {why}")
+            else:
+                bench_preflight(table.row, Path(d) / "preflight", runs=a.preflight_runs)
     if a.skip_scan:
         table.missing(KEY_SCAN, "<= 0.5x grep", "--skip-scan")
     else:

@@ -4,7 +4,8 @@ healthy 2-node job runs -> a GPU falls off the bus on node2 -> the next job's pr
 gpuguard reason -> Slurm requeues the job -> it finishes on the healthy nodes -> what gpuguard found -> gpuguard's
 own surroundings fail: slurmctld is down while node3 logs an Xid (the drain is pending, applied once it is back,
 no job runs there meanwhile), an admin's plain resume of node3 without a GPU reset (drained again at the next job,
-the reason says how to clear it; `gpuguard undrain` lifts it once the GPU was reset) and a config typo is deployed (gpuguard keeps protecting, and says where the typo is).
+the reason says how to clear it; `gpuguard undrain` lifts it once the GPU was reset) and a config typo is deployed (gpuguard keeps protecting, and says where the typo is) -> a 3-node job's pre-flight on nodes
+really apart (a network namespace each) blames the one node whose link is slow and drains it (needs root and torch).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -208,7 +210,7 @@ def run_demo(keep: bool = False) -> int:
     return 0 if success else 1
 
 
-TOTAL_STEPS = 9
+TOTAL_STEPS = 10
 
 
 def _story(site: DevSite, out: Out) -> bool:
@@ -238,9 +240,43 @@ def _story(site: DevSite, out: Out) -> bool:
 
     out.step(9, TOTAL_STEPS, "a config typo is deployed to every node")
     config_ok = _config_typo(site, out)
+
+    out.step(10, TOTAL_STEPS, "a multi-node pre-flight: node3's link is slow (tc), the job's nodes each in a network "
+                              "namespace of their own")
+    preflight_ok = _preflight_blame(out)
     return info["JobState"] == "COMPLETED" and info["NodeList"] == "node[1,3]" \
         and (drain["reason"] or "").startswith("gpuguard: XID79 gpu.xid") and fleet_ok and pending_ok \
-        and standing_ok and config_ok
+        and standing_ok and config_ok and preflight_ok
+
+
+def _preflight_blame(out: Out) -> bool:
+    """`gpuguard preflight` in a 3-node job on a cluster of its own (devtools.devnetns): node3 blamed and drained."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from devtools.devnetns import NodeNetworks
+    from preflight_cost import missing_preflight  # type: ignore[import-not-found]
+
+    why = missing_preflight()
+    if why:
+        out.line(out.c(YELLOW, f"skipped: {why}"))
+        return True
+    site = DevSite(nodes=3, host_view=NodeNetworks())
+    try:
+        site.start()
+        site.write_config({"nccl": {"preflight_busbw_gbps": 0.008, "preflight_max_bytes": 262144,
+                                    "preflight_iterations": 2}})
+        site.cluster.host_view.slow_link(3, "20mbit")
+        out.line("node3's link throttled to 20 mbit; the job's script runs `gpuguard preflight` before its work")
+        job = site.cluster.sbatch(f"#!/bin/sh\n{sys.executable} -m gpuguard --config {site.config_path} preflight "
+                                  "--budget 60\n", "-N3", "--time=3")
+        site.cluster.wait_job(job, timeout=150)
+        text = site.cluster.job_output(job)
+        for line in text.splitlines():
+            out.line(out.c(RED, line) if "blamed" in line else line)
+        _nodes_table(site, out)
+        reason = site.cluster.nodes_info()["node3"].get("Reason") or ""
+        return "blamed node3" in text and reason.startswith("gpuguard: NCCL fabric.nccl")
+    finally:
+        site.stop()
 
 
 def _healthy_job(site: DevSite, out: Out) -> None:

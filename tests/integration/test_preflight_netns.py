@@ -239,7 +239,7 @@ def test_a_two_node_template_job_runs_the_preflight_before_training(site_factory
     from torchjob import Job
 
     site = netns_site(site_factory, nodes=2)
-    job = Job(site, steps=4, step_time=0.2, max_failures=0, preflight=True, preflight_budget_s=BUDGET)
+    job = Job(site, steps=4, step_time=0.2, max_failures=0, preflight="default", preflight_budget_s=BUDGET)
     info = job.wait(timeout=240)
     out = job.output()
     assert info["JobState"] == "COMPLETED", job.why(info)
@@ -247,3 +247,52 @@ def test_a_two_node_template_job_runs_the_preflight_before_training(site_factory
     assert pre and float(pre.group(1)) <= BUDGET, job.why(info)
     trained = re.search(r"\[rank\d\]: rank \d/2 on node", out)
     assert trained and pre.start() < trained.start(), job.why(info)  # before the training
+
+
+def _template_site(site_factory, nodes: int):
+    from torchjob import configure
+
+    site = netns_site(site_factory, nodes=nodes)
+    configure(site, nccl={"preflight_busbw_gbps": 0.008, "preflight_min_bytes": 65536,
+                          "preflight_max_bytes": 262144, "preflight_iterations": 2})
+    return site
+
+
+@pytest.mark.slow(240)
+def test_a_slowed_node_is_blamed_and_the_job_requeued_without_it_completes(site_factory):
+    """Issue 28: a 3-node template job on a 4-node cluster lands on node[1-3] with node3's link slowed: the
+    pre-flight blames node3 and drains it, the attempt ends (event preflight, a failure of max_failures, the ledger
+    says why), the job is requeued without node3, passes the pre-flight on node[1-2,4] and trains to completion."""
+    from torchjob import Job
+
+    site = _template_site(site_factory, 4)
+    site.cluster.host_view.slow_link(3, "20mbit")
+    job = Job(site, nodes=3, steps=4, step_time=0.2, max_failures=2, preflight="default", preflight_budget_s=BUDGET)
+    info = job.wait(timeout=360)
+    out, ledger = job.output(), job.ledger()
+    assert info["JobState"] == "COMPLETED", job.why(info)
+    assert [(r["attempt"], r["reason"], r["event"]) for r in ledger][:1] == [(1, "preflight", "preflight")], \
+        job.why(info)
+    assert ledger[-1]["reason"] == "completed" and "node3" not in info["NodeList"], job.why(info)
+    assert re.search(r"gpuguard preflight: 3 nodes node\[1-3\] in [\d.]+s: blamed node3 \(", out), job.why(info)
+    assert re.search(r"gpuguard preflight: 3 nodes node\[1-2,4\] in [\d.]+s: passed", out), job.why(info)
+    assert "DRAIN" in site.cluster.nodes_info()["node3"]["State"]
+
+
+@pytest.mark.slow(180)
+def test_with_min_nodes_the_training_goes_on_without_the_blamed_node(site_factory):
+    """Issue 28 item 3: a 3-node template job with min_nodes 2 and node3's link slowed: the pre-flight blames node3,
+    and the training runs at once on node[1-2] in the same allocation (one attempt, no requeue)."""
+    from torchjob import Job
+
+    site = _template_site(site_factory, 3)
+    site.cluster.host_view.slow_link(3, "20mbit")
+    job = Job(site, nodes=3, min_nodes=2, steps=4, step_time=0.2, max_failures=0, preflight="default",
+              preflight_budget_s=BUDGET)
+    info = job.wait(timeout=300)
+    out = job.output()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", job.why(info)
+    assert re.search(r"gpuguard preflight: 3 nodes node\[1-3\] in [\d.]+s: blamed node3 \(", out), job.why(info)
+    assert "the training goes on without it on 2 of 3 nodes (min_nodes 2)" in out, job.why(info)
+    ranks = set(re.findall(r"\[rank\d\]: rank \d/(\d) on (node\d)", out))
+    assert ranks == {("2", "node1"), ("2", "node2")}, job.why(info)

@@ -86,6 +86,8 @@ class Job:
             "preflight": False,
         }
         base.update(values)
+        if base["preflight"] == "default":  # the template's own default (on)
+            del base["preflight"]
         self.script = site.workdir / "job.sbatch"
         self.script.write_text(render_template("torchrun.sbatch.j2", base))
         out = c.run(["sbatch", "--parsable", f"--chdir={c.jobs_dir}", *sbatch_args, str(self.script)])
