@@ -296,3 +296,32 @@ def test_with_min_nodes_the_training_goes_on_without_the_blamed_node(site_factor
     assert "the training goes on without it on 2 of 3 nodes (min_nodes 2)" in out, job.why(info)
     ranks = set(re.findall(r"\[rank\d\]: rank \d/(\d) on (node\d)", out))
     assert ranks == {("2", "node1"), ("2", "node2")}, job.why(info)
+
+
+@pytest.mark.slow(60)
+def test_the_nodes_under_one_switch_slowed_together_blame_the_switch(site_factory):
+    """Issue 28: topology.conf puts node[1-2] under leafA and node[3-4] under leafB; both of leafB's links slowed.
+    The pre-flight blames the switch, not its nodes: no node drained, one page (`gpuguard: NETWORK switch leafB`)
+    to the site's receiver, leafB's nodes excluded from this job only."""
+    from notify_servers import WebhookServer
+
+    hook = WebhookServer(host="0.0.0.0")  # the batch node dials the bridge's address, not this machine's loopback
+    try:
+        site = netns_site(site_factory, nodes=4, topology={"leafA": "node[1-2]", "leafB": "node[3-4]"})
+        view = site.cluster.host_view
+        site.write_config({"nccl": {"preflight_busbw_gbps": 0.008, "preflight_min_bytes": 65536,
+                                    "preflight_max_bytes": 262144, "preflight_iterations": 2},
+                           "notify": {"urls": [hook.url("/pages", view.controller_addr)]}})
+        view.slow_link(3, "20mbit")
+        view.slow_link(4, "20mbit")
+        out, took = _preflight(site)
+        print(f"leafB slowed: {took:.1f}s from sbatch: {out}")
+        assert re.search(r"in [\d.]+s: blamed leafB \(switch leafB: its nodes slow together, no node drained\).*; "
+                         r"page: sent", out), out
+        assert "GPUGUARD_PREFLIGHT_EXCLUDE=node[3-4]\n" in out and "preflight-rc=10" in out, out
+        info = site.cluster.nodes_info()
+        assert [n for n in info if "DRAIN" in info[n]["State"]] == [], out
+        pages = [r for r in hook.requests if "NETWORK switch leafB" in json.dumps(r["body"])]
+        assert len(pages) == 1, (hook.requests, out)
+    finally:
+        hook.close()

@@ -25,7 +25,8 @@ def _wait_for(received: list[dict[str, Any]], n: int, timeout: float) -> list[di
 class WebhookServer:
     """Records every POST: (path, content type, parsed JSON or raw text). `status` / `delay_s` simulate trouble."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host  # 0.0.0.0 for nodes in network namespaces of their own (they dial the bridge's address)
         self.requests: list[dict[str, Any]] = []
         self.status = 200
         self.delay_s = 0.0
@@ -52,13 +53,13 @@ class WebhookServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer((host, 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
-    def url(self, path: str = "/hook") -> str:
-        return f"json://127.0.0.1:{self.port}{path}"
+    def url(self, path: str = "/hook", addr: str = "127.0.0.1") -> str:
+        return f"json://{addr}:{self.port}{path}"
 
     def slack_style_url(self, token: str = "gpuguardtesttoken0123456789") -> str:
         # apprise's Mattermost plugin posts Slack's incoming-webhook JSON ({"text": ...}) to /hooks/<token>

@@ -333,7 +333,7 @@ def test_the_preflight_is_on_by_default_and_a_variable_turns_it_off():
 
 
 @pytest.mark.parametrize("nnodes,blamed,expect", [
-    (4, "node3", "SRUN --nodes=3 --exclude=node3"),  # 3 left >= min_nodes 3: goes on without node3
+    (4, "node3", "SRUN --nodes=3 --exclude=node3 --ntasks=3"),  # 3 left >= min_nodes 3: goes on without node3
     (3, "node3", "END 10 preflight --blamed node3"),  # 2 left < 3: requeued without it
     (4, "node1", "END 10 preflight --blamed node1"),  # the head node (the rendezvous) blamed: requeued
 ])

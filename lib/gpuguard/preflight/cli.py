@@ -29,6 +29,7 @@ from gpuguard.util.toolrun import run_tool
 
 BLAMED_EXIT = 10
 STARTUP_SHARE = 0.6
+PAGE_BUDGET_S = 10.0
 
 
 def add_parser(sub: Any) -> None:
@@ -144,7 +145,7 @@ def direct_drain(cfg: Any, node: str, reason: str) -> str:
 
 
 def page_switch(cfg: Any, blame: Blame) -> str:
-    from gpuguard.notify.api import emit
+    from gpuguard.notify.api import emit, flush
     from gpuguard.notify.event import Event
 
     members = compress_hostlist(blame.exclude)
@@ -152,7 +153,12 @@ def page_switch(cfg: Any, blame: Blame) -> str:
     ev = Event(kind="storm", node=str(blame.switch), message=msg, severity="critical", check_id="fabric.nccl",
                job_id=os.environ.get("SLURM_JOB_ID"), evidence={"switch": blame.switch, "nodes": members},
                dedup_key=f"gpuguard-switch-{blame.switch}")
-    return f"page: {emit(cfg, ev)}"
+    # a page's first delivery imports apprise (seconds on a busy node): a budget of its own, then one retry of the
+    # spool kept under the switch's name (no hook of a node named like the switch would ever retry it)
+    said = emit(cfg, ev, budget_s=PAGE_BUDGET_S)
+    if said == "spooled" and flush(cfg, budget_s=PAGE_BUDGET_S, node=str(blame.switch)) > 0:
+        said = "sent"
+    return f"page: {said}"
 
 
 def record_here(cfg: Any, reason: str, evidence_json: str) -> int:
