@@ -4,8 +4,9 @@ healthy 2-node job runs -> a GPU falls off the bus on node2 -> the next job's pr
 gpuguard reason -> Slurm requeues the job -> it finishes on the healthy nodes -> what gpuguard found -> gpuguard's
 own surroundings fail: slurmctld is down while node3 logs an Xid (the drain is pending, applied once it is back,
 no job runs there meanwhile), an admin's plain resume of node3 without a GPU reset (drained again at the next job,
-the reason says how to clear it; `gpuguard undrain` lifts it once the GPU was reset) and a config typo is deployed (gpuguard keeps protecting, and says where the typo is) -> a 3-node job's pre-flight on nodes
-really apart (a network namespace each) blames the one node whose link is slow and drains it (needs root and torch).
+the reason says how to clear it; `gpuguard undrain` lifts it once the GPU was reset) and a config typo is deployed (gpuguard keeps protecting, and says where the typo is)
+-> a 3-node job's pre-flight on nodes really apart (a network namespace each) blames the one node whose link is
+slow and drains it (needs root and torch).
 """
 
 from __future__ import annotations

@@ -92,8 +92,8 @@ def round_measurements(steps: list[Step], stage: str, threshold_for: Callable[[i
         if s.timed_out and (cut or quick is None or quick > s.duration_s * HANG_MARGIN):
             why = ("the pre-flight's budget ran out" if cut else
                    "no run beside it finished in half that time (load, not evidence)")
-            out.append(Measurement(s.group, stage, thr, None, error=f"{TOO_SLOW}: stopped after {s.duration_s:.1f}s: {why}",
-                                   duration_s=s.duration_s))
+            out.append(Measurement(s.group, stage, thr, None, duration_s=s.duration_s,
+                                   error=f"{TOO_SLOW}: stopped after {s.duration_s:.1f}s: {why}"))
             continue
         m = measurement(s.group, stage, threshold=thr, output=s.output, rc=s.rc, timed_out=s.timed_out,
                         duration_s=s.duration_s)

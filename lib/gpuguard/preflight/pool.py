@@ -73,9 +73,8 @@ def late_after(group: Group, runs: "list[_Run]", quickest: dict[int, float]) -> 
 
 class WorkerPool:
     def __init__(self, nodes: list[str], here: str, addrs: dict[str, str], *, srun: str = "srun",
-                 python: str = sys.executable, backend: str = "gloo") -> None:
+                 python: str = sys.executable) -> None:
         self.nodes = nodes
-        self.backend = backend
         self.token = secrets.token_hex(8)
         self.listener = socket.create_server(("0.0.0.0", 0), backlog=max(16, len(nodes)))
         self.listener.setblocking(False)

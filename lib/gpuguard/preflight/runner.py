@@ -53,8 +53,9 @@ class PoolMeasure:
         allowance = max(allowance, min(self.min_round_s, self.left()))
         out: dict[int, Measurement] = {}
         runnable = []
+        up = set(self.pool.up())  # a worker late at the start that came up since runs like any other
         for i, g in enumerate(groups):
-            late = [self.late[n] for n in g if n in self.late]
+            late = [self.late[n] for n in g if n in self.late and n not in up]
             if late:
                 hung = [why for evidence, why in late if evidence]
                 out[i] = Measurement(g, stage, self.thr(g), 0.0 if hung else None,
