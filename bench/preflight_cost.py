@@ -78,7 +78,7 @@ def bench_preflight(row: Callable[..., None], workdir: Path, node_counts: tuple[
         site = DevSite(nodes=n, workdir=workdir / f"n{n}", host_view=NodeNetworks())
         try:
             site.start()
-            site.write_config({"nccl": {"preflight_busbw_gbps": 0.008, "preflight_max_bytes": 262144,
+            site.write_config({"nccl": {"preflight_busbw_gbps": 0.005, "preflight_max_bytes": 262144,
                                         "preflight_iterations": 2}})
             one_run(site, n, budget)  # warm: the page cache holds torch after the first import
             for loops in loads:

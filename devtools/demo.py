@@ -263,7 +263,7 @@ def _preflight_blame(out: Out) -> bool:
     site = DevSite(nodes=3, host_view=NodeNetworks())
     try:
         site.start()
-        site.write_config({"nccl": {"preflight_busbw_gbps": 0.008, "preflight_max_bytes": 262144,
+        site.write_config({"nccl": {"preflight_busbw_gbps": 0.005, "preflight_max_bytes": 262144,
                                     "preflight_iterations": 2}})
         site.cluster.host_view.slow_link(3, "20mbit")
         out.line("node3's link throttled to 20 mbit; the job's script runs `gpuguard preflight` before its work")

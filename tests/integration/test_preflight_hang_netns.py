@@ -20,7 +20,7 @@ def test_a_node_whose_collective_hangs_is_blamed_within_budget(site_factory):
     """node3's worker frozen (SIGSTOP, it and its collective) the moment its first collective starts: the all-node
     round hangs with its link up. The pre-flight stops that round (too slow to judge: nothing beside it), re-tests
     in smaller groups, and blames node3 alone as a hang within its budget: never a hung job start."""
-    site = pf_site(site_factory, nodes=3)
+    site = pf_site(site_factory, nodes=3, floor=False)  # a hang is judged without any floor
     frozen = []
 
     def freeze(w, child):
@@ -28,7 +28,7 @@ def test_a_node_whose_collective_hangs_is_blamed_within_budget(site_factory):
             os.kill(pid, signal.SIGSTOP)
             frozen.append(pid)
 
-    watch = WorkerWatch("node3", on_child=freeze)
+    watch = WorkerWatch(site, "node3", on_child=freeze)
     try:
         out, took = run_preflight(site, "--no-kill", nodes=3)
     finally:
@@ -54,7 +54,7 @@ def test_a_one_off_slow_first_round_drains_nothing(site_factory):
     so the pre-flight lets the job run and drains nothing."""
     site = pf_site(site_factory)
     site.cluster.host_view.slow_link(3, "20mbit")
-    watch = WorkerWatch("node3", on_child_end=lambda w: unthrottle(site.cluster.host_view, 3))
+    watch = WorkerWatch(site, "node3", on_child_end=lambda w: unthrottle(site.cluster.host_view, 3))
     try:
         out, took = run_preflight(site)
     finally:

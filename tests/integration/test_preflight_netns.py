@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from preflightnet import BUDGET, pf_site, run_preflight
+from preflightnet import BUDGET, NCCL, pf_site, run_preflight
 from torchjob import NEEDS_HOST_VIEW, NEEDS_TORCH, netns_site
 
 pytestmark = [NEEDS_HOST_VIEW, NEEDS_TORCH]
@@ -67,8 +67,7 @@ def test_the_nodes_under_one_switch_slowed_together_blame_the_switch(site_factor
     try:
         site = netns_site(site_factory, nodes=4, topology={"leafA": "node[1-2]", "leafB": "node[3-4]"})
         view = site.cluster.host_view
-        site.write_config({"nccl": {"preflight_busbw_gbps": 0.008, "preflight_min_bytes": 65536,
-                                    "preflight_max_bytes": 262144, "preflight_iterations": 2},
+        site.write_config({"nccl": NCCL,
                            "notify": {"urls": [hook.url("/pages", view.controller_addr)]}})
         view.slow_link(3, "20mbit")
         view.slow_link(4, "20mbit")

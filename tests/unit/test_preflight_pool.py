@@ -43,6 +43,17 @@ def test_a_stop_is_a_hang_beside_an_earlier_rounds_quick_run_and_too_slow_to_jud
     assert m.busbw_gbps is None and "budget ran out" in m.error  # the budget stopped it: never evidence
 
 
+def test_a_run_under_its_floor_while_its_ranks_waited_for_a_cpu_is_too_slow_to_judge_not_slow():
+    def judge(starved):
+        step = Step(("node1", "node2"), result_line([262144], [0.004], "gloo", 2, starved), 0, False, 0.5)
+        return round_measurements([step], "pair", lambda n: 0.005, 10.0, False)[0]
+
+    m = judge(0.6)
+    assert m.busbw_gbps is None and m.error.startswith(TOO_SLOW) and "waited for a CPU 60%" in m.error
+    assert judge(0.05).verdict == "slow"  # waiting on the network is sleep, not a run queue: a slow link
+    assert judge(None).verdict == "slow"  # the kernel did not say: judged on bandwidth alone
+
+
 @pytest.fixture
 def fake_srun(tmp_path):
     """`srun --overlap -N1 -n1 -w NODE --quiet CMD...` -> CMD here (every "node" on this machine's loopback)."""
@@ -52,6 +63,7 @@ def fake_srun(tmp_path):
     return str(p)
 
 
+@pytest.mark.slow(25)  # two torch imports
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="CPU PyTorch not installed (make torch)")
 def test_real_workers_run_rounds_and_a_frozen_one_is_judged_hung_within_seconds(fake_srun):
     nodes = ["n1", "n2"]

@@ -25,6 +25,9 @@ NO_FLOOR = 1e-9
 HANG_MARGIN = 0.5
 # what a run stopped without evidence says: load or the budget stopped it, not the node
 TOO_SLOW = "too slow to judge"
+# a run below its floor whose ranks waited for a CPU this share of its timed loop (or more) is starved, not slow:
+# gloo's wait on a slow link is sleep, not a run queue (the worker reads /proc/self/task/*/schedstat)
+STARVED_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,14 @@ class Step:
     duration_s: float
 
 
-def result_line(sizes: list[int], busbw: list[float], backend: str, world: int) -> str:
-    """What rank 0 prints: one tagged JSON line (the table is for humans, this is for the coordinator)."""
-    return RESULT_TAG + json.dumps({"sizes": sizes, "busbw_gbps": busbw, "backend": backend, "world": world})
+def result_line(sizes: list[int], busbw: list[float], backend: str, world: int,
+                starved: Optional[float] = None) -> str:
+    """One collective's result as one tagged JSON line (`starved`: the largest share of the timed loop a rank spent
+    waiting for a CPU)."""
+    d: dict[str, Any] = {"sizes": sizes, "busbw_gbps": busbw, "backend": backend, "world": world}
+    if starved is not None:
+        d["starved"] = starved
+    return RESULT_TAG + json.dumps(d)
 
 
 def parse_result(text: str) -> Optional[dict[str, Any]]:
@@ -63,8 +71,12 @@ def measurement(group: Group, stage: str, *, threshold: Optional[float], output:
     thr = threshold if threshold is not None else NO_FLOOR
     res = parse_result(output) if rc == 0 and not timed_out else None
     if res is not None:
-        return Measurement(group, stage, thr, float(res["busbw_gbps"][-1]), int(res["sizes"][-1]),
-                           duration_s=duration_s)
+        bw, starved = float(res["busbw_gbps"][-1]), res.get("starved")
+        if bw < thr and isinstance(starved, (int, float)) and starved >= STARVED_SHARE:
+            return Measurement(group, stage, thr, None, int(res["sizes"][-1]), duration_s=duration_s,
+                               error=f"{TOO_SLOW}: {bw:.3g} GB/s while its ranks waited for a CPU "
+                                     f"{starved:.0%} of the time (the machine is loaded, not the link)")
+        return Measurement(group, stage, thr, bw, int(res["sizes"][-1]), duration_s=duration_s)
     if timed_out:
         error = f"hung: no result within {duration_s:.1f}s"
     else:
@@ -90,7 +102,7 @@ def round_measurements(steps: list[Step], stage: str, threshold_for: Callable[[i
         quick = min(beside) if beside else None
         cut = cut_by_budget and s.duration_s >= allowance_s * 0.98  # stopped by the budget, not by the early stop
         if s.timed_out and (cut or quick is None or quick > s.duration_s * HANG_MARGIN):
-            why = ("the pre-flight's budget ran out" if cut else
+            why = ("its share of the pre-flight's budget ran out" if cut else
                    "no run beside it finished in half that time (load, not evidence)")
             out.append(Measurement(s.group, stage, thr, None, duration_s=s.duration_s,
                                    error=f"{TOO_SLOW}: stopped after {s.duration_s:.1f}s: {why}"))

@@ -147,7 +147,8 @@ class WorkerPool:
                 steps.append(Step(r.group, r.error, None, True, time.monotonic() - t0))
             elif r.result is not None:
                 steps.append(Step(r.group, result_line(r.result["sizes"], r.result["busbw_gbps"],
-                                                       str(r.result.get("backend")), int(r.result.get("world", 0))),
+                                                       str(r.result.get("backend")), int(r.result.get("world", 0)),
+                                                       r.result.get("starved")),
                                   0, False, r.ended_s))
             else:
                 steps.append(Step(r.group, r.error or "no result", 1, False, r.ended_s))

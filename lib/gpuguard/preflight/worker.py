@@ -38,25 +38,48 @@ def route_ifname(addr: str) -> Optional[str]:
     return dev
 
 
+def runqueue_wait_s() -> Optional[float]:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (/proc/self/task/*/schedstat, its
+    second field), or None where the kernel does not say."""
+    total = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # a thread gone meanwhile
+    except OSError:
+        return None
+    return total / 1e9
+
+
 def time_sizes(torch: Any, dist: Any, device: Any, byte_sizes: list[int], iters: int,
-               sync: Callable[[], None]) -> list[float]:
-    """Bus bandwidth (GB/s) per size: the slowest rank's mean time per all_reduce."""
+               sync: Callable[[], None]) -> tuple[list[float], Optional[float]]:
+    """Bus bandwidth (GB/s) per size: the slowest rank's mean time per all_reduce; and the largest share of the
+    largest size's timed loop any rank spent waiting for a CPU (a starved machine, not a slow link; None: unknown)."""
     from gpuguard.nccl.torch_probe import bus_factor
 
     world = dist.get_world_size()
     out = []
+    starved: Optional[float] = None
     for size in byte_sizes:
         buf = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
         dist.all_reduce(buf)  # warm-up
         sync()
+        w0 = runqueue_wait_s()
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(buf)
         sync()
-        t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+        wall = time.perf_counter() - t0
+        w1 = runqueue_wait_s()
+        share = (w1 - w0) / wall if w0 is not None and w1 is not None and wall > 0 else -1.0
+        t = torch.tensor([wall / iters, share], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        out.append(round(size / float(t.item()) / 1e9 * bus_factor(world), 6))
-    return out
+        out.append(round(size / float(t[0].item()) / 1e9 * bus_factor(world), 6))
+        starved = round(float(t[1].item()), 3) if float(t[1].item()) >= 0 else None
+    return out, starved
 
 
 def run_collective(torch: Any, dist: Any, job: dict[str, Any], say: Callable[[dict[str, Any]], None]) -> None:
@@ -73,10 +96,11 @@ def run_collective(torch: Any, dist: Any, job: dict[str, Any], say: Callable[[di
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     byte_sizes = sizes(int(job["min_bytes"]), int(job["max_bytes"]), 4)
-    busbw = time_sizes(torch, dist, device, byte_sizes, int(job["iters"]),
-                       (lambda: torch.cuda.synchronize(device)) if backend == "nccl" else (lambda: None))
+    busbw, starved = time_sizes(torch, dist, device, byte_sizes, int(job["iters"]),
+                                (lambda: torch.cuda.synchronize(device)) if backend == "nccl" else (lambda: None))
     if rank == 0:
-        say({"result": {"sizes": byte_sizes, "busbw_gbps": busbw, "backend": backend, "world": world}})
+        say({"result": {"sizes": byte_sizes, "busbw_gbps": busbw, "backend": backend, "world": world,
+                        "starved": starved}})
     dist.destroy_process_group()
 
 
