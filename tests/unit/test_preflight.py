@@ -153,3 +153,38 @@ def test_summary_line_says_what_how_long_and_who():
     line = summary_line(NODES, 6.24, "isolated", ["node3"], "busbw 0.2")
     assert line == "gpuguard preflight: 4 nodes node[1-4] in 6.2s: blamed node3 (busbw 0.2)"
     assert isinstance(Measurement(("a",), "all"), Measurement)
+
+
+def test_a_blamed_switch_pages_the_network_team_once_with_the_switch_as_its_label(tmp_path, monkeypatch):
+    """Issue 28: the pre-flight's switch blame is a page of its own (`gpuguard: NETWORK switch leaf7`), sent by
+    the node that ran the pre-flight, labelled with the switch (as the storm guard's shared-part page): an
+    Alertmanager route can send it to the network team; a second blame of the same switch is the same alert."""
+    from notify_servers import WebhookServer
+    from simnode import make_cfg
+
+    from gpuguard.nccl.isolate import SweepOutcome
+    from gpuguard.notify.alertmanager import alert_labels
+    from gpuguard.notify.event import Event
+    from gpuguard.notify.render import title_of
+    from gpuguard.preflight.blame import Blame
+    from gpuguard.preflight.cli import page_switch
+
+    hook = WebhookServer()
+    try:
+        monkeypatch.setenv("SLURMD_NODENAME", "node1")
+        monkeypatch.setenv("SLURM_JOB_ID", "42")
+        cfg = make_cfg(tmp_path, notify={"urls": [hook.url("/pages")]})
+        blame = Blame(SweepOutcome(["node1", "node2", "node3", "node4"]), switch="leaf7", exclude=["node3", "node4"])
+        assert page_switch(cfg, blame) == "page: sent"
+        bodies = [r["body"] for r in hook.requests]
+        assert len(bodies) == 1 and bodies[0]["title"] == "gpuguard: NETWORK switch leaf7 fabric.nccl", bodies
+        assert "its nodes node[3-4] slow together in a job pre-flight" in bodies[0]["message"]
+        assert "look at the switch" in bodies[0]["message"]
+    finally:
+        hook.close()
+    ev = Event(kind="network", node="node1", message="m", severity="critical", check_id="fabric.nccl",
+               component="leaf7", component_kind="switch")
+    labels = alert_labels(ev, cfg.notify)
+    assert (labels["alertname"], labels["switch"], labels["component"], labels["component_kind"]) == \
+        ("GpuguardNetworkFault", "leaf7", "leaf7", "switch")
+    assert title_of(ev) == "gpuguard: NETWORK switch leaf7 fabric.nccl"

@@ -45,7 +45,8 @@ ALERTNAMES = {"drain": "GpuguardDrain", "prolog_failure": "GpuguardPrologFailure
               "straggler": "GpuguardStragglerDetected", "hang": "GpuguardHangDetected",
               "requeue": "GpuguardJobRequeued", "internal_error": "GpuguardInternalError",
               "resource": "GpuguardResourceAlarm", "unknown_xid": "GpuguardUnknownXid",
-              "storm": "GpuguardDrainStormHeld", "mismatch": "GpuguardConfigMismatch", "gave_up": "GpuguardJobGaveUp"}
+              "storm": "GpuguardDrainStormHeld", "mismatch": "GpuguardConfigMismatch", "gave_up": "GpuguardJobGaveUp",
+              "network": "GpuguardNetworkFault"}
 MAX_VALUE = 1024  # a label or annotation value: receivers and the UI show them whole
 MAX_RESPONSE = 65536
 

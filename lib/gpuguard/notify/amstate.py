@@ -31,7 +31,7 @@ def _put(conn: Any, key: str, labels: dict[str, str], annotations: dict[str, str
 
 # Nothing ever resolves these (a failed prolog, a crash, a requeue, an unknown Xid): their alert ends by itself
 # dedup_window_s after the last time it happened, as their episode does, and is not kept alive.
-SELF_ENDING = {"prolog_failure", "internal_error", "requeue", "unknown_xid", "storm", "mismatch", "gave_up"}
+SELF_ENDING = {"prolog_failure", "internal_error", "requeue", "unknown_xid", "storm", "mismatch", "gave_up", "network"}
 
 
 def _is_open(row: Optional[dict[str, Any]], now: float) -> bool:

@@ -12,7 +12,7 @@ from typing import Optional
 from gpuguard.config.sections.notify import NotifyConfig
 
 KINDS = ("drain", "undrain", "prolog_failure", "straggler", "hang", "requeue", "internal_error", "flapping",
-         "resource", "unknown_xid", "storm", "mismatch", "gave_up")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
+         "resource", "unknown_xid", "storm", "mismatch", "gave_up", "network")  # resource: a monitor threshold (CPU, memory, disk, GPU temperature/power/ECC) during a job
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 RESOLVING_KINDS = {"undrain"}  # kinds that are, by themselves, the resolution of an episode
@@ -42,6 +42,8 @@ DEFAULT_ACTIONS = {
     "resource": "look at what the job is doing on the node (memory, disk, data loader workers); the job may fail",
     "storm": "a human decides: many nodes failing one check at once is usually a configuration or launch choice "
              "(fix it); if the hardware is really broken, drain the nodes by hand",
+    "network": "look at the switch (its ports, cabling, logs) rather than at its nodes: no node was drained, the job "
+               "ran without them; `gpuguard nccl sweep` re-tests its nodes once it is fixed",
     "mismatch": "the node differs from its profile but has not changed since first seen (a launch choice): fix the "
                 "profile or the launch; nothing was drained",
     "unknown_xid": "look the code up in NVIDIA's Xid catalog (`gpuguard xid explain CODE`) and, if it is a fault, "

@@ -12,7 +12,8 @@ from gpuguard.util.timefmt import iso_utc as fmt
 TITLES = {"drain": "DRAINED", "undrain": "undrained", "prolog_failure": "prolog failed", "straggler": "straggler",
           "hang": "job hang", "requeue": "job requeue requested", "internal_error": "internal error",
           "flapping": "flapping node", "resource": "resource alarm", "unknown_xid": "unknown Xid",
-          "storm": "drain storm held", "mismatch": "config mismatch", "gave_up": "job GAVE UP"}
+          "storm": "drain storm held", "mismatch": "config mismatch", "gave_up": "job GAVE UP",
+          "network": "NETWORK"}
 
 
 def iso_utc(ts: float) -> str:

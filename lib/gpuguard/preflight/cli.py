@@ -149,14 +149,18 @@ def page_switch(cfg: Any, blame: Blame) -> str:
     from gpuguard.notify.event import Event
 
     members = compress_hostlist(blame.exclude)
+    reporter = os.environ.get("SLURMD_NODENAME") or cfg.node.name
     msg = f"gpuguard: NETWORK switch {blame.switch}: its nodes {members} slow together in a job pre-flight"
-    ev = Event(kind="storm", node=str(blame.switch), message=msg, severity="critical", check_id="fabric.nccl",
+    # the page is about the switch (labels component/component_kind/switch, as the storm guard's shared-part page),
+    # sent by the node that ran the pre-flight: its spool is that node's, which its own hooks also flush later
+    ev = Event(kind="network", node=reporter, message=msg, severity="critical", check_id="fabric.nccl",
                job_id=os.environ.get("SLURM_JOB_ID"), evidence={"switch": blame.switch, "nodes": members},
+               component=str(blame.switch), component_kind="switch",
                dedup_key=f"gpuguard-switch-{blame.switch}")
     # a page's first delivery imports apprise (seconds on a busy node): a budget of its own, then one retry of the
-    # spool kept under the switch's name (no hook of a node named like the switch would ever retry it)
+    # spool
     said = emit(cfg, ev, budget_s=PAGE_BUDGET_S)
-    if said == "spooled" and flush(cfg, budget_s=PAGE_BUDGET_S, node=str(blame.switch)) > 0:
+    if said == "spooled" and flush(cfg, budget_s=PAGE_BUDGET_S, node=reporter) > 0:
         said = "sent"
     return f"page: {said}"
 

@@ -54,7 +54,7 @@ class NotifyConfig(Section):
     min_severity: str = key(choice("info", "warning", "critical"), "info")
     kinds: list[str] = key(str_list, ["drain", "undrain", "prolog_failure", "straggler", "hang", "requeue",
                                       "internal_error", "flapping", "resource", "unknown_xid", "storm", "mismatch",
-                                      "gave_up"])  # resource: monitor thresholds
+                                      "gave_up", "network"])  # resource: monitor thresholds
     # one message per episode (node/GPU + check, until resolved); an episode nothing has repeated or resolved
     # for this long is over (the fallback for alerts that never resolve)
     dedup_window_s: float = key(number(0, strict=False), 3600.0)
