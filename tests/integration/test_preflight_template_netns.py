@@ -46,3 +46,6 @@ def test_with_min_nodes_the_training_goes_on_without_the_blamed_node(site_factor
     assert "the training goes on without it on 2 of 3 nodes (min_nodes 2)" in out, job.why(info)
     ranks = set(re.findall(r"\[rank\d\]: rank \d/(\d) on (node\d)", out))
     assert ranks == {("2", "node1"), ("2", "node2")}, job.why(info)
+    ledger = job.ledger()
+    assert [(r["reason"], r["action"]) for r in ledger] == [("completed", "finished")], ledger
+    assert "the pre-flight blamed node3: this attempt trained without them" in ledger[0]["detail"], ledger

@@ -665,3 +665,18 @@ def test_a_manual_stop_is_recorded_as_one_not_as_the_time_limit(fake):
     assert (dec.reason, dec.action, dec.budget) == ("manual_stop", "requeued", "continuation")
     line = json.loads((job_dir / "attempts.jsonl").read_text().splitlines()[-1])
     assert (line["event"], line["reason"], line["signal"]) == ("stop", "manual_stop", 10), line
+
+
+def test_an_attempt_that_went_on_without_the_blamed_nodes_says_so_in_its_ledger_line():
+    """Issue 28 item 3: with min_nodes, the pre-flight's blame let the training go on without node3 in this
+    allocation (the template passes --blamed with the attempt's own event): the ledger line of the attempt says so
+    whatever ended it, and the verdict is the training's own (completed here, an application error there)."""
+    done = decide(facts(exit_code=0, blamed=("node3",)), Policy())
+    assert (done.reason, done.action, done.exclude) == ("completed", "finished", ())
+    assert done.detail.endswith("; the pre-flight blamed node3: this attempt trained without them"), done.detail
+    failed = decide(facts(blamed=("node3",)), Policy())
+    assert (failed.reason, failed.action) == ("app_error", "requeued")
+    assert "the pre-flight blamed node3: this attempt trained without them" in failed.detail
+    assert "pre-flight" not in decide(facts(exit_code=0), Policy()).detail
+    blamed = decide(facts(event="preflight", exit_code=10, blamed=("node2",)), Policy(max_failures=3))
+    assert (blamed.reason, blamed.exclude) == ("preflight", ("node2",)) and "trained without" not in blamed.detail

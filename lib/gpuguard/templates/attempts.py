@@ -31,7 +31,7 @@ gpuguard.templates.exclusions.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 EVENTS = ("none", "timelimit", "stop", "term", "preflight")
@@ -201,12 +201,17 @@ def decide(f: AttemptFacts, p: Policy) -> Decision:
     if f.event not in EVENTS:
         raise ValueError(f"event must be one of {', '.join(EVENTS)}, got {f.event!r}")
     j = _Judgement.of(f, p)
+    if f.event == "preflight" and not (f.restarts_now is not None and f.restarts_now > f.restarts_at_start):
+        return _preflight_blamed(j)
+    return _went_on_without(f, _after_training(j))
+
+
+def _after_training(j: _Judgement) -> Decision:
+    f = j.f
     # Slurm requeued the job itself (a node failure, preemption, an admin): whatever ended the step, the job runs
     # again; the attempt is recorded as that, and the bad nodes are excluded (never gave_up).
     if f.restarts_now is not None and f.restarts_now > f.restarts_at_start:
         return _requeued_by_slurm(j)
-    if f.event == "preflight":
-        return _preflight_blamed(j)
     if f.event == "term":
         return _terminated(j)
     if f.event == "timelimit":
@@ -214,6 +219,15 @@ def decide(f: AttemptFacts, p: Policy) -> Decision:
     if f.event == "stop":
         return _stop_requested(j)
     return _step_ended(j)  # event none: the step ended by itself
+
+
+def _went_on_without(f: AttemptFacts, d: Decision) -> Decision:
+    """With min_nodes, a pre-flight that blamed nodes let the training go on without them in this allocation: the
+    attempt's ledger line says so, whatever ended it."""
+    if not f.blamed:
+        return d
+    return replace(d, detail=f"{d.detail}; the pre-flight blamed {', '.join(f.blamed)}: this attempt trained "
+                             "without them")
 
 
 @dataclass(frozen=True)

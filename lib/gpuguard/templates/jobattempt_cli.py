@@ -38,7 +38,8 @@ def add_parser(sub: Any) -> None:
             s.add_argument("--exit-code", type=int, required=True)
             s.add_argument("--event", default="none", choices=("none", "timelimit", "stop", "term", "preflight"))
             s.add_argument("--blamed", default="",
-                           help="event preflight: hostlist of the nodes gpuguard preflight blamed (excluded)")
+                           help="hostlist of the nodes gpuguard preflight blamed: with event preflight they are excluded "
+                                "on requeue; otherwise (min_nodes) the attempt trained without them")
             s.add_argument("--max-failures", type=int, default=None,
                            help="failed attempts requeued in a row (reset when the checkpoint advances)")
             s.add_argument("--max-requeues", type=int, default=None,
