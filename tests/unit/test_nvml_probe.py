@@ -7,6 +7,7 @@ scenario file, through read_nvml's `env`, between one nvmlInit and the next.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -147,6 +148,35 @@ def test_importing_the_probe_does_not_import_pynvml() -> None:
     result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(LIB)},
                             capture_output=True, text=True, timeout=30)
     assert result.stdout.strip() == "False", result.stderr
+
+
+# A probe run in a fresh process (as a prolog without the agent runs it): pynvml talks to the fake, and neither
+# ctypes.util nor what it imports (shutil, tempfile, bz2, lzma, random: ~10 ms of CPU per prolog) was imported for it;
+# pynvml's find_library still answers as ctypes.util's, and a later `import ctypes.util` gets the real module.
+PROBE_IN_A_FRESH_PROCESS = """
+import json, sys
+from gpuguard.probes.nvml import read_nvml
+obs = read_nvml(library_path=sys.argv[1], env={sys.argv[2]: sys.argv[3]})
+unwanted = sorted(m for m in ("ctypes.util", "shutil", "tempfile", "bz2", "lzma", "random") if m in sys.modules)
+import pynvml
+found = pynvml.find_library("c")
+import ctypes.util
+print(json.dumps([obs.device_count, obs.status.complete, unwanted, found, ctypes.util.find_library("c"),
+                  hasattr(ctypes.util, "__file__")]))
+"""
+
+
+def test_a_probe_in_a_fresh_process_imports_pynvml_without_ctypes_util(fake_lib: Path, tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.txt"
+    scenario.write_text(h100_scenario())
+    result = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(LIB)!r})\n"
+                             + PROBE_IN_A_FRESH_PROCESS, str(fake_lib), ENV_VAR, str(scenario)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    count, complete, unwanted, found, real, is_real_module = json.loads(result.stdout)
+    assert (count, complete, unwanted) == (8, True, [])
+    assert found == real and found  # e.g. "libc.so.6"
+    assert is_real_module
 
 
 # --------------------------------------------------------------------------- healthy node

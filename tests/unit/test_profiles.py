@@ -21,7 +21,7 @@ REQUIRED = {
     "generic",
 }
 EC2_P_INSTANCES = sorted(n for n in REQUIRED if n.startswith("p"))
-SHIPPED = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+SHIPPED = sorted(p.stem for p in Path(PROFILE_DIR).glob("*.yaml"))
 
 # What each EC2 profile must say (AWS "Specifications for Amazon EC2 accelerated computing instances":
 # GPUs, vCPUs, network cards = max EFAs). Repeated here on purpose: a typo in a YAML file fails a test.
@@ -50,14 +50,14 @@ def test_profile_loads_and_name_is_file_stem(name: str) -> None:
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_profile_keys_are_profile_fields(name: str) -> None:
-    data = load_yaml_file(PROFILE_DIR / f"{name}.yaml")
+    data = load_yaml_file(Path(PROFILE_DIR) / f"{name}.yaml")
     assert isinstance(data, dict)
     assert set(data) <= set(PROFILE_FIELDS)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_profile_cites_its_sources(name: str) -> None:
-    text = (PROFILE_DIR / f"{name}.yaml").read_text(encoding="utf-8")
+    text = (Path(PROFILE_DIR) / f"{name}.yaml").read_text(encoding="utf-8")
     header = [ln for ln in text.splitlines() if ln.startswith("#")]
     assert header, "a profile starts with a comment header citing its sources"
     assert any("https://" in ln for ln in header)

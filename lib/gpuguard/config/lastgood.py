@@ -23,7 +23,6 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from gpuguard.config.compiled import read_trusted_json
@@ -93,7 +92,8 @@ def read_bounded(path: str, timeout_s: float) -> bytes:
 
     def read() -> None:
         try:
-            box["data"] = Path(path).read_bytes()
+            with open(path, "rb") as f:
+                box["data"] = f.read()
         except BaseException as e:  # noqa: BLE001
             box["error"] = e
 
@@ -183,7 +183,8 @@ def _keys_of(section: str) -> tuple[str, ...]:
 def check_file(path: str, *, check_params: CheckParams) -> list[ConfigIssue]:
     """Every problem of a config file (for `gpuguard config --check` before deploying it)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         return [ConfigIssue("(file)", None, f"cannot read: {e}")]
     try:

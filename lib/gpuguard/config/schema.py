@@ -11,7 +11,6 @@ Every check can be switched off fleet-wide (`checks.<id>.enabled: false`) withou
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Mapping, Optional
 
 from gpuguard.config.model import (DEFAULT_CONFIG_PATH, ENV_CONFIG, SECTIONS, Config, ConfigError, ConfigIssue,
@@ -50,7 +49,8 @@ def load_config(explicit: Optional[str] = None, *, check_params: CheckParams) ->
     registry's `check_params`)."""
     path, must_exist = config_path(explicit)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except FileNotFoundError:
         if must_exist:
             raise ConfigError(f"{path}: config file not found") from None

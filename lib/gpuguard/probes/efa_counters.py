@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from gpuguard.model import ProbeStatus
@@ -89,48 +88,51 @@ def counter_deltas(previous: dict[str, dict[str, int]], current: dict[str, dict[
     return deltas, resets
 
 
-def _is_efa(dev_dir: Path) -> bool:
+def _is_efa(dev_dir: str) -> bool:
     try:
-        driver = os.path.basename(os.readlink(dev_dir / "device" / "driver"))
+        driver = os.path.basename(os.readlink(os.path.join(dev_dir, "device", "driver")))
     except OSError:
         driver = None
     if driver is not None:
         return driver == "efa"
-    return dev_dir.name.startswith(("rdmap", "efa_"))
+    return os.path.basename(dev_dir).startswith(("rdmap", "efa_"))
 
 
 def read_counter_tree(sysfs_root: str = "/sys") -> tuple[list[EfaPortCounters], list[str]]:
     """Every EFA port's hw_counters under <sysfs_root>/class/infiniband. (ports, unreadable files)."""
-    base = Path(sysfs_root) / "class" / "infiniband"
+    base = os.path.join(sysfs_root, "class", "infiniband")  # os.path, not pathlib: this is on the prolog's path
     ports: list[EfaPortCounters] = []
     unreadable: list[str] = []
     try:
-        devices = sorted(p for p in base.iterdir())
+        devices = sorted(os.listdir(base))
     except OSError:
         return ports, unreadable
     for dev in devices:
-        if not _is_efa(dev):
+        dev_dir = os.path.join(base, dev)
+        if not _is_efa(dev_dir):
             continue
         try:
-            port_dirs = sorted((p for p in (dev / "ports").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+            port_names = sorted((n for n in os.listdir(os.path.join(dev_dir, "ports")) if n.isdigit()), key=int)
         except OSError:
             continue
-        for pdir in port_dirs:
-            hw = pdir / "hw_counters"
-            if not hw.is_dir():
+        for port in port_names:
+            hw = os.path.join(dev_dir, "ports", port, "hw_counters")
+            if not os.path.isdir(hw):
                 continue
-            pc = EfaPortCounters(device=dev.name, port=int(pdir.name))
-            for f in sorted(hw.iterdir()):
-                if f.name in NOT_COUNTERS or not f.is_file():
+            pc = EfaPortCounters(device=dev, port=int(port))
+            for name in sorted(os.listdir(hw)):
+                path = os.path.join(hw, name)
+                if name in NOT_COUNTERS or not os.path.isfile(path):
                     continue
                 try:
-                    value = parse_counter_value(f.read_text(errors="replace"))
+                    with open(path, errors="replace") as f:
+                        value = parse_counter_value(f.read())
                 except OSError:
                     value = None
                 if value is None:
-                    unreadable.append(f"{dev.name}/{pdir.name}/{f.name}")
+                    unreadable.append(f"{dev}/{port}/{name}")
                     continue
-                pc.values[f.name] = value
+                pc.values[name] = value
             ports.append(pc)
     return ports, unreadable
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 from typing import Iterable, Optional
 
 from gpuguard.model import FabricObservation, FiInfo, ProbeStatus, RdmaDevice, RdmaPort
@@ -53,9 +52,10 @@ def classify_rdma_device(name: str, driver: Optional[str], link_layers: Iterable
     return "other"
 
 
-def _read_text(path: Path) -> Optional[str]:
+def _read_text(path: str) -> Optional[str]:
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
     except OSError:
         return None
 
@@ -65,29 +65,30 @@ def _natural_key(name: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def _driver_name(dev_dir: Path) -> Optional[str]:
+def _driver_name(dev_dir: str) -> Optional[str]:
     # <dev>/device is the PCI device; its `driver` symlink names the bound kernel driver (efa, mlx5_core)
     try:
-        return os.path.basename(os.readlink(dev_dir / "device" / "driver")) or None
+        return os.path.basename(os.readlink(os.path.join(dev_dir, "device", "driver"))) or None
     except OSError:
         return None
 
 
-def _read_ports(dev_dir: Path) -> list[RdmaPort]:
-    ports_dir = dev_dir / "ports"
+def _read_ports(dev_dir: str) -> list[RdmaPort]:
+    ports_dir = os.path.join(dev_dir, "ports")
     try:
-        entries = [p for p in ports_dir.iterdir() if p.name.isdigit()]
+        entries = [n for n in os.listdir(ports_dir) if n.isdigit()]
     except OSError:
         return []
     ports = []
-    for pdir in sorted(entries, key=lambda p: int(p.name)):
+    for n in sorted(entries, key=int):
+        pdir = os.path.join(ports_dir, n)
         ports.append(
             RdmaPort(
-                port=int(pdir.name),
-                state=parse_sysfs_state(_read_text(pdir / "state")),
-                phys_state=parse_sysfs_state(_read_text(pdir / "phys_state")),
-                rate=_read_text(pdir / "rate") or None,
-                link_layer=_read_text(pdir / "link_layer") or None,
+                port=int(n),
+                state=parse_sysfs_state(_read_text(os.path.join(pdir, "state"))),
+                phys_state=parse_sysfs_state(_read_text(os.path.join(pdir, "phys_state"))),
+                rate=_read_text(os.path.join(pdir, "rate")) or None,
+                link_layer=_read_text(os.path.join(pdir, "link_layer")) or None,
             )
         )
     return ports
@@ -95,14 +96,14 @@ def _read_ports(dev_dir: Path) -> list[RdmaPort]:
 
 def read_rdma_devices(sysfs_root: str = "/sys") -> list[RdmaDevice]:
     """Every RDMA device under <sysfs_root>/class/infiniband with its ports. No such directory -> []."""
-    base = Path(sysfs_root) / "class" / "infiniband"
+    base = os.path.join(sysfs_root, "class", "infiniband")  # os.path, not pathlib: this is on the prolog's path
     try:
-        names = sorted((p.name for p in base.iterdir()), key=_natural_key)
+        names = sorted(os.listdir(base), key=_natural_key)
     except OSError:
         return []
     devices = []
     for name in names:
-        dev_dir = base / name
+        dev_dir = os.path.join(base, name)
         ports = _read_ports(dev_dir)
         kind = classify_rdma_device(name, _driver_name(dev_dir), (p.link_layer for p in ports))
         devices.append(RdmaDevice(name=name, kind=kind, ports=ports))

@@ -20,7 +20,7 @@ from gpuguard.model import GpuInfo, NvmlObservation
 from gpuguard.probes import nvml_fields as fields
 from gpuguard.probes.nvml_errors import FATAL, GpuGone, GpuQueries, nvml_error_name
 from gpuguard.probes.nvml_fields import decode_text, to_mib
-from gpuguard.probes.nvml_library import NvmlLibraryInUse, install_nvml_library, nvml_environment
+from gpuguard.probes.nvml_library import NvmlLibraryInUse, import_pynvml, install_nvml_library, nvml_environment
 
 # The probe's public face (the monitor's sampler and the tests import these from here).
 __all__ = ["NvmlLibraryInUse", "install_nvml_library", "normalize_pci_bus_id", "nvml_error_name", "read_gpu",
@@ -125,7 +125,7 @@ def _read_into(
     with_processes: bool,
 ) -> None:
     try:
-        import pynvml as nv
+        nv = import_pynvml()
     except ImportError as exc:
         return _fail(obs, f"nvidia-ml-py (pynvml) is not installed: {exc}")
     if library_path is not None:

@@ -4,8 +4,13 @@ environment NVML reads while it initialises."""
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import types
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
+
+_IMPORT_LOCK = threading.Lock()
 
 
 class NvmlLibraryInUse(RuntimeError):
@@ -22,7 +27,7 @@ def install_nvml_library(library_path: str, nv: Any = None) -> None:
     import ctypes  # here, not at module level: the prolog imports this module on its hot path
 
     if nv is None:
-        import pynvml as nv
+        nv = import_pynvml()
     path = os.path.abspath(library_path)
     with nv.libLoadLock:
         current = nv.nvmlLib
@@ -35,6 +40,39 @@ def install_nvml_library(library_path: str, nv: Any = None) -> None:
         cache = getattr(nv, "_nvmlGetFunctionPointer_cache", None)
         if isinstance(cache, dict):
             cache.clear()  # pointers into the previous library
+
+
+def import_pynvml() -> types.ModuleType:
+    """The pynvml module, imported without `ctypes.util`.
+
+    pynvml (nvidia-ml-py) does `from ctypes.util import find_library` at import but never calls it: it loads
+    libnvidia-ml.so.1 by name (or the library install_nvml_library names). ctypes.util imports shutil, tempfile,
+    random, bz2 and lzma, ~10 ms of CPU on every prolog that runs in its own process. So while pynvml is imported,
+    `ctypes.util` is a stand-in whose find_library imports the real module at its first call; the stand-in leaves
+    sys.modules right after, so any later `import ctypes.util` gets the real one. Raises ImportError when the
+    binding is not installed."""
+    nv = sys.modules.get("pynvml")
+    if nv is not None:
+        return nv
+    with _IMPORT_LOCK:
+        if "ctypes.util" in sys.modules or "pynvml" in sys.modules:
+            import pynvml
+            return pynvml
+        stand_in = types.ModuleType("ctypes.util", "gpuguard's stand-in while pynvml is imported (import_pynvml)")
+        stand_in.find_library = _find_library  # type: ignore[attr-defined]
+        sys.modules["ctypes.util"] = stand_in
+        try:
+            import pynvml
+        finally:
+            if sys.modules.get("ctypes.util") is stand_in:
+                del sys.modules["ctypes.util"]
+        return pynvml
+
+
+def _find_library(name: str) -> str | None:
+    import ctypes.util  # the real one (the stand-in is gone once pynvml is imported)
+
+    return ctypes.util.find_library(name)
 
 
 @contextmanager

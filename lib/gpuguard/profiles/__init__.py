@@ -7,13 +7,13 @@ Profiles are data (`<name>.yaml` beside this file, or in a site directory). A fi
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Optional
 
 from gpuguard.config.compiled import copy_path, read_copy, source_digest, write_copy
 from gpuguard.util.record import Frozen, field, field_names, record
 
-PROFILE_DIR = Path(__file__).resolve().parent
+# paths are plain strings (os.path): the hooks load a profile on every run and pathlib costs ~8 ms to import
+PROFILE_DIR = os.path.dirname(os.path.realpath(__file__))
 
 
 @record
@@ -51,10 +51,10 @@ class ProfileError(ValueError):
     pass
 
 
-def profile_dirs(extra_dir: Optional[str] = None) -> list[Path]:
+def profile_dirs(extra_dir: Optional[str] = None) -> list[str]:
     dirs = []
     if extra_dir:
-        dirs.append(Path(extra_dir))
+        dirs.append(os.fspath(extra_dir))
     dirs.append(PROFILE_DIR)
     return dirs
 
@@ -74,11 +74,14 @@ def _profile_from_mapping(name: str, data: dict[str, Any], source: str) -> Profi
     return Profile(**kwargs)
 
 
-def load_profile_file(path: Path, cache_dir: Optional[str] = None) -> Profile:
+def load_profile_file(path: str, cache_dir: Optional[str] = None) -> Profile:
     """The profile in `path`. With `cache_dir`, through a compiled copy kept there (gpuguard.config.compiled):
     the hooks read a profile on every run, and YAML is parsed only when the file changed."""
+    path = os.fspath(path)
+    stem = os.path.splitext(os.path.basename(path))[0]
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise ProfileError(f"{path}: cannot read: {e.strerror}") from None
     digest = source_digest(raw)
@@ -87,15 +90,15 @@ def load_profile_file(path: Path, cache_dir: Optional[str] = None) -> Profile:
         value = read_copy(copy, digest)
         if isinstance(value, dict):
             try:
-                return _profile_from_mapping(path.stem, value, str(path))
+                return _profile_from_mapping(stem, value, path)
             except (ProfileError, TypeError):
                 pass  # a copy from another version: compile again
     from gpuguard.config.yamlutil import load_yaml_text  # cold path: the file is new or changed
 
-    data = load_yaml_text(raw, str(path)) or {}
-    profile = _profile_from_mapping(path.stem, data, str(path))
+    data = load_yaml_text(raw, path) or {}
+    profile = _profile_from_mapping(stem, data, path)
     if copy is not None:
-        write_copy(copy, digest, profile_to_dict(profile), str(path))
+        write_copy(copy, digest, profile_to_dict(profile), path)
     return profile
 
 
@@ -105,21 +108,25 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             for v in (getattr(profile, name),)}
 
 
-def find_profile_file(name: str, extra_dir: Optional[str] = None) -> Optional[Path]:
+def find_profile_file(name: str, extra_dir: Optional[str] = None) -> Optional[str]:
     """`<name>.yaml` in the site directory, else among the built-in profiles; None when no file has that name."""
     for d in profile_dirs(extra_dir):
-        p = d / f"{name}.yaml"
-        if p.is_file():
+        p = os.path.join(d, f"{name}.yaml")
+        if os.path.isfile(p):
             return p
     return None
 
 
-def list_profiles(extra_dir: Optional[str] = None) -> dict[str, Path]:
-    found: dict[str, Path] = {}
+def list_profiles(extra_dir: Optional[str] = None) -> dict[str, str]:
+    """Profile name -> file, the site directory's winning over the built-in ones."""
+    found: dict[str, str] = {}
     for d in reversed(profile_dirs(extra_dir)):  # site directory wins
-        if d.is_dir():
-            for p in sorted(d.glob("*.yaml")):
-                found[p.stem] = p
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".yaml"))
+        except OSError:  # not there, or not a directory
+            continue
+        for n in names:
+            found[n[:-len(".yaml")]] = os.path.join(d, n)
     return found
 
 

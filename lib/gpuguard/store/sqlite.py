@@ -26,7 +26,6 @@ import json
 import os
 import sqlite3
 import time
-from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from gpuguard.model import Finding
@@ -53,7 +52,7 @@ class Store(ShippingQueries, StatusQueries):
     # ------------------------------------------------------------------ lifecycle
     def _connect(self) -> sqlite3.Connection:
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
         conn.execute("PRAGMA busy_timeout=%d" % int(self.timeout_s * 1000))
         upgrade_schema(conn)
@@ -295,6 +294,8 @@ class Store(ShippingQueries, StatusQueries):
         Raises sqlite3.Error when the file is missing, unreadable, or not a store."""
         if not os.path.exists(path):
             raise sqlite3.OperationalError(f"no such file: {path}")
+        from pathlib import Path  # here: the hooks never open a store read-only (pathlib is ~8 ms to import)
+
         conn = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True, timeout=timeout_s)
         try:
             conn.execute("PRAGMA query_only=1")
