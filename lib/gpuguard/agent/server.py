@@ -53,7 +53,12 @@ def _log(msg: str) -> None:
 # optional NCCL/DCGM tier): imported here once, so that no child pays for it. One that cannot be imported (an
 # optional dependency missing) is left to the child, which handles it as the hook process would.
 WARM_MODULES = ("gpuguard.nccl.tier", "gpuguard.nccl.probe", "gpuguard.probes.dcgm", "gpuguard.probes.efa_counters",
-                "gpuguard.fleet.ship", "gpuguard.notify", "gpuguard.pipeline.stormguard", "gpuguard.metrics.node")
+                "gpuguard.fleet.ship", "gpuguard.notify", "gpuguard.pipeline.stormguard", "gpuguard.metrics.node",
+                # the kernel-log readers (gpuguard.kernellog.sources imports the one a spec names)
+                "gpuguard.kernellog.kmsg", "gpuguard.kernellog.journal", "gpuguard.kernellog.dmesg",
+                "gpuguard.kernellog.file",
+                # what gpuguard.pipeline.run imports only for an epilog or a health check
+                "gpuguard.pipeline.cleanup", "gpuguard.pipeline.undrain", "gpuguard.store.retention")
 
 
 def warm() -> None:

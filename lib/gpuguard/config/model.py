@@ -22,7 +22,6 @@ from gpuguard.config.sections.slurm import SlurmConfig
 from gpuguard.config.sections.store import StoreConfig
 from gpuguard.config.sections.templates import TemplatesConfig
 from gpuguard.util.record import Frozen, Record, field, record, replace
-from gpuguard.util.redact import redact_notify_url, redact_url
 from gpuguard.config.sections.watch import WatchConfig
 from gpuguard.config.sections.xid import XidConfig
 
@@ -99,6 +98,8 @@ class Config(Record):
     def redacted_mapping(self) -> dict[str, dict[str, Any]]:
         """`as_mapping()` without secrets, for `gpuguard config`: notification URLs by scheme only, Alertmanager
         URLs and the PostgreSQL URL with their passwords masked. The config is not changed."""
+        from gpuguard.util.redact import redact_notify_url, redact_url  # cold path: urllib.parse + ipaddress, ~4 ms
+
         out = self.as_mapping()
         out["notify"]["urls"] = [redact_notify_url(u) for u in self.notify.urls]
         out["notify"]["alertmanager_urls"] = [redact_url(u) for u in self.notify.alertmanager_urls]

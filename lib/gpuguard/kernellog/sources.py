@@ -16,10 +16,6 @@ from typing import Optional
 
 from gpuguard.kernellog.base import (DEFAULT_BOOT_ID_PATH, START_AT, FollowError, KernelLogSource, StoredCursor,
                                      kmsg_readable)
-from gpuguard.kernellog.dmesg import DmesgSource
-from gpuguard.kernellog.file import FileSource
-from gpuguard.kernellog.journal import JournalSource
-from gpuguard.kernellog.kmsg import KmsgSource
 from gpuguard.model import KernelLogObservation, ProbeStatus
 from gpuguard.util.toolrun import which
 
@@ -28,22 +24,32 @@ SPECS = "auto, kmsg[:PATH], journal[:JOURNALCTL], dmesg[:DMESG], file:PATH"
 
 def make_source(source_spec: str, *, boot_id_path: str = DEFAULT_BOOT_ID_PATH, boot_id: Optional[str] = None,
                 poll_interval_s: float = 0.25) -> KernelLogSource:
-    """The source a spec names. Raises ValueError for an unknown spec."""
+    """The source a spec names. Raises ValueError for an unknown spec. Only the module of the source a spec names is
+    imported (a node reads /dev/kmsg: the prolog never imports the journal, dmesg or file readers)."""
     kind, _, arg = source_spec.partition(":")
     ids = {"boot_id": boot_id, "boot_id_path": boot_id_path}
     if kind == "auto" and not arg:
         if kmsg_readable("/dev/kmsg"):
-            return KmsgSource("/dev/kmsg", poll_interval_s=poll_interval_s, **ids)
-        if which("journalctl"):
-            return JournalSource("journalctl", **ids)
-        return DmesgSource("dmesg", **ids)
+            kind, arg = "kmsg", "/dev/kmsg"
+        elif which("journalctl"):
+            kind, arg = "journal", "journalctl"
+        else:
+            kind, arg = "dmesg", "dmesg"
     if kind == "kmsg":
+        from gpuguard.kernellog.kmsg import KmsgSource
+
         return KmsgSource(arg or "/dev/kmsg", poll_interval_s=poll_interval_s, **ids)
     if kind == "journal":
+        from gpuguard.kernellog.journal import JournalSource
+
         return JournalSource(arg or "journalctl", **ids)
     if kind == "dmesg":
+        from gpuguard.kernellog.dmesg import DmesgSource
+
         return DmesgSource(arg or "dmesg", **ids)
     if kind == "file" and arg:
+        from gpuguard.kernellog.file import FileSource
+
         return FileSource(arg, poll_interval_s=poll_interval_s)
     raise ValueError(f"unknown kernel log source {source_spec!r} ({SPECS})")
 

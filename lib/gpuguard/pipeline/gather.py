@@ -18,10 +18,8 @@ from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
 from gpuguard.kernellog.sources import read_xid_events
 from gpuguard.model import FabricObservation, KernelLogObservation, NvmlObservation, ProbeStatus, SystemObservation
-from gpuguard.nccl.tier import tier_probes
 from gpuguard.pipeline.budget import Deadline
 from gpuguard.pipeline.sources import Sources, read_boot_id
-from gpuguard.probes.efa_counters import cursor_name as efa_cursor_name
 from gpuguard.probes.fabric import read_fabric
 from gpuguard.probes.nvml import read_nvml
 from gpuguard.probes.system import read_system
@@ -143,6 +141,10 @@ def _nvml_probe(want_procs: bool, dl: DeadlinesConfig, sources: Sources, profile
 
 def _tier_probes(tier_needs: set[str], cfg: Config, ctx: RunContext, sources: Sources, profile: Profile,
                  store: Any) -> list[Probe]:
+    # here: only a plan with the optional tier (NCCL, DCGM, EFA counters) imports it, not every prolog
+    from gpuguard.nccl.tier import tier_probes
+    from gpuguard.probes.efa_counters import cursor_name as efa_cursor_name
+
     gpus = len(ctx.gpu_indices) if ctx.gpu_indices else (profile.gpu_count or 8)
     efa_prev = store.get_cursor(efa_cursor_name(ctx.node)) if store is not None else None
     return [Probe(name, fn, timeout, timed_out(cls))

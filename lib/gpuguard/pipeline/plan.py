@@ -9,7 +9,6 @@ from typing import Any, Optional
 from gpuguard.checks import CheckSpec, registry
 from gpuguard.config.schema import Config
 from gpuguard.context import RunContext
-from gpuguard.nccl.tier import cursor_name, job_is_exclusive, tier_due
 from gpuguard.probes.imds_cache import lookup
 from gpuguard.profiles import Profile, apply_overrides, load_profile
 
@@ -58,6 +57,8 @@ def plan_checks(cfg: Config, ctx: RunContext, profile: Optional[Profile] = None,
     if ctx.kind == "epilog" and ctx.job_exit_code in cfg.epilog.deep_on_exit_codes:
         kinds.add("epilog_deep")
     if cfg.nccl.tier_enabled and store is not None and profile is not None:
+        from gpuguard.nccl.tier import cursor_name, job_is_exclusive, tier_due  # only a site with the tier
+
         excl = True if ctx.kind == "manual" else job_is_exclusive(ctx.exclusive, ctx.gpu_indices, profile.gpu_count)
         due, _why = tier_due(cfg.nccl, kind=ctx.kind, exclusive=excl, boot_id=boot_id,
                              last=store.get_cursor(cursor_name(ctx.node)), now=now or time.time())

@@ -25,7 +25,6 @@ from gpuguard.context import RunContext
 from gpuguard.model import Finding, Observations, PendingDrain, RunResult, Severity, Verdict
 from gpuguard.pipeline.act import SlurmHandle, apply_drain, new_pending, retry_pending
 from gpuguard.pipeline.budget import StageBudget
-from gpuguard.pipeline.cleanup import epilog_cleanup
 from gpuguard.pipeline.decide import is_unambiguous, judge
 from gpuguard.pipeline.evaluate import evaluate, map_job_gpus, name_processes, observations_from
 from gpuguard.pipeline.gather import build_probes, gather
@@ -39,11 +38,9 @@ from gpuguard.pipeline.plan import plan_checks, resolve_profile
 from gpuguard.pipeline.record import job_cursor, node_cursor, record_drains, record_run, save_cursors
 from gpuguard.pipeline.sources import Sources, read_boot_id
 from gpuguard.pipeline.tell import tell_humans
-from gpuguard.pipeline.undrain import adopt_store_drain, clear_by_evidence, driver_seen, lift_conditions
 from gpuguard.probes.system import read_driver_fingerprint
 from gpuguard.profiles import Profile
 from gpuguard.store.guarded import GuardedStore, Store
-from gpuguard.store.retention import RETENTION_CURSOR, prune_due
 
 
 def execute(ctx: RunContext, cfg: Config, sources: Sources, *, dry_run: bool = False,
@@ -150,6 +147,8 @@ class Run:
             if cleared:
                 self.notes.append(f"cleared by a reboot: {summary(cleared)}")
         if self.ctx.kind == "healthcheck" and not j.conditions and not self.read_only:
+            from gpuguard.pipeline.undrain import adopt_store_drain  # a health check's: not on a prolog's path
+
             self.agreement = adopt_store_drain(j, self.store, self.slurm, self.ctx.node, now)
         if (standing(j.conditions) or j.pending) and self.ctx.kind in ("prolog", "epilog") \
                 and self.on_verdict is not None:
@@ -159,6 +158,8 @@ class Run:
         """A health check judges every GPU: what it saw may clear conditions (a reset, the check passing again)."""
         if self.ctx.kind != "healthcheck" or self.read_only or self.dry_run or not standing(self.journal.conditions):
             return
+        from gpuguard.pipeline.undrain import clear_by_evidence, driver_seen  # a health check with a condition
+
         driver = driver_seen(self.store, self.ctx.node, read_driver_fingerprint(self.sources.sysfs_root),
                              self.read_only)
         cleared = clear_by_evidence(self.journal, self.store, findings, self.boot_id, self.cfg, driver, self.clock())
@@ -186,6 +187,8 @@ class Run:
         name_processes(obs, self.sources.procfs_root)
         self.ctx, mapping = map_job_gpus(self.ctx, obs, self.cfg.slurm.gpu_ids)
         if self.ctx.kind == "epilog" and any(s.id == "gpu.leftovers" for s in specs) and not self.dry_run:
+            from gpuguard.pipeline.cleanup import epilog_cleanup  # an epilog's: not on a prolog's path
+
             obs.cleanup = epilog_cleanup(self.ctx, self.cfg, obs, specs, self.sources, self.profile,
                                          self.budget.gather, self.log or _NullLog())
         obs.now = self.clock()
@@ -342,12 +345,16 @@ class Run:
         """gpuguard's drain lifted once every condition has cleared (gpuguard.pipeline.undrain)."""
         if not self.journal.conditions:
             return None
+        from gpuguard.pipeline.undrain import lift_conditions  # a health check with a condition
+
         out = lift_conditions(self.journal, self.store, self.slurm, self.ctx.node, result, self.cfg,
                               self.agreement.get("state"), self.clock())
         self._save_journal()
         return out
 
     def _ship(self, result: RunResult) -> None:
+        from gpuguard.store.retention import RETENTION_CURSOR, prune_due  # a health check's: not a prolog's
+
         scfg = self.cfg.store
         prune = bool(scfg.retention_days) and prune_due(self.store.get_cursor(RETENTION_CURSOR), self.clock())
         if not scfg.url and not prune:
