@@ -386,6 +386,19 @@ def test_the_hook_client_imports_nothing_of_the_pipeline():
     assert not mods & {"pynvml", "sqlite3", "yaml", "json", "typing", "socket", "argparse", "re"}
 
 
+def test_a_hook_run_in_its_own_process_keeps_the_garbage_collector_for_what_it_allocates(tmp_path: Path):
+    """The fallback imports the hook path with the collector off, then freezes what it imported: the hook itself
+    runs with the collector on, and cyclic garbage it makes is still collected."""
+    code = ("import gc, sys\nfrom gpuguard.agent.client import main\nrc = main(['--help'])\n"
+            "class Cycle:\n    pass\nc = Cycle(); c.me = c; del c\n"
+            "print(rc, 'gpuguard.cli.hooks' in sys.modules, gc.isenabled(), gc.get_freeze_count() > 1000, "
+            "gc.collect() >= 1)")
+    p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60,
+                       env={"GPUGUARD_STATE_DIR": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[-5:] == ["0", "True", "True", "True", "True"], p.stdout
+
+
 def test_the_in_process_hook_imports_no_yaml_argparse_dataclasses_or_notifications():
     mods = _modules_after("import gpuguard.cli.hooks")
     assert not mods & {"yaml", "argparse", "psycopg", "apprise", "prometheus_client", "uuid", "traceback", "jinja2",

@@ -24,6 +24,7 @@ knows which way it goes, this module imports only os, socket and the wire format
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import sys
@@ -60,7 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     code, why = run_through_agent(args, started)
     if code is not None:
         os._exit(code)
-    from gpuguard.cli import hooks  # cold path: no agent, or it could not run this hook: run it in this process
+    # cold path: no agent, or it could not run this hook: run it in this process. Importing the hook path creates
+    # some hundred thousand objects that live as long as the process; the cyclic garbage collector would walk them
+    # again and again while they are created (~11M instructions, ~5% of a prolog's CPU): it is off while they are
+    # imported, then they are frozen out of its sight (gc.freeze) and it runs as usual for what the hook allocates.
+    gc.disable()
+    try:
+        from gpuguard.cli import hooks
+    finally:
+        gc.freeze()
+        gc.enable()
 
     # a fallback says why in the hook's result line (`via=local(...)`): an agent that often falls back is seen
     return hooks.main(args, started=started, via=None if why == NO_AGENT else f"local({why})")
