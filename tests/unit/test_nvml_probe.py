@@ -151,7 +151,7 @@ def test_importing_the_probe_does_not_import_pynvml() -> None:
 
 
 # A probe run in a fresh process (as a prolog without the agent runs it): pynvml talks to the fake, and neither
-# ctypes.util nor what it imports (shutil, tempfile, bz2, lzma, random: ~10 ms of CPU per prolog) was imported for it;
+# ctypes.util nor what it imports (shutil, tempfile, bz2, lzma, random: ~11M instructions) was imported;
 # pynvml's find_library still answers as ctypes.util's, and a later `import ctypes.util` gets the real module.
 PROBE_IN_A_FRESH_PROCESS = """
 import json, sys

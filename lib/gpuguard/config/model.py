@@ -98,7 +98,7 @@ class Config(Record):
     def redacted_mapping(self) -> dict[str, dict[str, Any]]:
         """`as_mapping()` without secrets, for `gpuguard config`: notification URLs by scheme only, Alertmanager
         URLs and the PostgreSQL URL with their passwords masked. The config is not changed."""
-        from gpuguard.util.redact import redact_notify_url, redact_url  # cold path: urllib.parse + ipaddress, ~4 ms
+        from gpuguard.util.redact import redact_notify_url, redact_url  # cold: urllib.parse, ipaddress
 
         out = self.as_mapping()
         out["notify"]["urls"] = [redact_notify_url(u) for u in self.notify.urls]

@@ -47,10 +47,10 @@ def import_pynvml() -> types.ModuleType:
 
     pynvml (nvidia-ml-py) does `from ctypes.util import find_library` at import but never calls it: it loads
     libnvidia-ml.so.1 by name (or the library install_nvml_library names). ctypes.util imports shutil, tempfile,
-    random, bz2 and lzma, ~10 ms of CPU on every prolog that runs in its own process. So while pynvml is imported,
-    `ctypes.util` is a stand-in whose find_library imports the real module at its first call; the stand-in leaves
-    sys.modules right after, so any later `import ctypes.util` gets the real one. Raises ImportError when the
-    binding is not installed."""
+    random, bz2 and lzma: ~11M instructions (~5 ms of CPU) on every prolog that runs in its own process. So while
+    pynvml is imported, `ctypes.util` is a stand-in whose find_library imports the real module at its first call;
+    the stand-in leaves sys.modules right after, so any later `import ctypes.util` gets the real one. Raises
+    ImportError when the binding is not installed."""
     nv = sys.modules.get("pynvml")
     if nv is not None:
         return nv
