@@ -9,23 +9,26 @@ and kills everything it started on the way out.
         job = cluster.sbatch("#!/bin/sh\\nsrun hostname\\n", "-N2", "--gres=gpu:8")
         assert cluster.wait_job(job)["JobState"] == "COMPLETED"
 
+The cluster is made of plain collaborators, each given what it needs and nothing else: `ClusterPaths` (its files),
+`NodePlacement` (where its processes run: devhost, devnetns), `SlurmConfFiles` (slurm.conf, gres.conf, the munge
+key), `SlurmDaemons` (munged, slurmctld, the slurmds, their faults) and `SlurmCommands` (sbatch, scontrol, waiting
+on what they report). `DevCluster` builds them, runs the lifecycle and keeps the one face callers use.
+
 What Slurm does, measured with this class (the prolog's environment, `scontrol -o` formats, requeue timings):
 devtools/SLURM_FACTS.md.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from devtools.devcommands import SlurmCommands
 from devtools.devconf import SlurmConfFiles
@@ -33,8 +36,9 @@ from devtools.devdaemons import SlurmDaemons
 from devtools.devenv import (CLIENTS, DAEMONS, TERMINAL_JOB_STATES, UNUSABLE, DevClusterError, clean_environ,
                              free_tcp_ports, missing_requirements)
 from devtools.devhost import DebianHostView
+from devtools.devlayout import ClusterPaths, NodePlacement
 from devtools.devnetns import NodeNetworks
-from devtools.devprocs import MARKER_VAR, cluster_processes, kill_quietly, terminate_group
+from devtools.devprocs import MARKER_VAR, cluster_processes, kill_quietly
 
 # The cluster's public face (tests, the demo and the benchmark import these from here).
 __all__ = ["CLIENTS", "DAEMONS", "MARKER_VAR", "TERMINAL_JOB_STATES", "DevCluster", "DevClusterError",
@@ -47,7 +51,7 @@ _MAX_BASE_LEN = 60
 # --------------------------------------------------------------------------------------------- the cluster
 
 
-class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
+class DevCluster:
     """munged + slurmctld + `nodes` slurmd on this host, in a private directory. Use as a context manager."""
 
     def __init__(
@@ -71,80 +75,94 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
     ) -> None:
         if nodes < 1:
             raise ValueError("nodes must be >= 1")
-        self.node_names = [f"node{index}" for index in range(1, nodes + 1)]
-        self.gpus_per_node = gpus_per_node
-        self.prolog = prolog
-        self.epilog = epilog
-        self.health_check = health_check
-        self.health_check_interval = health_check_interval
-        self.prolog_flags = prolog_flags
-        self.extra_conf = dict(extra_conf or {})
-        self.topology = dict(topology or {})  # leaf switch -> hostlist: a topology.conf and TopologyPlugin=topology/tree
-        self.daemon_env_extra = dict(env or {})
         if cred_expire < 5:
             raise ValueError("Slurm 22.05 rejects cred_expire < 5 (and silently uses 120)")
-        self.cred_expire = cred_expire
-        self.boot_timeout = boot_timeout
-        self.command_timeout = command_timeout
+        self.node_names = [f"node{index}" for index in range(1, nodes + 1)]
+        self.gpus_per_node = gpus_per_node
+        self.daemon_env_extra = dict(env or {})
         self.cluster_id = uuid.uuid4().hex[:12]
-        # None: the daemons run on this host as it is, every node at 127.0.0.1 (the default). A DebianHostView:
-        # they run in private namespaces laid out like a stock Debian node, each node at its own address. A
-        # NodeNetworks: each node's slurmd in network/UTS/mount namespaces of its own, on a bridge (devnetns).
+        # None: the daemons run on this host as it is. A DebianHostView or a NodeNetworks: see NodePlacement.
         self.host_view = host_view
-        self.hostname = host_view.hostname if host_view else socket.gethostname().split(".")[0]
         self._own_workdir = workdir is None
         self._keep_workdir = keep_workdir
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpuguard-devcluster-"))
-        self.base = self.workdir  # replaced by a short alias when the workdir path is too long for sockets
+        # a short alias (a symlink made by start()) when the workdir path is too long for sockets
         self._alias: Optional[Path] = None
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        if len(str(self.workdir)) > _MAX_BASE_LEN:
+            self._alias = Path(tempfile.gettempdir()) / f"ggdc-{self.cluster_id}"
         self._started = False
-        self.ctld_port = 0
-        self.node_ports: dict[str, int] = {}
+        names = tuple(self.node_names)
+        self.paths = ClusterPaths(self._alias or self.workdir, names)
+        self.placement = NodePlacement(names, host_view)
+        self.conf = SlurmConfFiles(
+            self.paths, self.placement, gpus_per_node=gpus_per_node, cred_expire=cred_expire, prolog=prolog,
+            epilog=epilog, prolog_flags=prolog_flags, health_check=health_check,
+            health_check_interval=health_check_interval, extra_conf=dict(extra_conf or {}),
+            topology=dict(topology or {}))  # leaf switch -> hostlist: a topology.conf and TopologyPlugin=topology/tree
+        self.daemons = SlurmDaemons(self.paths, self.placement, environ=self._daemon_env, ping=self._ping,
+                                    boot_timeout=boot_timeout)
+        self.client = SlurmCommands(self.placement, environ=lambda: self.env, jobs_dir=self.paths.jobs_dir,
+                                    wait_for=self.daemons.wait_for, command_timeout=command_timeout)
+        self.boot_timeout = boot_timeout
 
-    # ---------------------------------------------------------------- paths
+    # ---------------------------------------------------------------- paths (ClusterPaths)
+
+    @property
+    def base(self) -> Path:
+        """The workdir, or its short alias when the workdir path is too long for sockets."""
+        return self.paths.base
 
     @property
     def conf_path(self) -> Path:
-        return self.base / "etc" / "slurm.conf"
+        return self.paths.conf_path
 
     @property
     def munge_socket(self) -> Path:
-        return self.base / "munge" / "munge.socket"
+        return self.paths.munge_socket
 
     @property
     def jobs_dir(self) -> Path:
-        return self.base / "jobs"
+        return self.paths.jobs_dir
 
     def node_dir(self, node: str) -> Path:
-        return self.base / node
+        return self.paths.node_dir(node)
 
     def gpu_device(self, node: str, index: int) -> Path:
-        return self.node_dir(node) / "dev" / f"nvidia{index}"
+        return self.paths.gpu_device(node, index)
 
     def logs(self) -> dict[str, Path]:
         """Log file of every daemon: {"munged": ..., "slurmctld": ..., "node1": ..., ...}."""
-        # munged in the foreground logs to stderr, which _spawn captures.
-        paths = {"munged": self.base / "munge" / "munged.stderr", "slurmctld": self.base / "ctld" / "slurmctld.log"}
-        for node in self.node_names:
-            paths[node] = self.node_dir(node) / "slurmd.log"
-        return paths
+        return self.paths.logs()
 
     def log_tails(self, lines: int = 30) -> str:
         """The last `lines` lines of every daemon log and its captured stdout/stderr, for failure messages."""
-        chunks = []
-        for path in self.logs().values():
-            for candidate in dict.fromkeys((path, path.with_suffix(".stderr"))):
-                if candidate.exists():
-                    tail = candidate.read_text(errors="replace").splitlines()[-lines:]
-                    chunks.append(f"==> {candidate} <==\n" + "\n".join(tail))
-        return "\n".join(chunks)
+        return self.paths.log_tails(lines)
 
     def dump_logs(self, lines: int = 30) -> None:
         """Print the log tails to stderr (pytest shows it for a failed test)."""
         print(self.log_tails(lines), file=sys.stderr)
 
-    # ---------------------------------------------------------------- environment for clients
+    # ---------------------------------------------------------------- the configuration (SlurmConfFiles)
+
+    @property
+    def ctld_port(self) -> int:
+        return self.conf.ctld_port
+
+    @property
+    def node_ports(self) -> dict[str, int]:
+        return self.conf.node_ports
+
+    def render_slurm_conf(self) -> str:
+        return self.conf.render_slurm_conf()
+
+    def render_gres_conf(self) -> str:
+        return self.conf.render_gres_conf()
+
+    # ---------------------------------------------------------------- where things run (NodePlacement)
+
+    @property
+    def hostname(self) -> str:
+        return self.placement.hostname
 
     @property
     def env(self) -> dict[str, str]:
@@ -156,34 +174,108 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """`argv` as it must run to see this cluster (inside the host view's namespaces, if any)."""
-        return self.host_view.wrap(argv) if self.host_view else list(argv)
+        return self.placement.command(argv)
 
     def node_command(self, node: str, argv: Sequence[str]) -> list[str]:
         """`argv` as it runs on `node` (as slurmd and its hooks and jobs do there)."""
-        if self.host_view is None:
-            return list(argv)
-        return self.host_view.wrap_node(self.node_names.index(node) + 1, argv)
+        return self.placement.node_command(node, argv)
 
     def node_hostname(self, node: str) -> str:
         """The node's NodeHostname: the host name its processes see."""
-        if self.host_view is None:
-            return self.hostname
-        return self.host_view.node_hostname(self.node_names.index(node) + 1)
+        return self.placement.node_hostname(node)
 
     @property
     def controller_addr(self) -> str:
-        return self.host_view.controller_addr if self.host_view else "127.0.0.1"
+        return self.placement.controller_addr
 
     def node_addr(self, node: str) -> str:
         """The node's NodeAddr in slurm.conf."""
-        if self.host_view is None:
-            return "127.0.0.1"
-        return self.host_view.node_addr(self.node_names.index(node) + 1)
+        return self.placement.node_addr(node)
 
     def _daemon_env(self) -> dict[str, str]:
         env = self.env
         env.update(self.daemon_env_extra)
         return env
+
+    def _ping(self) -> bool:
+        return self.client.run(["scontrol", "ping"], timeout=5).returncode == 0
+
+    # ---------------------------------------------------------------- client commands (SlurmCommands)
+
+    def run(self, cmd: Sequence[str], timeout: Optional[float] = None, check: bool = False,
+            input: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+        """Run a client command against this cluster (its SLURM_CONF, our munge socket via slurm.conf)."""
+        return self.client.run(cmd, timeout=timeout, check=check, input=input)
+
+    def sbatch(self, script_text: str, *args: str) -> str:
+        """Submit `script_text` as a batch script (options in `args`, before the script); returns the job id.
+        Output goes to `jobs/slurm-<id>.out` unless `args` says otherwise."""
+        return self.client.sbatch(script_text, *args)
+
+    def job_output(self, job_id: str) -> str:
+        return self.client.job_output(job_id)
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        return self.client.job_info(job_id)
+
+    def wait_job(self, job_id: str, states: Iterable[str] = TERMINAL_JOB_STATES,
+                 timeout: float = 30.0) -> dict[str, str]:
+        """Poll until the job's JobState is one of `states`; returns its fields. Raises with logs on timeout."""
+        return self.client.wait_job(job_id, states, timeout)
+
+    def node_info(self, name: str) -> dict[str, str]:
+        return self.client.node_info(name)
+
+    def nodes_info(self) -> dict[str, dict[str, str]]:
+        return self.client.nodes_info()
+
+    def node_flags(self, name: str) -> set[str]:
+        return self.client.node_flags(name)
+
+    def wait_nodes(self, predicate: Callable[[set[str]], bool], nodes: Optional[Iterable[str]] = None,
+                   timeout: float = 30.0) -> None:
+        """Wait until `predicate(state flags)` holds for every node (default: all nodes)."""
+        self.client.wait_nodes(predicate, nodes, timeout)
+
+    def drain(self, node: str, reason: str) -> None:
+        self.client.drain(node, reason)
+
+    def resume(self, node: str, wait: bool = True, timeout: float = 15.0) -> None:
+        """Undrain `node`; with `wait`, return only once it is usable again."""
+        self.client.resume(node, wait, timeout)
+
+    # ---------------------------------------------------------------- faults (SlurmDaemons)
+
+    def stop_controller(self) -> None:
+        """slurmctld goes away (a restart or a failover in progress): clients get 'Unable to contact'."""
+        self.daemons.stop_controller()
+
+    def start_controller(self) -> None:
+        """slurmctld back, recovering its saved state (drains included), answering `scontrol ping`."""
+        self.daemons.start_controller()
+
+    def pause_controller(self) -> None:
+        """slurmctld hangs (SIGSTOP): it accepts connections but never answers, so clients wait to their timeout."""
+        self.daemons.pause_controller()
+
+    def resume_controller(self) -> None:
+        self.daemons.resume_controller()
+
+    def kill_slurmd(self, node: str) -> None:
+        """slurmd dies (SIGKILL); its job steps (slurmstepd, tasks) go on, as after a slurmd crash."""
+        self.daemons.kill_slurmd(node)
+
+    def start_slurmd(self, node: str) -> None:
+        """slurmd back on `node` (after kill_slurmd or power_off): it registers again."""
+        self.daemons.start_slurmd(node)
+
+    def power_off(self, node: str) -> None:
+        """The node loses power: slurmd and everything running on it die at once (needs NodeNetworks)."""
+        self.daemons.power_off(node)
+
+    def power_on(self, node: str) -> None:
+        """The node after `power_off` boots again: its link is back and its slurmd registers."""
+        self.daemons.power_on(node)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -202,12 +294,9 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
         try:
             self._prepare_dirs()
             if self.host_view is not None:  # first: slurm.conf names the addresses it chose
-                self.host_view.start(self.base / "etc", len(self.node_names), self.env, names=self.node_names)
-            self._write_configs()
-            self._start_munged()
-            self._start_slurmctld()
-            for node in self.node_names:
-                self._start_slurmd(node)
+                self.host_view.start(self.paths.etc, len(self.node_names), self.env, names=self.node_names)
+            self.conf.write()
+            self.daemons.start_all()
             # registered and answering; a node the HealthCheckProgram drained at start counts as booted
             self.wait_nodes(lambda flags: "IDLE" in flags and not flags & (UNUSABLE - {"DRAIN"}),
                             timeout=self.boot_timeout)
@@ -219,9 +308,7 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
     def stop(self, keep_workdir: Optional[bool] = None) -> None:
         """Kill every daemon and everything they spawned; safe to call twice and after a failed start."""
         try:
-            for name in reversed(list(self._procs)):  # slurmd first, munged last
-                terminate_group(self._procs[name])
-            self._procs.clear()
+            self.daemons.stop_all()
             self._kill_stragglers()
         finally:
             if self.host_view is not None:
@@ -266,24 +353,6 @@ class DevCluster(SlurmConfFiles, SlurmDaemons, SlurmCommands):
         self.workdir.mkdir(parents=True, exist_ok=True)
         # munged refuses a socket directory others can write to; others must reach the socket (jobs as users).
         self.workdir.chmod(0o755)
-        if len(str(self.workdir)) > _MAX_BASE_LEN:
-            self._alias = Path(tempfile.mkdtemp(prefix="ggdc-"))
-            self._alias.rmdir()
+        if self._alias is not None and not self._alias.is_symlink():
             self._alias.symlink_to(self.workdir)
-            self.base = self._alias
-        for sub in ("etc", "munge", "ctld/state", "jobs"):
-            (self.base / sub).mkdir(parents=True, exist_ok=True)
-        (self.base / "munge").chmod(0o755)
-        self.jobs_dir.chmod(0o1777)  # jobs may run as other users, like /tmp
-        for node in self.node_names:
-            (self.node_dir(node) / "spool").mkdir(parents=True, exist_ok=True)
-            (self.node_dir(node) / "dev").mkdir(exist_ok=True)
-            for index in range(self.gpus_per_node):
-                self._make_gpu_device(self.gpu_device(node, index), index)
-
-    @staticmethod
-    def _make_gpu_device(path: Path, index: int) -> None:
-        # Major 195 is NVIDIA's; Slurm reads the device numbers for cgroup confinement (not used here), and the
-        # numbering makes SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES come out as on a real node.
-        if not path.exists():
-            os.mknod(path, 0o666 | 0o020000, os.makedev(195, index))
+        self.paths.prepare(self.gpus_per_node)

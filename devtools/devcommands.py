@@ -5,22 +5,36 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from devtools.devenv import TERMINAL_JOB_STATES, UNUSABLE, DevClusterError
+from devtools.devlayout import NodePlacement
 from gpuguard.slurm.parse import node_state_flags, parse_job_line, parse_node_line, parse_node_lines
 
 
-class SlurmCommands:
-    """The client half of `devtools.devcluster.DevCluster` (a mixin: the cluster's __init__ sets these)."""
+class WaitFor(Protocol):
+    """Poll `ready()` until true; raise DevClusterError (with the daemons' logs) after `timeout` or once a daemon
+    died (`devtools.devdaemons.SlurmDaemons.wait_for`)."""
 
+    def __call__(self, ready: Callable[[], bool], what: str, timeout: float) -> None: ...
+
+
+@dataclass
+class SlurmCommands:
+    """The client commands of one dev cluster: run where `placement` says, in the environment `environ()` gives (its
+    SLURM_CONF and marker, read afresh for every command), jobs written to `jobs_dir`, waits through `wait_for`."""
+
+    placement: NodePlacement
+    environ: Callable[[], dict[str, str]]
     jobs_dir: Path
-    node_names: list[str]
-    command_timeout: float
-    env: dict[str, str]
-    command: Any
-    _wait_for: Any
+    wait_for: WaitFor
+    command_timeout: float = 20.0
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return self.placement.node_names
 
     # ---------------------------------------------------------------- client commands
 
@@ -28,8 +42,8 @@ class SlurmCommands:
             input: Optional[str] = None) -> subprocess.CompletedProcess[str]:
         """Run a client command against this cluster (its SLURM_CONF, our munge socket via slurm.conf)."""
         return subprocess.run(
-            self.command(cmd),
-            env=self.env,
+            self.placement.command(cmd),
+            env=self.environ(),
             capture_output=True,
             text=True,
             timeout=timeout or self.command_timeout,
@@ -74,7 +88,7 @@ class SlurmCommands:
             return info.get("JobState") in wanted
 
         try:
-            self._wait_for(reached, f"job {job_id} to reach {sorted(wanted)}", timeout)
+            self.wait_for(reached, f"job {job_id} to reach {sorted(wanted)}", timeout)
         except DevClusterError as error:
             raise DevClusterError(f"{error}\nlast job state: {info}") from None
         return info
@@ -102,7 +116,7 @@ class SlurmCommands:
             states = {name: node_state_flags(info.get("State", "")) for name, info in infos.items()}
             return all(name in states and predicate(states[name]) for name in names)
 
-        self._wait_for(reached, f"nodes {names} to reach the wanted state", timeout)
+        self.wait_for(reached, f"nodes {names} to reach the wanted state", timeout)
 
     def drain(self, node: str, reason: str) -> None:
         # The reason travels as one argv element: no shell, so spaces, `=` and `:` need no quoting.

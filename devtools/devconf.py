@@ -4,46 +4,47 @@ job comes back in seconds), gres.conf (the fake GPUs), the munge key."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Optional
 
 from devtools.devenv import free_tcp_ports
+from devtools.devlayout import ClusterPaths, NodePlacement
 
 
+@dataclass
 class SlurmConfFiles:
-    """The configuration half of `devtools.devcluster.DevCluster` (a mixin: the cluster's __init__ sets these)."""
+    """slurm.conf, gres.conf and the munge key of one dev cluster, from what it is given here: its paths, where its
+    nodes run, its hooks and settings. `write()` picks the free ports (`ctld_port`, `node_ports`)."""
 
-    base: Path
-    conf_path: Path
-    munge_socket: Path
-    hostname: str
-    node_names: list[str]
-    gpus_per_node: int
-    cred_expire: int
-    ctld_port: int
-    node_ports: dict[str, int]
-    prolog: Any
-    epilog: Any
-    prolog_flags: Any
-    health_check: Any
-    health_check_interval: int
-    extra_conf: dict[str, str]
-    node_addr: Any
-    node_hostname: Any
-    controller_addr: str
-    node_dir: Any
-    topology: dict[str, str]  # leaf switch -> its nodes (a hostlist); empty: no topology.conf, topology/none
+    paths: ClusterPaths
+    placement: NodePlacement
+    gpus_per_node: int = 8
+    cred_expire: int = 5
+    prolog: Optional[str] = None
+    epilog: Optional[str] = None
+    prolog_flags: Optional[str] = "Alloc"
+    health_check: Optional[str] = None
+    health_check_interval: int = 0
+    extra_conf: dict[str, str] = field(default_factory=dict)
+    ctld_port: int = 0
+    node_ports: dict[str, int] = field(default_factory=dict)
+    # leaf switch -> its nodes (a hostlist); empty: no topology.conf, topology/none
+    topology: dict[str, str] = field(default_factory=dict)
 
-    def _write_configs(self) -> None:
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return self.paths.node_names
+
+    def write(self) -> None:
         ports = free_tcp_ports(1 + len(self.node_names))
         self.ctld_port, node_ports = ports[0], ports[1:]
         self.node_ports = dict(zip(self.node_names, node_ports))
-        (self.base / "etc" / "plugstack.conf").write_text("")  # isolate from the host's SPANK plugins
-        self.conf_path.write_text(self.render_slurm_conf())
-        (self.base / "etc" / "gres.conf").write_text(self.render_gres_conf())
+        (self.paths.etc / "plugstack.conf").write_text("")  # isolate from the host's SPANK plugins
+        self.paths.conf_path.write_text(self.render_slurm_conf())
+        (self.paths.etc / "gres.conf").write_text(self.render_gres_conf())
         if self.topology:
-            (self.base / "etc" / "topology.conf").write_text(self.render_topology_conf())
-        key = self.base / "munge" / "munge.key"
+            (self.paths.etc / "topology.conf").write_text(self.render_topology_conf())
+        key = self.paths.munge_dir / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
 
@@ -68,10 +69,10 @@ class SlurmConfFiles:
     def _base_settings(self) -> dict[str, str]:
         """Everything but the hooks: our own munged, state and logs under the workdir, no accounting, fast
         scheduling so a requeued job comes back in seconds."""
-        base = self.base
+        base = self.paths.base
         return {
             "ClusterName": "gpuguard-dev",
-            "SlurmctldHost": f"{self.hostname}({self.controller_addr})",
+            "SlurmctldHost": f"{self.placement.hostname}({self.placement.controller_addr})",
             "SlurmctldPort": str(self.ctld_port),
             "SlurmUser": "root",
             "SlurmdUser": "root",
@@ -79,7 +80,7 @@ class SlurmConfFiles:
             "CredType": "cred/munge",
             # Our own munged. cred_expire also delays the restart of a requeued job (Slurm waits it out before
             # the job is eligible again); 5 is the smallest value 22.05 accepts.
-            "AuthInfo": f"socket={self.munge_socket},cred_expire={self.cred_expire}",
+            "AuthInfo": f"socket={self.paths.munge_socket},cred_expire={self.cred_expire}",
             "StateSaveLocation": f"{base}/ctld/state",
             "SlurmctldPidFile": f"{base}/ctld/slurmctld.pid",
             "SlurmctldLogFile": f"{base}/ctld/slurmctld.log",
@@ -129,7 +130,8 @@ class SlurmConfFiles:
     def _node_lines(self) -> list[str]:
         cpus = os.cpu_count() or 1
         gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
-        return [f"NodeName={node} NodeHostname={self.node_hostname(node)} NodeAddr={self.node_addr(node)} "
+        place = self.placement
+        return [f"NodeName={node} NodeHostname={place.node_hostname(node)} NodeAddr={place.node_addr(node)} "
                 f"Port={self.node_ports[node]} "
                 f"CPUs={cpus} RealMemory=1024{gres} State=UNKNOWN" for node in self.node_names]
 
@@ -138,6 +140,6 @@ class SlurmConfFiles:
             return ""
         last = self.gpus_per_node - 1
         return "".join(
-            f"NodeName={node} Name=gpu File={self.node_dir(node)}/dev/nvidia[0-{last}]\n"
+            f"NodeName={node} Name=gpu File={self.paths.node_dir(node)}/dev/nvidia[0-{last}]\n"
             for node in self.node_names
         )
