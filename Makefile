@@ -76,7 +76,10 @@ $(VENV)/.torch: $(VENV)/.installed
 	  2>&1 | grep -v '^WARNING: Location' || true
 	@$(PY) -c 'import torch' 2>/dev/null && touch $@ || echo ">> torch not available: the torchrun tests will be skipped"
 
+# With it, the oldest supported PyTorch (test_torchrun_oldest.py), once per machine in ~/.cache/gpuguard
+# (devtools/oldtorch.py): its 2.6 GB download and 4.7 GB install are no part of the tests' time.
 torch: $(VENV)/.torch
+	@[ ! -f $(VENV)/.torch ] || $(PY) -m devtools.oldtorch
 
 $(FAKENVML): lib/gpuguard/simulate/fakenvml.c
 	@echo ">> building the fake libnvidia-ml.so.1 (simulated GPUs)"

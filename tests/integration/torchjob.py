@@ -4,12 +4,10 @@ test_torchrun_debian.py and test_torchrun_oldest.py both drive; the oldest suppo
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ import pytest
 
 from devtools.devcluster import free_tcp_ports
 from devtools.devhost import DebianHostView, missing_host_view_requirements
+from devtools.oldtorch import OLDEST_TORCH, oldest_torch_venv  # noqa: F401 - the helpers' face for the tests
 from gpuguard.templates import render_template
 
 TRAIN = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "tiny_train.py"
@@ -165,34 +164,6 @@ def checkpoint_across_the_time_limit(site, job, stop=("time_limit", "timelimit")
     assert "SignalException" not in out  # a planned stop is not reported as torchrun's traceback
     assert [r["signal"] for r in job.store_attempts()] == [10, None]
     return info, out, ledger
-
-
-# The oldest PyTorch the templates support (docs/templates.md): Python 3.11 wheels start at 2.0; 2.1 is the oldest
-# tested end to end. PyPI has no CPU-only Linux build of it: the CUDA build imports on a machine without a GPU but
-# needs NVIDIA's library wheels (2.6 GB to download, 4.7 GB installed; about 80 s + 100 s here), so the venv is
-# built once per machine, outside the checkout, and reused.
-OLDEST_TORCH = "2.1.2"
-
-
-def oldest_torch_venv() -> Path:
-    """A venv holding only torch==OLDEST_TORCH, built on first use (under a lock: xdist workers may ask at once)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuguard"
-    root = cache / f"torch-{OLDEST_TORCH}"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f"torch-{OLDEST_TORCH}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (root / ".ok").exists():
-            return root
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True, timeout=300)
-        pip = subprocess.run([str(root / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                              f"torch=={OLDEST_TORCH}"], capture_output=True, text=True, timeout=1800)
-        check = subprocess.run([str(root / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
-                               capture_output=True, text=True, timeout=300)
-        if pip.returncode != 0 or not check.stdout.startswith(OLDEST_TORCH):
-            raise RuntimeError(f"could not install torch=={OLDEST_TORCH} into {root}: {pip.stderr[-2000:]}"
-                               f"{check.stderr[-2000:]}")
-        (root / ".ok").write_text(check.stdout)
-    return root
 
 
 def netns_site(site_factory, **kw):
