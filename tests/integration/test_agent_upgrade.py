@@ -5,7 +5,9 @@ the next hook runs the new code, the agent says what changed and re-executes its
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -35,12 +37,18 @@ def venv_with_gpuguard(where: Path) -> tuple[str, Path]:
     return str(python), site
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
+def queued_connections(sock: Path) -> int:
+    """Connections waiting in the accept queue of the listening Unix socket `sock` (ss's Recv-Q of a listener)."""
+    out = subprocess.run(["ss", "-xlH", "src", str(sock)], capture_output=True, text=True, timeout=10).stdout
+    return sum(int(line.split()[2]) for line in out.splitlines() if len(line.split()) > 2)
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.1) -> None:
     until = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > until:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(interval)
 
 
 def test_a_changed_file_the_agent_loaded_from_a_venv_is_never_run_old(tmp_path: Path):
@@ -59,8 +67,22 @@ def test_a_changed_file_the_agent_loaded_from_a_venv_is_never_run_old(tmp_path: 
         hooks_py = site / "gpuguard" / "cli" / "hooks.py"
         text = hooks_py.read_text()
         assert "verdict={outcome} took=" in text
-        hooks_py.write_text(text.replace("verdict={outcome} took=", "verdict={outcome} version=new took="))
-        second = Hook(node, "prolog", **prolog_env("601")).wait()
+        # The agent also looks for changes by itself when idle (every second): had it re-executed before this hook
+        # came, no agent would listen and the hook, run here, would rightly say nothing. A hook started on a loaded
+        # machine takes longer than that to connect, so the agent is held still (SIGSTOP) from the change until the
+        # hook's connection is queued on its socket, the event this part is about: an agent asked to run a hook
+        # with old code refuses it, and the hook says so.
+        sock = node.workdir / "state" / "agent.sock"
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            hooks_py.write_text(text.replace("verdict={outcome} took=", "verdict={outcome} version=new took="))
+            pending = Hook(node, "prolog", **prolog_env("601"))
+            # the hook waits 0.5 s for the agent's answer once connected: poll its arrival closely
+            wait_for(lambda: queued_connections(sock) > 0 or pending.proc.poll() is not None, 90,
+                     "the hook to connect to the agent", interval=0.02)
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        second = pending.wait()
         assert second.code == 0 and "version=new" in second.err, second.err  # never the old code
         assert "via=local(agent refused" in second.err, second.err  # the fallback says why (issue 30 item 5)
 
