@@ -23,19 +23,27 @@ def _wait_for(received: list[dict[str, Any]], n: int, timeout: float) -> list[di
 
 
 class WebhookServer:
-    """Records every POST: (path, content type, parsed JSON or raw text). `status` / `delay_s` simulate trouble."""
+    """Records every POST: (path, content type, parsed JSON or raw text). `status` / `delay_s` simulate trouble;
+    `hold()` makes every answer wait until `release()` (a receiver slower than whatever runs meanwhile, however
+    slowly the machine runs it); `arrived` counts the requests read, answered or not."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host  # 0.0.0.0 for nodes in network namespaces of their own (they dial the bridge's address)
         self.requests: list[dict[str, Any]] = []
         self.status = 200
         self.delay_s = 0.0
+        self.arrived = 0
+        self.gate: Optional[threading.Event] = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 n = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(n).decode("utf-8", "replace")
+                outer.arrived += 1
+                gate = outer.gate
+                if gate is not None:
+                    gate.wait(timeout=300)
                 if outer.delay_s:
                     time.sleep(outer.delay_s)
                 try:
@@ -68,7 +76,17 @@ class WebhookServer:
     def wait_for(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
         return _wait_for(self.requests, n, timeout)
 
+    def hold(self) -> None:
+        """From now on every request waits, unanswered and unrecorded, until `release()`."""
+        self.gate = threading.Event()
+
+    def release(self) -> None:
+        if self.gate is not None:
+            self.gate.set()
+        self.gate = None
+
     def close(self) -> None:
+        self.release()
         self.httpd.shutdown()
         self.httpd.server_close()
 
