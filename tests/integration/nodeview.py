@@ -3,6 +3,7 @@ reason (parsed by gpuguard's own grammar), whether it is drained, the findings o
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from devtools.devsite import DevSite
@@ -11,9 +12,20 @@ from gpuguard.slurm.reason import parse_reason
 
 def hc(site: DevSite, node: str = "node1") -> dict[str, Any]:
     """Run the node's installed health check as slurmd would; its run as the node's store recorded it."""
+    before = len(site.runs(node, "healthcheck"))
     p = site.run_hook("healthcheck", node)
     assert p.returncode in (0, 1), p.stderr
-    return site.runs(node, "healthcheck")[0]
+    return newest_run(site, node, "healthcheck", count=before + 1)
+
+
+def newest_run(site: DevSite, node: str, kind: str, count: int, timeout: float = 60) -> dict[str, Any]:
+    """The node's newest run of `kind` once it has `count` of them: a hook run by the node agent answers slurmd
+    with its verdict and records the run after (a loaded machine shows the gap)."""
+    until = time.monotonic() + timeout
+    while len(runs := site.runs(node, kind)) < count and time.monotonic() < until:
+        time.sleep(0.05)
+    assert len(runs) >= count, (count, runs)
+    return runs[0]
 
 
 def reason(site: DevSite, node: str = "node1") -> Any:

@@ -10,7 +10,7 @@ import concurrent.futures
 import time
 
 import pytest
-from nodeview import drained, hc, reason
+from nodeview import drained, hc, newest_run, reason
 
 from devtools.devsite import DevSite
 
@@ -80,12 +80,25 @@ def test_replace_class_waits_for_an_admin(site_factory):
     assert not drained(site)
 
 
-def test_hung_nvml_ends_within_the_health_check_budget(site_factory):
-    site = site_factory(nodes=1, config={"deadlines": {"nvml_s": 2, "healthcheck_s": 5}})
-    site.set_scenario("node1", "nvml-hang")
+def timed_hook(site, kind: str, node: str = "node1") -> float:
     t0 = time.monotonic()
-    hc(site)
-    assert time.monotonic() - t0 < 5
+    p = site.run_hook(kind, node)
+    assert p.returncode in (0, 1), p.stderr
+    return time.monotonic() - t0
+
+
+def test_hung_nvml_ends_within_the_health_check_budget(site_factory):
+    """The budget is the hook's own (deadlines.healthcheck_s, counted from its start): the run it records fits in
+    it. Seen from outside, its process also starts and ends: a healthy health check on the same node just before
+    measures what that costs on this machine now (seconds on a loaded one), and the hung one may take no more than
+    the budget beyond it."""
+    site = site_factory(nodes=1, config={"deadlines": {"nvml_s": 2, "healthcheck_s": 5}})
+    healthy_s = timed_hook(site, "healthcheck")
+    site.set_scenario("node1", "nvml-hang")
+    took = timed_hook(site, "healthcheck")
+    run = newest_run(site, "node1", "healthcheck", count=2)
+    assert run["verdict"] == "drain" and run["duration_ms"] < 5000, run
+    assert took < 5 + healthy_s, (took, healthy_s)
     assert (reason(site).check_id, reason(site).keyword) == ("gpu.nvml", "TIMEOUT")
 
 
