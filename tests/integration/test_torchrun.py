@@ -51,6 +51,9 @@ def test_a_failed_node_is_excluded_on_requeue_and_the_job_resumes_from_its_check
     os.chown(squatted, 65534, 65534)
     (squatted / "planted.py").write_text("print('owned')\n")
     t0 = time.monotonic()
+    hold = site.cluster.jobs_dir / "control" / "hold-step-5"  # attempt 1 still trains when the fault comes
+    hold.parent.mkdir(exist_ok=True)
+    hold.touch()
     job = Job(site, train=STAND_IN, steps=12, step_time=0.5, max_requeues=2)
     assert job.id == "1"
     job.wait_for(lambda: (job.ckpt / "step-000002" / "COMPLETE").exists(), "the first checkpoints")
@@ -61,6 +64,7 @@ def test_a_failed_node_is_excluded_on_requeue_and_the_job_resumes_from_its_check
     assert "DRAIN" in site.cluster.node_flags("node2"), (hc.stdout, hc.stderr)
     assert site.cluster.node_info("node2")["Reason"].startswith("gpuguard: XID79 gpu.xid")
     (job.control / "fault-node2").touch()
+    hold.unlink()
     job.wait_for(lambda: len(job.ledger()) >= 1, "attempt 1 to be recorded")
     first = job.ledger()[0]
     assert (first["reason"], first["action"], first["excluded"]) == ("node_failure", "requeued", ["node2"]), first
