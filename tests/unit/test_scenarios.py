@@ -62,7 +62,12 @@ def test_scenario_verdict(tmp_path, name):
         assert (r.check_id, r.keyword, r.action) == (check_id, keyword, action), out["reason"]
         assert out["drain"] == {"outcome": "skipped", "detail": "dry run", "reason": out["reason"]}
     if name == "nvml-hang":
-        assert took < 6  # 1.5 s NVML deadline; the hung thread never holds the process
+        # 1.5 s NVML deadline; the hung thread never holds the process: no longer than a healthy run of the same
+        # command takes on this machine now (seconds when it is loaded), beyond that deadline and 3 s to spare
+        t0 = time.monotonic()
+        gpuguard(tmp_path, "--simulate", str(SCEN / "healthy-p5.yaml"), "--dry-run", "--json", "--node", "n1")
+        healthy_s = time.monotonic() - t0
+        assert took < healthy_s + 1.5 + 3, (took, healthy_s)
     if name == "healthy-p5":
         sev = {f["check_id"]: f["severity"] for f in out["findings"]}
         assert all(v in ("ok", "skip") for v in sev.values()), sev
