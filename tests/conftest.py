@@ -12,6 +12,8 @@ import stat
 from typing import Any
 
 import pytest
+from hypothesis import settings
+from propbudget import examples, profile
 
 
 @pytest.fixture(autouse=True)
@@ -112,6 +114,9 @@ def _guarded_os_open(real: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     """In every process that runs tests (each xdist worker loads this file too)."""
+    # property tests without a count of their own: hypothesis' 100, scaled like the others (tests/propbudget.py)
+    settings.register_profile(profile(), max_examples=examples(100), deadline=None)
+    settings.load_profile(profile())
     if not hasattr(builtins.open, "__wrapped__"):
         builtins.open = io.open = _guarded_open(builtins.open)  # type: ignore[assignment]  # pathlib uses io.open
     if not hasattr(os.open, "__wrapped__"):

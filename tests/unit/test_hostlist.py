@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from propbudget import examples
 
 from gpuguard.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
 
@@ -82,7 +83,7 @@ def test_a_name_that_cannot_be_in_a_hostlist():
         compress_hostlist(["node1", "node[2]"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["node", "gpu-a", "r1-n", "x"]), st.integers(0, 2000),
                           st.sampled_from([0, 3, 4])), max_size=40))
 def test_compress_then_expand_is_the_set_of_names(parts):

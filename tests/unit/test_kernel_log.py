@@ -17,6 +17,7 @@ from typing import Optional
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from propbudget import examples
 
 from gpuguard.kernellog import formats
 from gpuguard.kernellog.base import kmsg_readable
@@ -296,7 +297,7 @@ def test_overlong_line_with_needle_is_malformed_not_parsed():
         assert (r.lines_scanned, r.malformed, [e.code for e in r.events]) == (3, 1, [48]), chunk
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=4000))
 def test_arbitrary_bytes_never_raise(data: bytes):
     r = scan_xid_bytes(data)
@@ -311,7 +312,7 @@ _PIECES = [line.encode() for line in (
 )] + [b"\n", b"NVRM: Xid", b"X", b"\xff\x00", b"    ", b"NVRM: X", b"id (PCI:0000:3b:00): 79, x\n"]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(_PIECES) | st.binary(max_size=40), max_size=40),
        st.integers(min_value=1, max_value=300), st.booleans())
 def test_chunked_scan_equals_whole_scan(pieces: list[bytes], chunk: int, final: bool):

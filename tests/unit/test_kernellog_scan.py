@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from propbudget import examples
 
 from gpuguard.kernellog import bulk, find, mapped
 from gpuguard.kernellog.formats import NEEDLE
@@ -50,7 +51,7 @@ def summary(r) -> tuple:
 # --------------------------------------------------------------------------- the finder
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from([b"NVRM: Xid", b"NVRM: X", b"id", b"\n", b"x" * 50, b"[78,86,82,77,58,32,88,105,100"]) |
                 st.binary(max_size=30), max_size=60), st.booleans())
 def test_memmem_finds_exactly_what_bytes_find_finds(pieces, json_lines):

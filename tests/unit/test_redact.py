@@ -16,6 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from propbudget import examples
 from clirun import gpuguard
 
 from gpuguard.config.schema import ConfigError
@@ -61,21 +62,21 @@ def urls(draw):
     return f"{scheme}://{userinfo}{draw(hosts)}{draw(ports)}{draw(paths)}{query}"
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(urls())
 def test_no_piece_of_a_secret_survives_redact_url(url):
     out = redact_url(url)
     assert no_secret(out), (url, out)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(urls())
 def test_a_notification_url_shows_its_scheme_only(url):
     out = redact_notify_url(url)
     assert no_secret(out) and out.endswith("://***")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(urls(), st.text("abc xyz123 :/.-", max_size=30), st.data())
 def test_scrub_removes_every_slice_of_a_secret_from_an_error_text(url, noise, data):
     """What a library's exception may quote: the URL, its password, or any slice of them (libpq's
@@ -86,7 +87,7 @@ def test_scrub_removes_every_slice_of_a_secret_from_an_error_text(url, noise, da
     assert not any(len(run) >= 4 for run in re.findall(f"[{UPPER}]+", out)), (url, out)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(urls())
 def test_a_store_url_is_either_accepted_and_printed_without_its_password_or_refused_without_it(url):
     url = "postgresql" + url[url.index("://"):]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from propbudget import examples
 
 from gpuguard.templates import render_template
 from gpuguard.templates.quoting import shell_word
@@ -62,7 +63,7 @@ def _setup(tmp: Path) -> tuple[Path, dict[str, str]]:
     return stubs, env
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=st.lists(hostile, min_size=1, max_size=4), env_value=hostile, resume=hostile, ckpt=hostile,
        local=hostile, pattern=st.sampled_from(["x", "a b", "$(touch MARK)", "'\"`"]))
 def test_hostile_values_never_execute(tmp_path_factory, args, env_value, resume, ckpt, local, pattern):
@@ -171,7 +172,7 @@ def test_a_planned_stop_prints_one_line_instead_of_the_traceback(tmp_path):
 
 
 @given(st.text(max_size=40).filter(lambda s: "\x00" not in s))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_shell_word_round_trips_through_bash(value):
     out = subprocess.run(["bash", "-c", f"printf %s {shell_word(value)}"], capture_output=True, timeout=10)
     assert out.stdout.decode("utf-8", errors="surrogateescape") == value

@@ -10,6 +10,7 @@ import tempfile
 
 from hypothesis import example, HealthCheck, given, settings
 from hypothesis import strategies as st
+from propbudget import examples
 
 from gpuguard.trainlog import Thresholds, analyze, format_summary, main_from_args, parse_line, scan_log
 from gpuguard.trainlog.events import parse_event
@@ -59,7 +60,7 @@ thresholds = st.builds(Thresholds, spike_ratio=st.floats(0.01, 100), grad_spike_
                        grad_norm_max=st.one_of(st.none(), st.floats(0.001, 1e9)))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(any_line)
 def test_any_line_parses_without_raising(line):
     rec = parse_line(line)
@@ -68,7 +69,7 @@ def test_any_line_parses_without_raising(line):
         assert 0 <= rec.iteration < 10 ** 16
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(logs, thresholds)
 def test_any_log_analyses_without_raising_and_gives_valid_json(lines, th):
     log = scan_log(lines)
@@ -80,7 +81,7 @@ def test_any_log_analyses_without_raising_and_gives_valid_json(lines, th):
         assert f.value is None or isinstance(f.value, float)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs)
 def test_the_command_never_raises(lines):
     with tempfile.TemporaryDirectory() as d:
@@ -94,7 +95,7 @@ def test_the_command_never_raises(lines):
         assert code in (0, 1, 2)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs)
 @example([TEMPLATES[0](0, 0.0, 5.179474500004146e+245, 0), TEMPLATES[0](0, 0.0, 1.0, 0)])  # lr 5e245: overflowed
 def test_the_plot_never_raises(lines):
