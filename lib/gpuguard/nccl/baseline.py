@@ -29,6 +29,7 @@ class Proposal:
     maximum: Optional[float]
     threshold_gbps: Optional[float]  # None: not enough samples
     note: str = ""
+    sources: str = ""  # where the samples came from: "measure 6, preflight 5"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,14 +65,19 @@ def propose(rows: Iterable[dict[str, Any]], k: float = 3.0, margin_pct: float = 
             min_samples: int = 5) -> list[Proposal]:
     """One proposal per (profile, n_nodes, size_bytes) found in sample rows (as `history.samples` returns)."""
     groups: dict[tuple[str, int, int], list[float]] = {}
+    sources: dict[tuple[str, int, int], dict[str, int]] = {}
     for r in rows:
-        groups.setdefault((r["profile"], int(r["n_nodes"]), int(r["size_bytes"])), []).append(float(r["busbw_gbps"]))
+        key = (r["profile"], int(r["n_nodes"]), int(r["size_bytes"]))
+        groups.setdefault(key, []).append(float(r["busbw_gbps"]))
+        src = sources.setdefault(key, {})
+        src[str(r.get("source") or "?")] = src.get(str(r.get("source") or "?"), 0) + 1
     out = []
     for (profile, n, size), values in sorted(groups.items()):
         thr, st = propose_threshold(values, k, margin_pct, min_samples)
         note = "" if thr is not None else f"only {len(values)} samples (need {min_samples})"
+        src = ", ".join(f"{name} {c}" for name, c in sorted(sources[(profile, n, size)].items()))
         out.append(Proposal(profile, n, size, len(values), _r(st["median"]), _r(st["mad"]), _r(st["p05"]),
-                            _r(st["min"]), _r(st["max"]), _r(thr), note))
+                            _r(st["min"]), _r(st["max"]), _r(thr), note, src))
     return out
 
 
@@ -94,6 +100,24 @@ def best_for(proposals: list[Proposal], profile: str, n_nodes: int, size_bytes: 
     if size_bytes is not None:
         cands = [p for p in cands if p.size_bytes == size_bytes]
     return max(cands, key=lambda p: p.size_bytes) if cands else None
+
+
+def floor_proposal(proposals: list[Proposal], profile: str, n_nodes: int, size_bytes: int,
+                   any_size: bool = False, larger: bool = False) -> Optional[Proposal]:
+    """The proposal that gives an `n_nodes`-node run its floor: the one for `n_nodes` at `size_bytes`, else (as a
+    `*_busbw_by_nodes` table) the one for the largest node count below it that has one; `any_size`: a node count
+    without that size gives its largest measured size instead (the sweep; the pre-flight's small sizes must match);
+    `larger`: with none below, the smallest count above (the pre-flight's pairs: its history holds job sizes, and a
+    smaller group reaches at least a larger one's bus bandwidth)."""
+    counts = {p.n_nodes for p in proposals if p.profile == profile}
+    order = sorted((c for c in counts if c <= n_nodes), reverse=True) + \
+        (sorted(c for c in counts if c > n_nodes) if larger else [])
+    for count in order:
+        p = best_for(proposals, profile, count, size_bytes) or (best_for(proposals, profile, count) if any_size
+                                                                 else None)
+        if p is not None:
+            return p
+    return None
 
 
 def config_snippet(proposals: list[Proposal]) -> str:

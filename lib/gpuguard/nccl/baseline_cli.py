@@ -64,11 +64,11 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             print("no samples recorded yet: gpuguard baseline measure --partition P, or run gpuguard nccl sweep")
             return 0
         print(f"{'profile':16} {'nodes':>5} {'size (B)':>12} {'n':>4} {'median':>8} {'MAD':>6} {'p05':>8} "
-              f"{'min':>8} {'threshold':>10}")
+              f"{'min':>8} {'threshold':>10}  sources")
         for p in props:
             thr = f"{p.threshold_gbps:.1f}" if p.threshold_gbps is not None else "-"
             print(f"{p.profile:16} {p.n_nodes:5d} {p.size_bytes:12d} {p.samples:4d} {p.median:8.1f} {p.mad:6.1f} "
-                  f"{p.p05:8.1f} {p.minimum:8.1f} {thr:>10}" + (f"  ({p.note})" if p.note else ""))
+                  f"{p.p05:8.1f} {p.minimum:8.1f} {thr:>10}  {p.sources}" + (f"  ({p.note})" if p.note else ""))
         if args.baseline_cmd == "propose":
             print("\n# proposed config (threshold = median - max(k*1.4826*MAD, margin% of median)):")
             sys.stdout.write(baseline.config_snippet(props))

@@ -121,7 +121,7 @@ def cmd_nccl_sweep(args: argparse.Namespace) -> int:
                                      n.baseline_margin_pct, n.baseline_min_samples)
 
         def from_baseline(count: int) -> Optional[float]:
-            p = baseline.best_for(proposals, profile, count, largest) or baseline.best_for(proposals, profile, count)
+            p = baseline.floor_proposal(proposals, profile, count, largest, any_size=True)
             return p.threshold_gbps if p else None
 
         try:

@@ -16,8 +16,10 @@ import time
 from typing import Any, Optional
 
 from gpuguard.siteconfig import load_config
-from gpuguard.nccl.sweep import threshold_resolver
+from gpuguard.nccl.cli_common import profile_of
 from gpuguard.preflight.blame import Blame, run_blame
+from gpuguard.preflight.floor import largest_size, pass_sample, preflight_floor
+from gpuguard.preflight.history import load_proposals, record_sample
 from gpuguard.preflight.judge import summary_line
 from gpuguard.preflight.pool import WorkerPool
 from gpuguard.preflight.runner import PoolMeasure
@@ -60,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
     n = cfg.nccl
     budget = args.budget if args.budget is not None else n.preflight_budget_s
     start = time.monotonic()
-    floor = threshold_resolver(args.floor if args.floor is not None else n.preflight_busbw_gbps,
-                               {} if args.floor is not None else n.preflight_busbw_by_nodes)
+    profile = profile_of(cfg, None)
+    proposals, unread = load_proposals(cfg, profile)
+    floor = preflight_floor(args.floor if args.floor is not None else n.preflight_busbw_gbps,
+                            {} if args.floor is not None else n.preflight_busbw_by_nodes, proposals, profile,
+                            largest_size(n.preflight_min_bytes, n.preflight_max_bytes),
+                            "--floor" if args.floor is not None else "config")
     # the rounds end by `start + budget - reserve`: time left to stop late collectives and drain what was blamed.
     # The workers' start-up (torch's import) may take up to STARTUP_SHARE of the rest; the rounds share what remains
     reserve = min(5.0, budget * 0.15)
@@ -75,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         if backend == "auto":
             cuda = [w.cuda for w in pool.workers.values() if w.sock is not None]
             backend = "nccl" if cuda and all(cuda) else "gloo"
-        measure = PoolMeasure(pool, floor, start + budget - reserve, backend=backend,
+        measure = PoolMeasure(pool, floor.resolve, start + budget - reserve, backend=backend,
                               min_bytes=n.preflight_min_bytes, max_bytes=n.preflight_max_bytes,
                               iters=n.preflight_iterations, step_cap_s=max(3.0, (budget - reserve) / 2))
         switches = job_switches(read_topology(), nodes)
@@ -83,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         pool.close()
     acted = act(cfg, blame, n.preflight_drain and not args.no_drain, getattr(args, "config", None))
+    sample = pass_sample(blame.outcome, nodes, profile, os.environ.get("SLURM_JOB_ID"))
+    said = [floor.describe(len(nodes))] + ([unread] if unread else []) + \
+        ([record_sample(cfg, sample)] if sample else [])
     line = summary_line(nodes, time.monotonic() - start, blame.outcome.conclusion, blame.blamed, blame.what,
-                        up_s, measure.rounds)
+                        up_s, measure.rounds, said)
     print(line + (f"; {acted}" if acted else ""), flush=True)
     if blame.exclude:
         print(f"GPUGUARD_PREFLIGHT_EXCLUDE={compress_hostlist(blame.exclude)}", flush=True)

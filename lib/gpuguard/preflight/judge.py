@@ -151,11 +151,12 @@ def convicting_error(outcome: SweepOutcome, node: str) -> Optional[str]:
 
 
 def summary_line(nodes: list[str], seconds: float, conclusion: str, blamed: list[str], what: str,
-                 up_s: Optional[float] = None, rounds: Sequence[tuple[str, float]] = ()) -> str:
+                 up_s: Optional[float] = None, rounds: Sequence[tuple[str, float]] = (),
+                 notes: Sequence[str] = ()) -> str:
     """The one line the job's output gets: what was tested, how long it took (the workers' start-up and each
-    round), what was blamed."""
+    round), what was blamed; `notes` lead the bracket (where the floor came from, whether the run was recorded)."""
     head = f"gpuguard preflight: {len(nodes)} nodes {compress_hostlist(nodes)} in {seconds:.1f}s: "
     body = f"blamed {compress_hostlist(blamed)} ({what})" if blamed else (what or conclusion)
-    parts = ([f"workers up in {up_s:.1f}s"] if up_s is not None else []) + \
+    parts = [*notes] + ([f"workers up in {up_s:.1f}s"] if up_s is not None else []) + \
         ([f"rounds {' '.join(f'{st} {s:.1f}s' for st, s in rounds)}"] if rounds else [])
     return head + body + (f" [{', '.join(parts)}]" if parts else "")

@@ -7,6 +7,7 @@ import json
 from typing import Any, Optional
 
 MAX_LINE = 65536
+SIZE_FACTOR = 4  # the collective's message sizes grow by this factor from min_bytes to max_bytes
 
 
 def encode(msg: dict[str, Any]) -> bytes:

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from gpuguard.preflight.protocol import LineReader, encode
+from gpuguard.preflight.protocol import SIZE_FACTOR, LineReader, encode
 from gpuguard.util.toolrun import run_tool
 
 
@@ -95,7 +95,7 @@ def run_collective(torch: Any, dist: Any, job: dict[str, Any], say: Callable[[di
         say({"port": store.port})
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    byte_sizes = sizes(int(job["min_bytes"]), int(job["max_bytes"]), 4)
+    byte_sizes = sizes(int(job["min_bytes"]), int(job["max_bytes"]), SIZE_FACTOR)
     busbw, starved = time_sizes(torch, dist, device, byte_sizes, int(job["iters"]),
                                 (lambda: torch.cuda.synchronize(device)) if backend == "nccl" else (lambda: None))
     if rank == 0:
