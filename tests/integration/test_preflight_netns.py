@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from preflightnet import BUDGET, NCCL, pf_site, run_preflight
 from torchjob import NEEDS_HOST_VIEW, NEEDS_TORCH, netns_site
+
+from gpuguard.nccl import history
+from gpuguard.nccl.cli_common import history_path, profile_of
+from gpuguard.siteconfig import load_config
 
 pytestmark = [NEEDS_HOST_VIEW, NEEDS_TORCH]
 
@@ -22,6 +28,9 @@ def test_a_healthy_allocation_passes_within_budget_and_a_slowed_node_is_blamed_a
     print(f"healthy: {took:.1f}s from sbatch: {out}")
     assert re.search(r"gpuguard preflight: 4 nodes node\[1-4\] in [\d.]+s: passed, busbw", out), out
     assert "preflight-rc=0" in out and took < BUDGET + 30, (out, took)
+    # the floor's source on the job line, and the pass recorded as the nodes' own history (a `preflight` sample)
+    assert "[floor 0.005 GB/s (config), sample recorded, workers up in" in out, out
+    assert preflight_samples(site) == 1
 
     site.cluster.host_view.slow_link(3, "20mbit")
     out, took = run_preflight(site)
@@ -37,6 +46,34 @@ def test_a_healthy_allocation_passes_within_budget_and_a_slowed_node_is_blamed_a
     assert others == [], out
     assert any(c["origin"] == "preflight" and c["check_id"] == "fabric.nccl"
                                   for c in journal.get("conditions", [])), journal
+    assert preflight_samples(site) == 1  # a pre-flight that blamed a node adds nothing
+
+
+@pytest.mark.slow(40)
+def test_without_a_configured_floor_the_nodes_own_history_gives_one(site_factory):
+    """No `nccl.preflight_busbw_*`: five passed pre-flights' samples in the history give the floor (the job line
+    says so) and node3's slowed link is blamed against it; without them the same run would only judge a hang."""
+    site = pf_site(site_factory, floor=False)
+    cfg = load_config(str(site.config_path))
+    with history.open_history(history_path(cfg)) as st:
+        history.record_samples(st, [(profile_of(cfg, None), 4, NCCL["preflight_max_bytes"], v, "node[1-4]",
+                                     "preflight", str(i)) for i, v in enumerate((0.0052, 0.0053, 0.0054, 0.0052,
+                                                                                 0.0053))])
+    site.cluster.host_view.slow_link(3, "20mbit")
+    out, _ = run_preflight(site)
+    print(f"node3 slowed, floor from the history: {out}")
+    assert re.search(r"\[floor 0.00\d+ GB/s \(baseline 5 samples\), workers up in", out), out
+    assert re.search(r"blamed node3 \(NCCL fabric.nccl: busbw [\d.]+ GB/s vs [\d.]+ with peers", out), out
+    assert "GPUGUARD_PREFLIGHT_EXCLUDE=node3" in out and preflight_samples(site) == 5, out
+
+
+def preflight_samples(site) -> int:
+    """How many `preflight` samples `gpuguard baseline show` counts (4 nodes, the pre-flight's largest size)."""
+    p = subprocess.run([sys.executable, "-m", "gpuguard", "--config", str(site.config_path), "baseline", "show",
+                        "--json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = [r for r in json.loads(p.stdout) if (r["n_nodes"], r["size_bytes"]) == (4, NCCL["preflight_max_bytes"])]
+    return sum(int(part.split()[1]) for r in rows for part in r["sources"].split(", ") if part.startswith("preflight"))
 
 
 @pytest.mark.slow(40)

@@ -152,8 +152,8 @@ def test_passed_preflights_seed_the_floor_a_later_preflight_is_judged_against(cf
     assert p.returncode == 0 and "preflight 5" in p.stdout, p.stdout
     p = gpuguard("baseline", "propose", "--json", env=env)
     (row,) = json.loads(p.stdout)
-    assert (row["n_nodes"], row["size_bytes"], row["samples"], row["sources"], row["threshold_gbps"]) == (
-        4, SIZE, 5, "preflight 5", 1.78)
+    assert (row["n_nodes"], row["size_bytes"], row["samples"], row["sources"]) == (4, SIZE, 5, "preflight 5")
+    assert row["threshold_gbps"] == pytest.approx(1.7776, abs=1e-4)
 
 
 def test_the_job_line_says_where_the_floor_came_from():
@@ -164,6 +164,16 @@ def test_the_job_line_says_where_the_floor_came_from():
                          "workers up in 3.0s, rounds all 0.9s]"), line
     assert "[no floor (only a hang or failure judged)]" in summary_line(
         NODES, 1.0, "pass", [], "passed", notes=[preflight_floor(None, {}, [], "generic", SIZE).describe(4)])
+
+
+def test_a_cpu_preflights_small_figures_keep_their_floor():
+    """gloo on CPU nodes reads hundredths of a GB/s: the proposal must not round its floor to 0 or up to the median."""
+    (p,) = propose([{"profile": "g", "n_nodes": 4, "size_bytes": SIZE, "busbw_gbps": v, "source": "preflight"}
+                    for v in (0.05, 0.05, 0.05, 0.05, 0.05)])
+    assert p.threshold_gbps == pytest.approx(0.0475) and p.median == 0.05
+    (p,) = propose([{"profile": "g", "n_nodes": 4, "size_bytes": SIZE, "busbw_gbps": v, "source": "preflight"}
+                    for v in (0.0052, 0.0053, 0.0054, 0.0052, 0.0053)])
+    assert 0.0045 < p.threshold_gbps < 0.0052
 
 
 def test_proposals_say_where_their_samples_came_from():

@@ -82,7 +82,9 @@ def propose(rows: Iterable[dict[str, Any]], k: float = 3.0, margin_pct: float = 
 
 
 def _r(v: Optional[float]) -> Optional[float]:
-    return None if v is None else round(v, 2)
+    """Five significant digits: 462.74 GB/s as before, and a CPU pre-flight's 0.0048 GB/s not rounded to 0 (nor
+    0.0475 up to its median 0.05)."""
+    return None if v is None else float(f"{v:.5g}")
 
 
 def samples_from_result(result: NcclResult, profile: str, n_nodes: int, nodes: str, source: str,
