@@ -28,7 +28,8 @@ from figures import Measuring, spread
 LOST_TIMEOUT_S = 600.0  # torch.distributed's default collective timeout for NCCL (ProcessGroupNCCL)
 REQUEUE_S = 60.0  # Slurm's requeue and the next start: scheduler pass, prolog, torch import, rendezvous (order of)
 TARGET_S = 20.0  # the budget on up to 64 nodes (nccl.preflight_budget_s default)
-LINE = re.compile(r"gpuguard preflight: (\d+) nodes \S+ in ([\d.]+)s: ([^\[\n]*)(?:\[workers up in ([\d.]+)s)?")
+# the bracket starts with the floor and the sample ([floor 0.005 GB/s (config), sample recorded, workers up in 2.1s, ...])
+LINE = re.compile(r"gpuguard preflight: (\d+) nodes \S+ in ([\d.]+)s: ([^\[\n]*)(?:\[[^\]\n]*?workers up in ([\d.]+)s)?")
 
 
 def _spin(stop: "multiprocessing.synchronize.Event") -> None:  # type: ignore[name-defined]
