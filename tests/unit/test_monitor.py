@@ -390,3 +390,33 @@ def test_the_hang_page_names_the_stuck_node_not_the_one_that_claimed_it(site, ho
     assert [p["title"] for p in requeue] == ["gpuguard: job requeue requested node3 monitor.progress"], requeue
     assert "reported_by" in requeue[0]["message"] and "node1" in requeue[0]["message"]
     assert requeue_asked(events, t0 - 1) == "monitor.progress, stuck: node3 (asked by node1)"
+
+
+def test_a_requeued_attempt_resuming_is_start_up_not_a_hang(site, hook, monkeypatch):
+    """The job's output file (the training log) still holds the previous attempt's iterations when a requeued
+    attempt's monitor starts: they are not this attempt's progress, so loading the checkpoint is judged against
+    startup_minutes, not hang_minutes (it was paged and requeued again as a hang after hang_minutes)."""
+    s = site(hang_minutes=1.0, startup_minutes=5.0)
+    s.node("node1", {"defaults": BUSY})
+    log = s.job_dir / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(MEGATRON.format(s=i, it=i * 10, cs=i * 2560, ms=850.0, loss=3.0) for i in range(1, 4)))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    mon = s.monitor("node1")
+    t0 = time.time()
+    assert mon.step(now=t0)["last_iteration"] == 30  # known, but the previous attempt's
+    assert mon.step(now=t0 + 120)["alerts"] == []  # 2 min resuming: start-up, not a hang
+    with log.open("a") as f:
+        f.write(MEGATRON.format(s=4, it=40, cs=10240, ms=850.0, loss=2.8))
+    assert mon.step(now=t0 + 130)["alerts"] == []
+    stalled = mon.step(now=t0 + 200)  # then this attempt's own progress stops for over hang_minutes
+    assert [a["check_id"] for a in stalled["alerts"]] == ["monitor.progress"]
+    assert "no new iteration since 40" in stalled["alerts"][0]["message"]
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # the next attempt never logs an iteration: start-up runs out
+    mon2 = s.monitor("node1")
+    t1 = time.time()
+    assert mon2.step(now=t1)["alerts"] == []
+    assert mon2.step(now=t1 + 290)["alerts"] == []
+    late = mon2.step(now=t1 + 301)["alerts"]
+    assert [a["check_id"] for a in late] == ["monitor.progress"]
+    assert "no training iteration logged yet" in late[0]["message"]

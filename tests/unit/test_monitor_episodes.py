@@ -127,6 +127,8 @@ def test_a_requeued_attempt_pages_for_its_own_hang(job, hook, monkeypatch):
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     second = j.monitor("node2")
     second.step(now=t0 + 100)
+    j.progress(20)  # the requeued attempt resumes (the log's earlier lines were the first attempt's), then hangs
+    second.step(now=t0 + 110)
     assert second.step(now=t0 + 200)["fired"] == ["monitor.progress:sent"]
 
 

@@ -80,6 +80,11 @@ class Monitor(AlertEpisodes):
         self.clear_streak: dict[str, int] = {}  # alert key -> samples in a row its condition has been clear
         self.gpu_ids: dict[int, dict[str, Any]] = {}  # GPU index -> uuid, serial, pci_bus_id (for alerts)
         self.restart = os.environ.get("SLURM_RESTART_COUNT") or "0"  # a requeued job keeps its id and job dir
+        if self.follower is not None and self.restart != "0":
+            # a requeued attempt: the iterations its log already holds are the previous attempt's (Slurm appends to
+            # the job's output file); until this attempt logs one, resuming (a checkpoint load) is start-up, judged
+            # against startup_minutes, not a hang
+            self.follower.poll()
         self.hang_claim: Optional[str] = None
         self.hang_label: Optional[str] = None
         self.py_spy_missing_told = False
