@@ -5,10 +5,12 @@ per-node scenarios: a healthy round, a slow node blamed through the real blame, 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
+from clirun import gpuguard
 
 from devtools.nccl_tests_stub import install_stub
 from gpuguard.nccl.sweep import JobSpec, nccl_tests_argv, render_job
@@ -115,6 +117,25 @@ def test_a_round_where_every_step_hangs_ends_at_its_allowance_and_leaves_no_step
     alive = [p for p in Path("/proc").glob("[0-9]*/cmdline")
              if str(scen).encode() in _read(p) or (b"nccl_tests_stub" in _read(p) and _env_has(p, str(scen)))]
     assert alive == [], alive
+
+
+@pytest.mark.slow(30)
+def test_gpuguard_preflight_with_nccl_tests_blames_the_slow_node_and_names_it_for_the_job(site, tmp_path):
+    spec, scen, _srun, log = site
+    (scen / "node3.yaml").write_text("nccl: {busbw_gbps: 400, slow_factor: 0.1}\n")
+    (tmp_path / "scontrol").write_text("#!/bin/sh\nexit 1\n")  # no topology, no cluster of anyone else's
+    (tmp_path / "scontrol").chmod(0o755)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"store:\n  path: {tmp_path / 'store.db'}\nnccl:\n  preflight_backend: nccl-tests\n"
+                   f"  sweep_binary: {spec.binary}\n  sweep_gpus_per_node: 1\n  sweep_mpi: pmi2\n")
+    p = gpuguard("--config", str(cfg), "preflight", "--nodes", "node[1-4]", "--floor", "80", "--budget", "90",
+                 "--no-drain", "--exclude-file", str(tmp_path / "exclude"),
+                 env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"}, timeout=120)
+    assert p.returncode == 10, (p.stdout, p.stderr)
+    assert "blamed node3" in p.stdout and "GPUGUARD_PREFLIGHT_EXCLUDE=node3" in p.stdout, p.stdout
+    assert "workers up" not in p.stdout  # no torch worker on this path
+    assert (tmp_path / "exclude").read_text() == "node3\n"
+    assert all("--nodelist=" in ln and " -f 4 " in ln for ln in log.read_text().splitlines())
 
 
 def _read(p: Path) -> bytes:
