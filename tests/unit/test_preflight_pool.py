@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gpuguard.preflight.judge import TOO_SLOW, Step, result_line, round_measurements
-from gpuguard.preflight.pool import LATE_MIN_S, WorkerPool, _Run, late_after
+from gpuguard.preflight.pool import LATE_MIN_S, WorkerPool, Run, late_after
 from gpuguard.preflight.protocol import LineReader, encode
 from gpuguard.preflight.runner import PoolMeasure, late_verdicts
 
@@ -26,7 +26,7 @@ def test_lines_are_read_whole_across_reads_and_garbage_is_dropped():
 
 
 def test_a_group_is_late_after_four_times_the_quickest_run_of_its_size_and_never_without_one():
-    done = _Run(("a", "b"), "g1", 0.0, result={"sizes": [1], "busbw_gbps": [1.0]}, ended_s=2.0)
+    done = Run(("a", "b"), "g1", 0.0, result={"sizes": [1], "busbw_gbps": [1.0]}, ended_s=2.0)
     assert late_after(("c", "d"), [done], {}) == 8.0
     assert late_after(("c", "d"), [], {2: 0.2}) == 0.2 + LATE_MIN_S  # an earlier round's pair: at least 3 s more
     assert late_after(("a", "b", "c"), [done], {}) == float("inf")  # nothing of its size: the allowance decides

@@ -65,13 +65,21 @@ def profile_of(cfg: Any, explicit: Optional[str]) -> str:
     return "generic" if name == "auto" else str(name)
 
 
+def sweep_spec(n: Any, partition: Optional[str] = None, gpus_per_node: Optional[int] = None,
+               binary: Optional[str] = None) -> JobSpec:
+    """The sweep's nccl-tests settings from the `nccl:` section (what `gpuguard preflight` runs with nccl-tests too):
+    binary (nccl.sweep_binary, else nccl.binary), GPUs per node, srun --mpi plugin, preset."""
+    return JobSpec(partition=partition, gpus_per_node=gpus_per_node or n.sweep_gpus_per_node,
+                   binary=binary or n.sweep_binary or n.binary, min_bytes=n.sweep_min_bytes,
+                   max_bytes=n.sweep_max_bytes, iterations=n.sweep_iterations, time_limit=n.sweep_time_limit,
+                   preset=n.sweep_preset, mpi=n.sweep_mpi)
+
+
 def runner_from(args: argparse.Namespace, cfg: Any, threshold_for: Any, store_path: str) -> Any:
     n = cfg.nccl
-    spec = JobSpec(partition=args.partition, gpus_per_node=args.gpus_per_node or n.sweep_gpus_per_node,
-                   binary=args.binary or n.sweep_binary or n.binary,
-                   min_bytes=args.min_bytes or n.sweep_min_bytes, max_bytes=args.max_bytes or n.sweep_max_bytes,
-                   iterations=args.iters or n.sweep_iterations, time_limit=args.time_limit or n.sweep_time_limit,
-                   preset=n.sweep_preset, mpi=n.sweep_mpi)
+    spec = sweep_spec(n, args.partition, args.gpus_per_node, args.binary)
+    spec.min_bytes, spec.max_bytes = args.min_bytes or n.sweep_min_bytes, args.max_bytes or n.sweep_max_bytes
+    spec.iterations, spec.time_limit = args.iters or n.sweep_iterations, args.time_limit or n.sweep_time_limit
     if spec.max_bytes < spec.min_bytes:
         raise ValueError(f"--max-bytes {spec.max_bytes} is below --min-bytes {spec.min_bytes}")
     workdir = args.workdir or n.sweep_workdir or default_workdir(store_path)

@@ -92,6 +92,20 @@ class JobSpec:
     mpi: str = "pmix"  # srun --mpi plugin the nccl-tests build needs
 
 
+# the nccl-tests settings of the template's srun line (sbatch_templates/nccl-tests.sbatch.j2: warmup_iters, check);
+# tests/unit/test_preflight_nccltests.py holds the rendered template to nccl_tests_argv
+WARMUP_ITERS = 5
+CHECK_EVERY = 1
+
+
+def nccl_tests_argv(spec: JobSpec, min_bytes: int, max_bytes: int, step_factor: int, iters: int) -> list[str]:
+    """The nccl-tests command line of a multi-node run as the sweep's job runs it (one rank per GPU, `-g 1`):
+    `binary -b MIN -e MAX -f F -g 1 -n ITERS -w 5 -c 1`. Pure. The sizes and iterations are the caller's (the
+    sweep's are in its JobSpec; the pre-flight passes its own)."""
+    return [spec.binary, "-b", str(min_bytes), "-e", str(max_bytes), "-f", str(step_factor), "-g", "1",
+            "-n", str(iters), "-w", str(WARMUP_ITERS), "-c", str(CHECK_EVERY)]
+
+
 def _default_runner(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                           errors="replace")

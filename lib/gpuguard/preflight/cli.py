@@ -16,11 +16,12 @@ import time
 from typing import Any, Optional
 
 from gpuguard.siteconfig import load_config
-from gpuguard.nccl.cli_common import profile_of
+from gpuguard.nccl.cli_common import profile_of, sweep_spec
 from gpuguard.preflight.blame import Blame, run_blame
 from gpuguard.preflight.floor import largest_size, pass_sample, preflight_floor
 from gpuguard.preflight.history import load_proposals, record_sample
 from gpuguard.preflight.judge import summary_line
+from gpuguard.preflight.nccltests import BACKEND, NcclTestsRounds
 from gpuguard.preflight.pool import WorkerPool
 from gpuguard.preflight.runner import PoolMeasure
 from gpuguard.preflight.topology import job_switches, parse_topology
@@ -71,13 +72,12 @@ def run(args: argparse.Namespace) -> int:
     # the rounds end by `start + budget - reserve`: time left to stop late collectives and drain what was blamed.
     # The workers' start-up (torch's import) may take up to STARTUP_SHARE of the rest; the rounds share what remains
     reserve = min(5.0, budget * 0.15)
-    here = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    addrs = node_addrs(nodes)
-    pool = WorkerPool(nodes, here, {**addrs, here: addrs.get(here) or local_addr(addrs.get(nodes[0], nodes[0]))})
+    backend = n.preflight_backend
+    pool = round_runner(n, nodes, backend)
     try:
-        pool.wait_up(start + (budget - reserve) * STARTUP_SHARE)
+        if isinstance(pool, WorkerPool):
+            pool.wait_up(start + (budget - reserve) * STARTUP_SHARE)
         up_s = max((w.up_s for w in pool.workers.values() if w.up_s is not None), default=None)
-        backend = n.preflight_backend
         if backend == "auto":
             cuda = [w.cuda for w in pool.workers.values() if w.sock is not None]
             backend = "nccl" if cuda and all(cuda) else "gloo"
@@ -103,6 +103,16 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**blame.outcome.to_dict(), "switch": blame.switch, "exclude": blame.exclude,
                           "drain": blame.nodes_to_drain}, default=str))
     return BLAMED_EXIT if blame.exclude else 0
+
+
+def round_runner(n: Any, nodes: list[str], backend: str) -> "WorkerPool | NcclTestsRounds":
+    """nccl-tests: each round an srun step of the sweep's all_reduce_perf per group (no workers); else one
+    persistent torch worker per node."""
+    if backend == BACKEND:
+        return NcclTestsRounds(nodes, sweep_spec(n))
+    here = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    addrs = node_addrs(nodes)
+    return WorkerPool(nodes, here, {**addrs, here: addrs.get(here) or local_addr(addrs.get(nodes[0], nodes[0]))})
 
 
 def node_addrs(nodes: list[str]) -> dict[str, str]:

@@ -50,7 +50,7 @@ class Worker:
 
 
 @dataclass
-class _Run:
+class Run:
     group: Group
     gid: str
     started: float
@@ -60,7 +60,7 @@ class _Run:
     ended_s: Optional[float] = None
 
 
-def late_after(group: Group, runs: "list[_Run]", quickest: dict[int, float]) -> float:
+def late_after(group: Group, runs: "list[Run]", quickest: dict[int, float]) -> float:
     """Seconds after which a group still running counts as late: LATE_FACTOR times the quickest run of its size
     (this round's or an earlier one's), at least LATE_MIN_S more; never without such a run (infinity)."""
     times = [r.ended_s for r in runs if r.result is not None and r.ended_s is not None and len(r.group) == len(group)]
@@ -92,7 +92,7 @@ class WorkerPool:
                                     start_new_session=True)
             self.workers[n] = Worker(n, proc, out)
         self.seq = 0
-        self.runs: dict[str, _Run] = {}
+        self.runs: dict[str, Run] = {}
 
     # ---- start-up
     def up(self) -> list[str]:
@@ -121,7 +121,7 @@ class WorkerPool:
         runs = []
         for g in groups:
             self.seq += 1
-            r = _Run(g, f"g{self.seq}", t0)
+            r = Run(g, f"g{self.seq}", t0)
             self.runs[r.gid] = r
             runs.append(r)
             missing = [n for n in g if n not in self.up()]
@@ -165,7 +165,7 @@ class WorkerPool:
         except OSError as e:
             w.gone = f"lost ({e})"
 
-    def pump(self, timeout: float, runs: Optional[list[_Run]] = None, job: Optional[dict[str, Any]] = None,
+    def pump(self, timeout: float, runs: Optional[list[Run]] = None, job: Optional[dict[str, Any]] = None,
              t0: float = 0.0) -> None:
         for key, _ in self.sel.select(timeout=max(0.0, timeout)):
             if key.data is None:

@@ -1,5 +1,6 @@
 """The pre-flight's `measure(groups, stage)` inside an allocation: each round is sent to the persistent workers
-(gpuguard.preflight.pool: one per node, torch imported once), bounded by what is left of the pre-flight's budget. A
+(gpuguard.preflight.pool: one per node, torch imported once), or with `nccl.preflight_backend: nccl-tests` run as
+one srun step of nccl-tests per group (gpuguard.preflight.nccltests: no workers, none late), bounded by what is left of the pre-flight's budget. A
 collective that does not finish in time is stopped, never a hung job start; whether it counts as a hang against its
 nodes is gpuguard.preflight.judge.round_measurements' call (only beside a run that finished in a fraction of that
 time).
@@ -18,13 +19,14 @@ from typing import Callable, Optional
 
 from gpuguard.nccl.isolate import Group, Measurement
 from gpuguard.preflight.judge import HANG_MARGIN, NO_FLOOR, TOO_SLOW, round_measurements
+from gpuguard.preflight.nccltests import NcclTestsRounds
 from gpuguard.preflight.pool import WorkerPool
 
 ThresholdFn = Callable[[int], Optional[float]]
 
 
 class PoolMeasure:
-    def __init__(self, pool: WorkerPool, threshold_for: ThresholdFn, deadline: float, *, backend: str = "gloo",
+    def __init__(self, pool: "WorkerPool | NcclTestsRounds", threshold_for: ThresholdFn, deadline: float, *, backend: str = "gloo",
                  min_bytes: int = 65536, max_bytes: int = 4194304, iters: int = 3, step_cap_s: float = 15.0,
                  min_round_s: float = 2.0) -> None:
         self.pool = pool
@@ -77,7 +79,7 @@ class PoolMeasure:
         return [out[i] for i in range(len(groups))]
 
 
-def late_verdicts(pool: WorkerPool) -> dict[str, tuple[bool, str]]:
+def late_verdicts(pool: "WorkerPool | NcclTestsRounds") -> dict[str, tuple[bool, str]]:
     """node -> (evidence?, why) for each worker not up when the start-up wait ended (gone ones are the pool's:
     their groups fail at once, as a failed launch)."""
     ups = [w.up_s for w in pool.workers.values() if w.up_s is not None]

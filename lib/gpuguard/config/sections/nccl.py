@@ -54,7 +54,8 @@ class NcclConfig(Section):
     preflight_budget_s: float = key(number(), 20.0)  # the whole pre-flight, blame included
     preflight_busbw_gbps: Optional[float] = key(number(allow_none=True), None)
     preflight_busbw_by_nodes: dict[Any, Any] = key(mapping, {})  # {2: 380, 16: 350}: node count -> GB/s
-    preflight_backend: str = key(choice("auto", "nccl", "gloo"), "auto")  # auto: NCCL on GPUs, gloo on CPU
+    # auto: torch.distributed over NCCL on GPUs, gloo on CPU; nccl-tests: the sweep's all_reduce_perf, an srun step
+    preflight_backend: str = key(choice("auto", "nccl", "gloo", "nccl-tests"), "auto")
     preflight_min_bytes: int = key(integer(4), 65536)
     preflight_max_bytes: int = key(integer(4), 4194304)
     preflight_iterations: int = key(integer(1), 3)
