@@ -61,7 +61,9 @@ def test_a_one_off_slow_first_round_drains_nothing(site_factory):
         watch.stop()
         site.cluster.host_view.restore_link(3)
     print(f"node3 slow once: {took:.1f}s from sbatch: {out}")
-    assert re.search(r"in [\d.]+s: nothing reproducible", out), out
+    # idle, the pair and confirm rounds find nothing reproducible; on a loaded machine (a CI run at load 10) the
+    # starved first round is "too slow to judge": either way the blip costs no node and the job goes on
+    assert re.search(r"in [\d.]+s: (nothing reproducible|too slow to judge)", out), out
     assert "preflight-rc=0" in out and "GPUGUARD_PREFLIGHT_EXCLUDE" not in out, out
     info = site.cluster.nodes_info()
     assert [n for n in ("node1", "node2", "node3", "node4") if "DRAIN" in info[n]["State"]] == [], out
