@@ -106,9 +106,29 @@ def make_venv(python: str, venv: Path, previous: Optional[Path]) -> str:
 
 
 def pip_install(venv: Path, source: str, extras: str) -> None:
+    """pip builds a source tree's wheel in that tree's build/ directory: two installs from one checkout at once
+    (two prefixes, two admins) collided there ("File exists: build/bdist.../gpuguard-0.1.0.dist-info") and one
+    failed. Builds from one source directory take turns (flock on a file in it; waiting is bounded by pip's own
+    timeout)."""
     spec = f"{source}[{extras}]" if extras else source
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", spec],
-                   check=True, timeout=PIP_TIMEOUT_S)
+    lock_path = os.path.join(source, ".gpuguard-install.lock") if os.path.isdir(source) else None
+    lock = open(lock_path, "a") if lock_path else None  # noqa: SIM115 - held for the build
+    try:
+        if lock is not None:
+            deadline = time.monotonic() + PIP_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"another install from {source} held {lock_path} too long") from None
+                    time.sleep(0.2)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        spec], check=True, timeout=PIP_TIMEOUT_S)
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 def check_imports(venv: Path, require: list[str]) -> None:
