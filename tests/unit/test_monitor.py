@@ -396,7 +396,8 @@ def test_a_requeued_attempt_resuming_is_start_up_not_a_hang(site, hook, monkeypa
     """The job's output file (the training log) still holds the previous attempt's iterations when a requeued
     attempt's monitor starts: they are not this attempt's progress, so loading the checkpoint is judged against
     startup_minutes, not hang_minutes (it was paged and requeued again as a hang after hang_minutes)."""
-    s = site(hang_minutes=1.0, startup_minutes=5.0)
+    s = site(hang_minutes=1.0, startup_minutes=5.0, cpu_percent_max=None, memory_percent_max=None,
+             disk_percent_max=None)  # only the progress check: a loaded CI machine trips the host ones
     s.node("node1", {"defaults": BUSY})
     log = s.job_dir / "train.log"
     log.parent.mkdir(parents=True)
