@@ -5,6 +5,7 @@ test module) and the fresh database per test are the `pg` and `db` fixtures of c
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -55,10 +56,19 @@ def gpuguard_env() -> dict[str, str]:
 
 def healthcheck(cfg: Path, node: str) -> tuple[int, float]:
     """What slurmd runs (HealthCheckProgram gets only SLURMD_NODENAME); returns (exit code, seconds)."""
+    rc, took, _ = healthcheck_timed(cfg, node)
+    return rc, took
+
+
+def healthcheck_timed(cfg: Path, node: str) -> tuple[int, float, float]:
+    """healthcheck(), also returning the CPU seconds (user + system) the health check's process used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "gpuguard", "healthcheck", "--config", str(cfg)], capture_output=True,
                        text=True, timeout=60, env={"SLURMD_NODENAME": node, "PATH": "/usr/bin:/bin", **gpuguard_env()})
-    return p.returncode, time.monotonic() - t0
+    took = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return p.returncode, took, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def sessions(pg: DevPostgres, url: str, application: str) -> int:
