@@ -230,6 +230,32 @@ def test_counters_start_at_zero_so_increase_sees_the_first_drain(tmp_path):
     assert value(m, "gpuguard_runs_total", kind="healthcheck", verdict="pass") == 1
 
 
+def test_hooks_finishing_together_leave_the_file_at_the_latest_count(tmp_path, monkeypatch):
+    """A burst of prologs through the node agent finishes together: each counts its run in the store and rewrites
+    the file. The file must follow the store's order, or an earlier count written last leaves the counter behind
+    (CI: 12 prologs, runs_total 11). Here the writer with the lowest count is the slowest to write its file."""
+    import gpuguard.metrics.node as node_metrics
+
+    cfg = make_cfg(tmp_path, str(tmp_path / "prom"))
+    result = run(cfg, "prolog", "healthy-p5", MemorySlurm(), job="1")  # run 1
+    real = node_metrics.write_families
+
+    def slow_for_early_counts(directory, source, families):
+        families = list(families)
+        runs = sum(v for f in families if f.name == "gpuguard_runs_total" for _, v in f.samples)
+        time.sleep(max(0.0, 8 - runs) * 0.03)
+        return real(directory, source, families)
+
+    monkeypatch.setattr(node_metrics, "write_families", slow_for_early_counts)
+    threads = [threading.Thread(target=write_run_metrics, args=(cfg, result)) for _ in range(6)]  # runs 2-7
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    m = read_metrics(tmp_path / "prom" / "gpuguard_node.prom")
+    assert value(m, "gpuguard_runs_total", kind="prolog", verdict="pass") == 7
+
+
 def test_drains_by_other_writers_are_counted_once_and_undrain_clears_the_state(tmp_path):
     """The watch daemon, `gpuguard undrain` and the NCCL sweep write drain records in the store between hook
     runs: the next run counts each record once, from the store's own id (pruning old rows changes nothing)."""

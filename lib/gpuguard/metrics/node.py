@@ -13,8 +13,8 @@ from gpuguard import __version__
 from gpuguard.metrics.families import node_families
 from gpuguard.metrics.state import STATE_VERSION, DrainState, state_cursor, update_state
 from gpuguard.metrics.monitorfiles import forward_monitor_file, read_untrusted
-from gpuguard.metrics.textfile import (LEGACY_FILES, MONITOR_FILE, NODE_FILE, Family, log_warning, monitor_dir,
-                                       prom_path, remove, textfile_dir, write_families)
+from gpuguard.metrics.textfile import (LEGACY_FILES, MONITOR_FILE, NODE_FILE, log_warning, monitor_dir,
+                                       prepare_render, prom_path, remove, textfile_dir, write_families)
 from gpuguard.slurm.reason import parse_reason
 from gpuguard.util.trust import open_trusted_dir
 
@@ -24,14 +24,15 @@ if TYPE_CHECKING:
     from gpuguard.store.sqlite import Store
 
 
-def write_run_metrics(cfg: "Config", result: "RunResult") -> None:
+def write_run_metrics(cfg: "Config", result: "RunResult", store_timeout_s: float = 1.0) -> None:
     """Rewrite `gpuguard_node.prom` after a prolog/epilog/health-check run. Never raises; costs nothing when
-    `metrics.textfile_dir` is not set."""
+    `metrics.textfile_dir` is not set. `store_timeout_s`: how long to wait for the history store (its counters)
+    while another process writes it."""
     try:
         directory = textfile_dir(cfg, result.context.node)
         if not directory:
             return
-        _write_run_metrics(cfg, result, directory)
+        _write_run_metrics(cfg, result, directory, store_timeout_s)
     except Exception as e:  # noqa: BLE001 - metrics must never break a prolog
         log_warning(f"{type(e).__name__}: {e}")
 
@@ -85,7 +86,7 @@ def drained_gpus(findings: list[dict[str, Any]], check_id: str) -> str:
     return ",".join(dict.fromkeys(out))
 
 
-def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> None:
+def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str, store_timeout_s: float) -> None:
     # only with metrics.textfile_dir set: importing this module costs a prolog without metrics nothing
     import sqlite3
 
@@ -94,9 +95,10 @@ def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> No
 
     node = result.context.node
     interval = float(cfg.metrics.healthcheck_interval_s)
-    fams: list[Family]
+    unwritten: Optional[OSError] = None
+    prepare_render()  # its imports before the store's lock, which the file is written under
     try:
-        with Store(cfg.store.path_for(node), timeout_s=1.0) as st:
+        with Store(cfg.store.path_for(node), timeout_s=store_timeout_s) as st:
             with st.write_transaction():  # the watch daemon and admin commands write the same store
                 state = st.get_cursor(state_cursor(node)) or {}
                 mark = int(state.get("drain_mark", 0)) if state.get("v") == STATE_VERSION else 0
@@ -108,14 +110,24 @@ def _write_run_metrics(cfg: "Config", result: "RunResult", directory: str) -> No
                                                     not getattr(result, "store_errors", None))
                 if note is not None:
                     st.set_cursor(replaced.CURSOR, note)
-        fams = node_families(state, node, drain, __version__, interval, store_ok=store_ok)
+                # Written inside the transaction, so the file follows the store's commit order: written after it,
+                # two hooks finishing together wrote in the other order and left a counter one behind (a burst of
+                # 12 prologs through the agent ended with runs_total 11 until the next run). The counters are
+                # committed even when the file cannot be written (the next run's file catches up).
+                try:
+                    write_families(directory, NODE_FILE,
+                                   node_families(state, node, drain, __version__, interval, store_ok=store_ok))
+                except OSError as e:
+                    unwritten = e
     except (sqlite3.Error, OSError) as e:
         # No store: this run's results still go out, the counters stay out (restarting them from 0 would read as
         # a counter reset), and gpuguard_history_store_ok says why.
         log_warning(f"history store unusable for metrics: {type(e).__name__}: {e}")
-        fams = node_families(update_state({}, result, _xid_severity(cfg), []), node, None, __version__, interval,
-                             counters=False, store_ok=False)
-    write_families(directory, NODE_FILE, fams)
+        write_families(directory, NODE_FILE,
+                       node_families(update_state({}, result, _xid_severity(cfg), []), node, None, __version__,
+                                     interval, counters=False, store_ok=False))
+    if unwritten is not None:
+        raise unwritten
     for legacy in LEGACY_FILES:
         remove(directory, legacy)
     forward_monitor(cfg, node, directory, result.context.job_id if result.context.kind == "epilog" else None)

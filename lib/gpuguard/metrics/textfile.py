@@ -72,6 +72,12 @@ def prom_path(directory: str, source: str) -> str:
     return os.path.join(directory, f"gpuguard_{source}.prom")
 
 
+def prepare_render() -> None:
+    """render()'s imports, done ahead (a hook renders its file while it holds the history store's lock)."""
+    import prometheus_client.exposition  # noqa: F401
+    import prometheus_client.metrics_core  # noqa: F401
+
+
 def render(families: Iterable[Family]) -> bytes:
     """The Prometheus text exposition format, by prometheus-client. Families without samples are left out."""
     # prometheus-client only with metrics on (metrics.textfile_dir): a prolog without them never imports it

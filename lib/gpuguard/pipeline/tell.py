@@ -125,7 +125,8 @@ def tell_humans(cfg: Config, result: RunResult, budget: StageBudget, defer: bool
         if cfg.metrics.textfile_dir:
             from gpuguard.metrics.node import write_run_metrics  # cold path: only where metrics are configured
 
-            write_run_metrics(cfg, result)
+            # the store is shared with the other hooks of a burst: wait for it like the run's own records do
+            write_run_metrics(cfg, result, store_timeout_s=min(5.0, max(1.0, budget.remaining() / 4)))
         if not notify_configured(cfg):
             return  # every event would be "disabled": nothing to build, nothing to import
         if not (result.drain or result.undrain or result.applied or result.events
