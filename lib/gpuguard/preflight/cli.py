@@ -21,6 +21,7 @@ from gpuguard.preflight.blame import Blame, run_blame
 from gpuguard.preflight.floor import largest_size, pass_sample, preflight_floor
 from gpuguard.preflight.history import load_proposals, record_sample
 from gpuguard.preflight.judge import summary_line
+from gpuguard.preflight.ncclenv import preflight_preset_env
 from gpuguard.preflight.nccltests import BACKEND, NcclTestsRounds
 from gpuguard.preflight.pool import WorkerPool
 from gpuguard.preflight.runner import PoolMeasure
@@ -73,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     # The workers' start-up (torch's import) may take up to STARTUP_SHARE of the rest; the rounds share what remains
     reserve = min(5.0, budget * 0.15)
     backend = n.preflight_backend
-    pool = round_runner(n, nodes, backend)
+    preset = preflight_preset_env(n.sweep_preset, profile, cfg.templates.presets, os.environ) \
+        if backend == BACKEND else None
+    pool = round_runner(n, nodes, backend, preset.env if preset else {})
     try:
         if isinstance(pool, WorkerPool):
             pool.wait_up(start + (budget - reserve) * STARTUP_SHARE)
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         pool.close()
     acted = act(cfg, blame, n.preflight_drain and not args.no_drain, getattr(args, "config", None))
     sample = pass_sample(blame.outcome, nodes, profile, os.environ.get("SLURM_JOB_ID"))
-    said = [floor.describe(len(nodes))] + ([unread] if unread else []) + \
+    said = [floor.describe(len(nodes))] + ([preset.note] if preset else []) + ([unread] if unread else []) + \
         ([record_sample(cfg, sample)] if sample else [])
     line = summary_line(nodes, time.monotonic() - start, blame.outcome.conclusion, blame.blamed, blame.what,
                         up_s, measure.rounds, said)
@@ -105,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
     return BLAMED_EXIT if blame.exclude else 0
 
 
-def round_runner(n: Any, nodes: list[str], backend: str) -> "WorkerPool | NcclTestsRounds":
-    """nccl-tests: each round an srun step of the sweep's all_reduce_perf per group (no workers); else one
-    persistent torch worker per node."""
+def round_runner(n: Any, nodes: list[str], backend: str, env: Optional[dict[str, str]] = None
+                 ) -> "WorkerPool | NcclTestsRounds":
+    """nccl-tests: each round an srun step of the sweep's all_reduce_perf per group (no workers), its ranks with
+    `env` added (the NCCL preset); else one persistent torch worker per node."""
     if backend == BACKEND:
-        return NcclTestsRounds(nodes, sweep_spec(n))
+        return NcclTestsRounds(nodes, sweep_spec(n), env=dict(env or {}))
     here = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     addrs = node_addrs(nodes)
     return WorkerPool(nodes, here, {**addrs, here: addrs.get(here) or local_addr(addrs.get(nodes[0], nodes[0]))})
