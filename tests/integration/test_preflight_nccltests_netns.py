@@ -11,7 +11,7 @@ import json
 import re
 
 import pytest
-from preflightnet import BUDGET, NCCL, run_preflight
+from preflightnet import BUDGET, NCCL, preflight_samples, run_preflight
 from torchjob import NEEDS_HOST_VIEW, netns_site
 
 from devtools.nccl_tests_stub import install_stub
@@ -46,6 +46,7 @@ def test_nccl_tests_measure_the_slowed_node_which_is_blamed_and_drained_and_a_he
     assert re.search(r"gpuguard preflight: 4 nodes node\[1-4\] in [\d.]+s: passed, busbw", out), out
     assert "preflight-rc=0" in out and "workers up" not in out, out  # no torch worker on this path
     assert "[floor 0.005 GB/s (config), NCCL preset generic / " in out and "sample recorded" in out, out
+    assert preflight_samples(site, "nccl-tests") == 1 and preflight_samples(site, "gloo") == 0  # its own kind
     # every rank of every step was started with the preset: the shipped generic one and the site's addition
     seen = {p.name: json.loads(p.read_text()) for p in envs.glob("*.json")}
     assert {name.split(".")[0] for name in seen} == {"node1", "node2", "node3", "node4"}, sorted(seen)
@@ -67,3 +68,4 @@ def test_nccl_tests_measure_the_slowed_node_which_is_blamed_and_drained_and_a_he
     cond = [c for c in journal.get("conditions", []) if c["origin"] == "preflight"]
     assert cond and cond[0]["check_id"] == "fabric.nccl", journal
     assert 0 < cond[0]["evidence"]["busbw_gbps"] < NCCL["preflight_busbw_gbps"], (cond, out)  # what it measured
+    assert preflight_samples(site, "nccl-tests") == 1  # a pre-flight that blamed a node adds nothing

@@ -66,10 +66,6 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     profile = profile_of(cfg, None)
     proposals, unread = load_proposals(cfg, profile)
-    floor = preflight_floor(args.floor if args.floor is not None else n.preflight_busbw_gbps,
-                            {} if args.floor is not None else n.preflight_busbw_by_nodes, proposals, profile,
-                            largest_size(n.preflight_min_bytes, n.preflight_max_bytes),
-                            "--floor" if args.floor is not None else "config")
     # the rounds end by `start + budget - reserve`: time left to stop late collectives and drain what was blamed.
     # The workers' start-up (torch's import) may take up to STARTUP_SHARE of the rest; the rounds share what remains
     reserve = min(5.0, budget * 0.15)
@@ -84,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
         if backend == "auto":
             cuda = [w.cuda for w in pool.workers.values() if w.sock is not None]
             backend = "nccl" if cuda and all(cuda) else "gloo"
+        # the floor of this backend's samples only (known once the workers said whether they have GPUs)
+        floor = preflight_floor(args.floor if args.floor is not None else n.preflight_busbw_gbps,
+                                {} if args.floor is not None else n.preflight_busbw_by_nodes, proposals, profile,
+                                largest_size(n.preflight_min_bytes, n.preflight_max_bytes), backend,
+                                "--floor" if args.floor is not None else "config")
         measure = PoolMeasure(pool, floor.resolve, start + budget - reserve, backend=backend,
                               min_bytes=n.preflight_min_bytes, max_bytes=n.preflight_max_bytes,
                               iters=n.preflight_iterations, step_cap_s=max(3.0, (budget - reserve) / 2))
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         pool.close()
     acted = act(cfg, blame, n.preflight_drain and not args.no_drain, getattr(args, "config", None))
-    sample = pass_sample(blame.outcome, nodes, profile, os.environ.get("SLURM_JOB_ID"))
+    sample = pass_sample(blame.outcome, nodes, profile, os.environ.get("SLURM_JOB_ID"), backend)
     said = [floor.describe(len(nodes))] + ([preset.note] if preset else []) + ([unread] if unread else []) + \
         ([record_sample(cfg, sample)] if sample else [])
     line = summary_line(nodes, time.monotonic() - start, blame.outcome.conclusion, blame.blamed, blame.what,
