@@ -15,9 +15,14 @@ Bandwidth comes from each node's scenario (`<dir>/<node>.yaml`, else `default.ya
     nccl: {wrong: 12}             # the collective returns wrong data (#wrong / out-of-bounds values)
     nccl: {fail: "NCCL WARN NET/OFI ..."}  # the run dies with this error before the table
     nccl: {hang_s: 30}            # the run hangs
+    nccl: {measure: tcp}          # measured, not computed: the ranks run a ring all_reduce over TCP between the
+                                  # nodes (devtools.nccl_ring), so a slowed link really reads slow
+    nccl: {env_dir: /some/dir}    # each rank writes the NCCL/EFA environment it was started with there
+                                  # (<node>.<rank>.json: NCCL_*, FI_*, TORCH_NCCL_*, OFI_NCCL_*)
 
-A multi-node run is as slow as its slowest member, as with real NCCL rings. Small messages are latency
-bound (time = latency + bytes/bandwidth), so the table has the familiar shape; values are deterministic.
+A multi-node run is as slow as its slowest member, as with real NCCL rings. Computed (the default), small messages
+are latency bound (time = latency + bytes/bandwidth), so the table has the familiar shape; values are deterministic.
+Measured, the table holds the ring's own times; the layout is the same either way.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from devtools.nccl_ring import RingError
 from gpuguard.nccl.table import parse_size
 
 ENV_SCENARIO_DIR = "GPUGUARD_SIM_SCENARIO_DIR"
@@ -75,6 +81,29 @@ def job_nodes(env: dict[str, str]) -> list[str]:
         if env.get(var):
             return expand_hostlist(env[var])
     return [env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]]
+
+
+def measured_rows(times: list[tuple[float, float]], ranks: int, sizes: list[int], wrong: int = 0
+                  ) -> list[tuple[int, int, float, float, float, int, float, float, float, int]]:
+    """The table's rows from measured (out-of-place, in-place) microseconds per size (pure): algbw = size / time,
+    busbw = algbw * 2 (n - 1) / n, as nccl-tests computes them for all_reduce."""
+    factor = 2.0 * (ranks - 1) / ranks if ranks > 1 else 0.0
+    rows = []
+    for i, (size, (t_oop, t_ip)) in enumerate(zip(sizes, times)):
+        w = wrong if i == len(sizes) - 1 else 0
+        a1, a2 = size / max(t_oop, 1e-3) / 1e3, size / max(t_ip, 1e-3) / 1e3
+        rows.append((size, size // 4, t_oop, a1, a1 * factor, w, t_ip, a2, a2 * factor, w))
+    return rows
+
+
+ENV_PREFIXES = ("NCCL_", "FI_", "TORCH_NCCL_", "OFI_NCCL_")
+
+
+def record_env(env_dir: str, node: str, rank: int, env: dict[str, str]) -> None:
+    """What this rank was started with, for a test to read (`<env_dir>/<node>.<rank>.json`)."""
+    seen = {k: v for k, v in env.items() if k.startswith(ENV_PREFIXES)}
+    Path(env_dir).mkdir(parents=True, exist_ok=True)
+    Path(env_dir, f"{node}.{rank}.json").write_text(json.dumps(seen, sort_keys=True))
 
 
 def _jitter(key: str) -> float:
@@ -180,6 +209,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     nodes = job_nodes(env)
     specs = {n: node_nccl_spec(scenario_dir, n) for n in nodes}
     rank = int(env.get("SLURM_PROCID", "0") or 0)
+    here = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    env_dir = next((str(s["env_dir"]) for s in specs.values() if s.get("env_dir")), None)
+    if env_dir:
+        record_env(env_dir, here, rank, env)
     hang = max((float(s.get("hang_s", 0)) for s in specs.values()), default=0.0)
     if hang:
         time.sleep(hang)
@@ -190,24 +223,56 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"{host}:{os.getpid()}:{os.getpid()} [0] {failing[0]}", file=sys.stderr)
             print(f"{host}: Test NCCL failure common.cu:1005 'unhandled system error'", flush=True)
         return 2
+    try:
+        rows, per_node = table_rows(env, specs, nodes, rank, args)
+    except (RingError, OSError) as e:  # a ring that cannot form or breaks: a failed collective, as NCCL says
+        print(f"{here}:{os.getpid()}:{os.getpid()} [{rank}] NCCL WARN NET/Socket : {e}", file=sys.stderr)
+        print(f"{here}: Test NCCL failure common.cu:1005 'remote process exited or there was a network error'",
+              flush=True)
+        return 2
     if rank != 0:  # like an MPI build: only rank 0 prints
         return 0
-    sizes, s = [], max(1, args.min)
-    while s <= args.max:
-        sizes.append(s)
-        s *= max(2, args.f)
-    peak = min(node_busbw(specs[n]) for n in nodes)
-    wrong = max(int(s.get("wrong", 0)) for s in specs.values())
-    # MPI ranks = Slurm tasks (one per GPU with -g 1, one per node with -g 8) x GPUs per task
-    tasks = int(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or len(nodes))
-    per_node = max(1, tasks // max(1, len(nodes))) * max(1, args.g) * max(1, args.t)
-    ranks = len(nodes) * per_node
-    rows = simulate_rows(peak, ranks, sizes, seed=",".join(nodes), wrong=wrong)
     sys.stdout.write(render_text(nodes, per_node, rows, args))
     sys.stdout.flush()
     if args.json:
         Path(args.json).write_text(render_json(nodes, max(1, args.g), rows, args))
     return 0
+
+
+def table_rows(env: dict[str, str], specs: dict[str, dict[str, Any]], nodes: list[str], rank: int,
+               args: argparse.Namespace) -> tuple[list[tuple[Any, ...]], int]:
+    """(the table's rows, ranks per node): measured over TCP when a node's scenario says `measure: tcp` (raises
+    when the ring cannot be formed or breaks), else computed from the scenarios."""
+    sizes, s = [], max(1, args.min)
+    while s <= args.max:
+        sizes.append(s)
+        s *= max(2, args.f)
+    wrong = max(int(s.get("wrong", 0)) for s in specs.values())
+    # MPI ranks = Slurm tasks (one per GPU with -g 1, one per node with -g 8) x GPUs per task
+    tasks = int(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or len(nodes))
+    per_node = max(1, tasks // max(1, len(nodes))) * max(1, args.g) * max(1, args.t)
+    ranks = len(nodes) * per_node
+    if any(str(s.get("measure", "")) == "tcp" for s in specs.values()):
+        return measured_rows(measure_tcp(env, nodes, tasks, rank, sizes, args), ranks, sizes, wrong=wrong), per_node
+    return simulate_rows(min(node_busbw(specs[n]) for n in nodes), ranks, sizes, seed=",".join(nodes),
+                         wrong=wrong), per_node
+
+
+def measure_tcp(env: dict[str, str], nodes: list[str], tasks: int, rank: int, sizes: list[int],
+                args: argparse.Namespace) -> list[tuple[float, float]]:
+    """This rank's part of the measured run: the step's ring over TCP (devtools.nccl_ring), timed per size."""
+    from devtools.nccl_ring import Ring, node_addrs, ring_port, time_sizes
+
+    per_node = max(1, tasks // max(1, len(nodes)))
+    world = len(nodes) * per_node
+    addrs = node_addrs(nodes)
+    job, step = env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0")
+    ring = Ring.form(rank, world, [addrs[nodes[r // per_node]] for r in range(world)],
+                     [ring_port(job, step, r) for r in range(world)])
+    try:
+        return time_sizes(ring, sizes, args.w, args.n)
+    finally:
+        ring.close()
 
 
 # --------------------------------------------------------------------------- simulated dcgmi

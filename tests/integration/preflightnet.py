@@ -7,6 +7,7 @@ healthy 4-node run reads 0.02-0.2 GB/s at 256 KiB, a node at 20 mbit ~0.002 GB/s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,6 +44,17 @@ def run_preflight(site, *sbatch_args: str, nodes: int = 4) -> tuple[str, float]:
     assert info["JobState"] == "COMPLETED", (info, out)
     return out, took
 
+
+
+def preflight_samples(site, backend: str = "gloo") -> int:
+    """How many `preflight` samples of `backend` `gpuguard baseline show` counts (4 nodes, the pre-flight's largest
+    size)."""
+    p = subprocess.run([sys.executable, "-m", "gpuguard", "--config", str(site.config_path), "baseline", "show",
+                        "--json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = [r for r in json.loads(p.stdout) if (r["n_nodes"], r["size_bytes"], r["backend"]) ==
+            (4, NCCL["preflight_max_bytes"], backend)]
+    return sum(int(part.split()[1]) for r in rows for part in r["sources"].split(", ") if part.startswith("preflight"))
 
 
 def template_site(site_factory, nodes: int):

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
-from preflightnet import BUDGET, NCCL, pf_site, run_preflight
+from preflightnet import BUDGET, NCCL, pf_site, preflight_samples, run_preflight
 from torchjob import NEEDS_HOST_VIEW, NEEDS_TORCH, netns_site
 
 from gpuguard.nccl import history
@@ -57,23 +55,17 @@ def test_without_a_configured_floor_the_nodes_own_history_gives_one(site_factory
     cfg = load_config(str(site.config_path))
     with history.open_history(history_path(cfg)) as st:
         history.record_samples(st, [(profile_of(cfg, None), 4, NCCL["preflight_max_bytes"], v, "node[1-4]",
-                                     "preflight", str(i)) for i, v in enumerate((0.0052, 0.0053, 0.0054, 0.0052,
-                                                                                 0.0053))])
+                                     "preflight", str(i), "gloo") for i, v in enumerate((0.0052, 0.0053, 0.0054,
+                                                                                         0.0052, 0.0053))])
+        # the same figures from another collective: never this gloo pre-flight's floor
+        history.record_samples(st, [(profile_of(cfg, None), 4, NCCL["preflight_max_bytes"], 0.5, "node[1-4]",
+                                     "preflight", str(i), "nccl-tests") for i in range(5)])
     site.cluster.host_view.slow_link(3, "20mbit")
     out, _ = run_preflight(site)
     print(f"node3 slowed, floor from the history: {out}")
-    assert re.search(r"\[floor 0.00\d+ GB/s \(baseline 5 samples\), workers up in", out), out
+    assert re.search(r"\[floor 0.00\d+ GB/s \(baseline 5 gloo samples\), workers up in", out), out
     assert re.search(r"blamed node3 \(NCCL fabric.nccl: busbw [\d.]+ GB/s vs [\d.]+ with peers", out), out
     assert "GPUGUARD_PREFLIGHT_EXCLUDE=node3" in out and preflight_samples(site) == 5, out
-
-
-def preflight_samples(site) -> int:
-    """How many `preflight` samples `gpuguard baseline show` counts (4 nodes, the pre-flight's largest size)."""
-    p = subprocess.run([sys.executable, "-m", "gpuguard", "--config", str(site.config_path), "baseline", "show",
-                        "--json"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    rows = [r for r in json.loads(p.stdout) if (r["n_nodes"], r["size_bytes"]) == (4, NCCL["preflight_max_bytes"])]
-    return sum(int(part.split()[1]) for r in rows for part in r["sources"].split(", ") if part.startswith("preflight"))
 
 
 @pytest.mark.slow(40)

@@ -37,14 +37,16 @@ def test_spread_widens_the_threshold_and_few_samples_give_none():
 
 
 def test_propose_groups_by_profile_nodes_and_size():
-    rows = [{"profile": "p5", "n_nodes": 2, "size_bytes": s, "busbw_gbps": v}
+    rows = [{"profile": "p5", "n_nodes": 2, "size_bytes": s, "busbw_gbps": v, "backend": "nccl-tests"}
             for s, v in [(1 << 30, 440), (1 << 30, 445), (1 << 30, 442), (16 << 30, 480), (16 << 30, 482),
                          (16 << 30, 479)]]
+    # a torch pre-flight's samples (another collective) at a size of their own: never the sweep's threshold
+    rows += [{"profile": "p5", "n_nodes": 4, "size_bytes": 1 << 22, "busbw_gbps": 90.0, "backend": "nccl"}] * 3
     props = propose(rows, min_samples=3)
-    assert [(p.size_bytes, p.samples) for p in props] == [(1 << 30, 3), (16 << 30, 3)]
-    assert best_for(props, "p5", 2).size_bytes == 16 << 30 and best_for(props, "p5", 4) is None
+    assert [(p.size_bytes, p.samples) for p in props if p.backend == "nccl-tests"] == [(1 << 30, 3), (16 << 30, 3)]
+    assert best_for(props, "p5", 2).size_bytes == 16 << 30 and best_for(props, "p5", 4, backend="nccl-tests") is None
     snippet = config_snippet(props)
-    assert "sweep_busbw_by_nodes:" in snippet and "    2: " in snippet
+    assert "sweep_busbw_by_nodes:" in snippet and "    2: " in snippet and "    4: " not in snippet
 
 
 def run_cli(*args: str, config: Path) -> tuple[int, str, str]:

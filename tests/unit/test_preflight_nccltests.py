@@ -5,6 +5,7 @@ per-node scenarios: a healthy round, a slow node blamed through the real blame, 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from devtools.nccl_tests_stub import install_stub
 from gpuguard.nccl.sweep import JobSpec, nccl_tests_argv, render_job
 from gpuguard.preflight.blame import run_blame
 from gpuguard.preflight.judge import round_measurements
-from gpuguard.preflight.nccltests import NcclTestsRounds, step_argv, step_result
+from gpuguard.preflight.nccltests import NcclTestsRounds, row_busbw, step_argv, step_result
 from gpuguard.preflight.pool import LATE_MIN_S
 from gpuguard.preflight.protocol import SIZE_FACTOR
 from gpuguard.preflight.runner import PoolMeasure
@@ -60,6 +61,38 @@ def test_the_step_runs_the_sweeps_nccl_tests_command_with_the_preflights_sizes()
 def test_output_without_a_result_table_is_no_result_and_says_why():
     assert step_result("node2: Test NCCL failure common.cu:1005 'unhandled system error'\n", 2) == (
         None, "no result table: node2: Test NCCL failure common.cu:1005 'unhandled system error'")
+
+
+def test_a_busbw_nccl_tests_prints_as_0_00_is_read_from_its_time_column():
+    """nccl-tests prints bandwidths as %6.2f: a link at 20 Mbit/s reads 0.00. The pre-flight takes it from the time
+    column then (nccl-tests' own formula), so the evidence of a drain is the bandwidth measured, not 0."""
+    from gpuguard.nccl.parse import parse_nccl
+
+    table = ("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
+             "busbw #wrong\n"
+             "      262144         65536     float     sum      -1   100000    0.00    0.00      0   100000    0.00    "
+             "0.00      0\n"
+             "   268435456      67108864     float     sum      -1   1342.2  200.00  375.00      0   1342.2  200.00  "
+             "375.00      0\n")
+    slow, fast = parse_nccl(table).rows
+    assert row_busbw(slow, 4) == pytest.approx(262144 / 100000 / 1e3 * 1.5)  # 0.00393 GB/s
+    assert row_busbw(fast, 4) == 375.0  # printed with enough digits: as printed
+    line, why = step_result(table, 4)
+    assert why == "" and '"busbw_gbps": [0.0039321' in line, line
+
+
+def test_the_ranks_run_with_the_environment_the_rounds_are_given(site, tmp_path):
+    """The NCCL preset reaches every rank of every step (srun passes the environment on): the simulated nccl-tests
+    writes what each rank was started with."""
+    spec, scen, srun, _log = site
+    envs = tmp_path / "env"
+    (scen / "default.yaml").write_text(f"nccl: {{busbw_gbps: 400, env_dir: {envs}}}\n")
+    rounds = NcclTestsRounds(NODES, spec, srun=srun, env={"NCCL_BUFFSIZE": "2097152", "NCCL_DEBUG": "WARN"})
+    rounds.run_round([("node1", "node2"), ("node3", "node4")], 30.0, JOB)
+    seen = [json.loads(p.read_text()) for p in envs.glob("*.json")]
+    assert seen and all(e.get("NCCL_BUFFSIZE") == "2097152" and e.get("NCCL_DEBUG") == "WARN"
+                        for e in seen), seen  # (here every step is rank 0 of this machine: one file)
+    assert "NCCL_BUFFSIZE" not in os.environ  # added to the steps only
 
 
 def test_a_healthy_round_gives_every_group_its_bandwidth_and_starts_no_worker(site):

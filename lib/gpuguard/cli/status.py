@@ -36,7 +36,8 @@ import sys
 import time
 from typing import Any, Iterator, Optional
 
-from gpuguard.cli.status_held import add_switches, held_lines, held_nodes
+from gpuguard.cli.status_held import add_switches, attribute_to_components, held_lines, held_nodes
+from gpuguard.slurm.components import load_components
 from gpuguard.cli.status_render import DETAIL_AUTO, render_own_health, render_status, to_json
 from gpuguard.config.lastgood import unreadable_by_this_user
 from gpuguard.notify.backlog import undelivered_notifications
@@ -182,8 +183,12 @@ def cmd_status(args: Any) -> int:
         # Slurm's ReasonTime is when the reason was set (a later prolog finding the node already drained does not
         # move it); gpuguard's own record when Slurm shows none
         n["drained_since"] = slurm_time(n.get("reason_time")) or recorded
-    add_switches(nodes, topology_from_config(s, cfg.deadlines.scontrol_s))
-    held = [h for h in held_nodes(text) if wanted is None or h["node"] in wanted]
+    topology = topology_from_config(s, cfg.deadlines.scontrol_s)
+    add_switches(nodes, topology)
+    held = held_nodes(text)
+    if any(h["component"] for h in held) and any(not h["component"] for h in held):
+        attribute_to_components(held, load_components(s, cfg.deadlines.scontrol_s, topology)[0])
+    held = [h for h in held if wanted is None or h["node"] in wanted]
     spool = undelivered_notifications(cfg.notify.state_path or store_pattern)
     if args.json:
         doc = to_json(nodes, spool, now)

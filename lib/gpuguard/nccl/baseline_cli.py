@@ -51,23 +51,24 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     if args.baseline_cmd in ("show", "propose"):
         props = _proposals(cfg, args.profile)
         if args.baseline_cmd == "propose":
-            best: dict[tuple[str, int], Any] = {}
+            best: dict[tuple[str, str, int], Any] = {}
             for p in props:
-                key = (p.profile, p.n_nodes)
+                key = (p.profile, p.backend, p.n_nodes)
                 if key not in best or p.size_bytes > best[key].size_bytes:
                     best[key] = p
-            props = sorted(best.values(), key=lambda p: (p.profile, p.n_nodes))
+            props = sorted(best.values(), key=lambda p: (p.profile, p.backend, p.n_nodes))
         if args.json:
             print(json.dumps([p.to_dict() for p in props], indent=2))
             return 0
         if not props:
             print("no samples recorded yet: gpuguard baseline measure --partition P, or run gpuguard nccl sweep")
             return 0
-        print(f"{'profile':16} {'nodes':>5} {'size (B)':>12} {'n':>4} {'median':>8} {'MAD':>6} {'p05':>8} "
-              f"{'min':>8} {'threshold':>10}  sources")
+        print(f"{'profile':16} {'backend':10} {'nodes':>5} {'size (B)':>12} {'n':>4} {'median':>8} {'MAD':>6} "
+              f"{'p05':>8} {'min':>8} {'threshold':>10}  sources")
         for p in props:
             thr = f"{p.threshold_gbps:.1f}" if p.threshold_gbps is not None else "-"
-            print(f"{p.profile:16} {p.n_nodes:5d} {p.size_bytes:12d} {p.samples:4d} {p.median:8.1f} {p.mad:6.1f} "
+            print(f"{p.profile:16} {p.backend or '?':10} {p.n_nodes:5d} {p.size_bytes:12d} {p.samples:4d} "
+                  f"{p.median:8.1f} {p.mad:6.1f} "
                   f"{p.p05:8.1f} {p.minimum:8.1f} {thr:>10}  {p.sources}" + (f"  ({p.note})" if p.note else ""))
         if args.baseline_cmd == "propose":
             print("\n# proposed config (threshold = median - max(k*1.4826*MAD, margin% of median)):")

@@ -121,7 +121,8 @@ def cmd_nccl_sweep(args: argparse.Namespace) -> int:
                                      n.baseline_margin_pct, n.baseline_min_samples)
 
         def from_baseline(count: int) -> Optional[float]:
-            p = baseline.floor_proposal(proposals, profile, count, largest, any_size=True)
+            p = baseline.floor_proposal(proposals, profile, count, largest, any_size=True,
+                                        backend=baseline.NCCL_TESTS)
             return p.threshold_gbps if p else None
 
         try:

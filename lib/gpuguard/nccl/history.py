@@ -1,7 +1,8 @@
 """NCCL results in the history store: sweeps, their runs, and busbw samples for baselines.
 
 The tables live in the same SQLite file as gpuguard's runs and drains (`gpuguard.store.sqlite.Store`), under its
-schema and version (`gpuguard.store.schema`: a fresh file gets them, an older one the migration to version 4).
+schema and version (`gpuguard.store.schema`: a fresh file gets them, an older one the migrations to version 4, which
+adds them, and 5, which gives each sample the collective it was measured with: `backend`).
 """
 
 from __future__ import annotations
@@ -44,20 +45,27 @@ def record_run(store: Store, *, sweep_id: Optional[int], stage: str, nodes: str,
     return int(cur.lastrowid or 0)
 
 
-def record_samples(store: Store, samples: Iterable[tuple[str, int, int, float, str, str, Optional[str]]]) -> int:
-    """(profile, n_nodes, size_bytes, busbw_gbps, nodes, source, job_id) rows; returns how many."""
+Sample = tuple[str, int, int, float, str, str, Optional[str], str]
+
+
+def record_samples(store: Store, samples: Iterable[Sample]) -> int:
+    """(profile, n_nodes, size_bytes, busbw_gbps, nodes, source, job_id, backend) rows; returns how many. `backend`:
+    the collective measured (nccl-tests | nccl | gloo)."""
     rows = [(time.time(), *s) for s in samples]
+    if any(len(r) != 9 for r in rows):
+        raise ValueError("a sample is (profile, n_nodes, size_bytes, busbw_gbps, nodes, source, job_id, backend)")
     store.conn.executemany(
-        "INSERT INTO nccl_samples(ts,profile,n_nodes,size_bytes,busbw_gbps,nodes,source,job_id) "
-        "VALUES (?,?,?,?,?,?,?,?)", rows)
+        "INSERT INTO nccl_samples(ts,profile,n_nodes,size_bytes,busbw_gbps,nodes,source,job_id,backend) "
+        "VALUES (?,?,?,?,?,?,?,?,?)", rows)
     return len(rows)
 
 
 def samples(store: Store, profile: Optional[str] = None, n_nodes: Optional[int] = None,
-            size_bytes: Optional[int] = None, since: Optional[float] = None) -> list[dict[str, Any]]:
+            size_bytes: Optional[int] = None, since: Optional[float] = None,
+            backend: Optional[str] = None) -> list[dict[str, Any]]:
     q = "SELECT * FROM nccl_samples WHERE 1=1"
     args: list[Any] = []
-    for col, val in (("profile", profile), ("n_nodes", n_nodes), ("size_bytes", size_bytes)):
+    for col, val in (("profile", profile), ("n_nodes", n_nodes), ("size_bytes", size_bytes), ("backend", backend)):
         if val is not None:
             q += f" AND {col}=?"
             args.append(val)

@@ -21,6 +21,7 @@ from gpuguard.preflight.blame import Blame, run_blame
 from gpuguard.preflight.floor import largest_size, pass_sample, preflight_floor
 from gpuguard.preflight.history import load_proposals, record_sample
 from gpuguard.preflight.judge import summary_line
+from gpuguard.preflight.ncclenv import preflight_preset_env
 from gpuguard.preflight.nccltests import BACKEND, NcclTestsRounds
 from gpuguard.preflight.pool import WorkerPool
 from gpuguard.preflight.runner import PoolMeasure
@@ -65,15 +66,13 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     profile = profile_of(cfg, None)
     proposals, unread = load_proposals(cfg, profile)
-    floor = preflight_floor(args.floor if args.floor is not None else n.preflight_busbw_gbps,
-                            {} if args.floor is not None else n.preflight_busbw_by_nodes, proposals, profile,
-                            largest_size(n.preflight_min_bytes, n.preflight_max_bytes),
-                            "--floor" if args.floor is not None else "config")
     # the rounds end by `start + budget - reserve`: time left to stop late collectives and drain what was blamed.
     # The workers' start-up (torch's import) may take up to STARTUP_SHARE of the rest; the rounds share what remains
     reserve = min(5.0, budget * 0.15)
     backend = n.preflight_backend
-    pool = round_runner(n, nodes, backend)
+    preset = preflight_preset_env(n.sweep_preset, profile, cfg.templates.presets, os.environ) \
+        if backend == BACKEND else None
+    pool = round_runner(n, nodes, backend, preset.env if preset else {})
     try:
         if isinstance(pool, WorkerPool):
             pool.wait_up(start + (budget - reserve) * STARTUP_SHARE)
@@ -81,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
         if backend == "auto":
             cuda = [w.cuda for w in pool.workers.values() if w.sock is not None]
             backend = "nccl" if cuda and all(cuda) else "gloo"
+        # the floor of this backend's samples only (known once the workers said whether they have GPUs)
+        floor = preflight_floor(args.floor if args.floor is not None else n.preflight_busbw_gbps,
+                                {} if args.floor is not None else n.preflight_busbw_by_nodes, proposals, profile,
+                                largest_size(n.preflight_min_bytes, n.preflight_max_bytes), backend,
+                                "--floor" if args.floor is not None else "config")
         measure = PoolMeasure(pool, floor.resolve, start + budget - reserve, backend=backend,
                               min_bytes=n.preflight_min_bytes, max_bytes=n.preflight_max_bytes,
                               iters=n.preflight_iterations, step_cap_s=max(3.0, (budget - reserve) / 2))
@@ -89,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         pool.close()
     acted = act(cfg, blame, n.preflight_drain and not args.no_drain, getattr(args, "config", None))
-    sample = pass_sample(blame.outcome, nodes, profile, os.environ.get("SLURM_JOB_ID"))
-    said = [floor.describe(len(nodes))] + ([unread] if unread else []) + \
+    sample = pass_sample(blame.outcome, nodes, profile, os.environ.get("SLURM_JOB_ID"), backend)
+    said = [floor.describe(len(nodes))] + ([preset.note] if preset else []) + ([unread] if unread else []) + \
         ([record_sample(cfg, sample)] if sample else [])
     line = summary_line(nodes, time.monotonic() - start, blame.outcome.conclusion, blame.blamed, blame.what,
                         up_s, measure.rounds, said)
@@ -105,11 +109,12 @@ def run(args: argparse.Namespace) -> int:
     return BLAMED_EXIT if blame.exclude else 0
 
 
-def round_runner(n: Any, nodes: list[str], backend: str) -> "WorkerPool | NcclTestsRounds":
-    """nccl-tests: each round an srun step of the sweep's all_reduce_perf per group (no workers); else one
-    persistent torch worker per node."""
+def round_runner(n: Any, nodes: list[str], backend: str, env: Optional[dict[str, str]] = None
+                 ) -> "WorkerPool | NcclTestsRounds":
+    """nccl-tests: each round an srun step of the sweep's all_reduce_perf per group (no workers), its ranks with
+    `env` added (the NCCL preset); else one persistent torch worker per node."""
     if backend == BACKEND:
-        return NcclTestsRounds(nodes, sweep_spec(n))
+        return NcclTestsRounds(nodes, sweep_spec(n), env=dict(env or {}))
     here = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     addrs = node_addrs(nodes)
     return WorkerPool(nodes, here, {**addrs, here: addrs.get(here) or local_addr(addrs.get(nodes[0], nodes[0]))})

@@ -7,11 +7,14 @@ line the torch workers answer with (gpuguard.preflight.judge.result_line), so ju
 same on both paths. The round ends as the pool's does (gpuguard.preflight.pool.late_after): when every step has
 ended, when the allowance is spent, or once a group of the same size has its result and the rest are late; a step
 still running then is stopped (srun's own stop, then SIGKILL of its process group). Each step also carries
-`srun --time` (whole minutes, Slurm's granularity) so that Slurm ends it should this process die first."""
+`srun --time` (whole minutes, Slurm's granularity) so that Slurm ends it should this process die first. The steps
+run with the NCCL environment preset added (gpuguard.preflight.ncclenv: what the templates give their ranks); srun
+passes the environment on to every rank."""
 
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import tempfile
 import time
@@ -20,6 +23,7 @@ from typing import IO, Any, Optional
 
 from gpuguard.nccl.isolate import Group
 from gpuguard.nccl.parse import parse_nccl
+from gpuguard.nccl.result import NcclRow
 from gpuguard.nccl.sweep import JobSpec, nccl_tests_argv
 from gpuguard.preflight.judge import Step, result_line
 from gpuguard.preflight.pool import POLL_S, Run, late_after, stop
@@ -39,6 +43,21 @@ def step_argv(spec: JobSpec, group: Group, job: dict[str, Any], allowance_s: flo
             *nccl_tests_argv(spec, int(job["min_bytes"]), int(job["max_bytes"]), SIZE_FACTOR, int(job["iters"]))]
 
 
+# nccl-tests prints bandwidths as %6.2f: below this a printed busbw has fewer than three significant digits (a link
+# at 20 Mbit/s prints 0.00), and the time column (at least four) gives it instead
+PRINTED_PRECISION_GBPS = 1.0
+
+
+def row_busbw(row: NcclRow, world: int) -> float:
+    """A row's out-of-place bus bandwidth, from its time column where the printed figure is too coarse: nccl-tests'
+    own all_reduce formula, size / time * 2 (n - 1) / n over its `world` ranks. Pure."""
+    printed = float(row.busbw or 0.0)
+    t = row.oop_time_us if row.oop_busbw is not None else row.ip_time_us
+    if printed >= PRINTED_PRECISION_GBPS or not t or t <= 0 or world < 2:
+        return printed
+    return row.size_bytes / t / 1e3 * 2.0 * (world - 1) / world
+
+
 def step_result(output: str, world: int) -> tuple[Optional[str], str]:
     """(the tagged result line, "") from an nccl-tests run's output, or (None, why not). Pure. Wrong values make
     the run a failure (evidence), as a collective that returned garbage is no measurement."""
@@ -50,7 +69,7 @@ def step_result(output: str, world: int) -> tuple[Optional[str], str]:
     wrong = res.wrong_total or res.out_of_bounds or 0
     if wrong:
         return None, f"all_reduce returned {int(wrong)} wrong values"
-    return result_line([r.size_bytes for r in rows], [float(r.busbw or 0.0) for r in rows], BACKEND, world), ""
+    return result_line([r.size_bytes for r in rows], [row_busbw(r, world) for r in rows], BACKEND, world), ""
 
 
 @dataclass
@@ -69,6 +88,7 @@ class NcclTestsRounds:
     nodes: list[str]
     spec: JobSpec
     srun: str = "srun"
+    env: dict[str, str] = field(default_factory=dict)  # added to this process's environment for every step
     workers: dict[str, Any] = field(default_factory=dict)
 
     def up(self) -> list[str]:
@@ -84,11 +104,12 @@ class NcclTestsRounds:
                   quickest: Optional[dict[int, float]] = None) -> list[Step]:
         t0 = time.monotonic()
         procs = []
+        env = {**os.environ, **self.env}
         for i, g in enumerate(groups):
             out = tempfile.TemporaryFile()
             try:
                 p = subprocess.Popen(step_argv(self.spec, g, job, allowance_s, self.srun), stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
             except OSError as e:
                 out.close()
                 run = Run(g, f"s{i}", t0, error=f"cannot run {self.srun}: {e.strerror or e}", ended_s=0.0)

@@ -3,11 +3,12 @@ has not seen, in order; `PRAGMA user_version` says which version a file is at.""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 from gpuguard.util.sqltx import rollback_if_active
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # NCCL validation's results (gpuguard.nccl.history): sweeps, their runs, busbw samples for baselines. Before version
 # 4 `gpuguard nccl` created them itself, outside the version (hence IF NOT EXISTS: a store may have them already).
@@ -52,11 +53,18 @@ CREATE TABLE IF NOT EXISTS nccl_samples (
     size_bytes INTEGER NOT NULL,
     busbw_gbps REAL NOT NULL,
     nodes TEXT,
-    source TEXT,                  -- sweep | measure | file
+    source TEXT,                  -- sweep | measure | file | preflight
     job_id TEXT
 );
 CREATE INDEX IF NOT EXISTS nccl_samples_key ON nccl_samples(profile, n_nodes, size_bytes);
 """
+
+# Version 5: the collective each sample was measured with (nccl-tests | nccl | gloo: torch.distributed's): a busbw
+# from nccl-tests and one from torch's gloo are not comparable, and a floor is judged only against its own kind.
+# The sweep's, `baseline measure`'s and recorded files' samples were always nccl-tests; a pre-flight's before this
+# version is unknown (NULL: it gives no floor to any backend).
+SAMPLES_BACKEND = ["ALTER TABLE nccl_samples ADD COLUMN backend TEXT",
+                   "UPDATE nccl_samples SET backend='nccl-tests' WHERE source IN ('sweep','measure','file')"]
 
 # Upgrades of an existing file, in order: version reached -> statements. A fresh file gets SCHEMA directly.
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -66,6 +74,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
          "CREATE INDEX IF NOT EXISTS drains_time ON drains(ts)",
          "CREATE INDEX IF NOT EXISTS findings_problems ON findings(run_id) WHERE severity NOT IN ('ok','skip')"]),
     (4, [stmt for stmt in NCCL_TABLES.split(";") if stmt.strip()]),
+    (5, SAMPLES_BACKEND),
 ]
 
 SCHEMA = """
@@ -119,7 +128,19 @@ CREATE TABLE IF NOT EXISTS cursors (
     value TEXT NOT NULL,
     updated REAL NOT NULL
 );
-""" + NCCL_TABLES
+""" + NCCL_TABLES + ";\n".join(SAMPLES_BACKEND)
+
+
+_ADD_COLUMN = re.compile(r"^\s*ALTER TABLE (\w+) ADD COLUMN (\w+)", re.I)
+
+
+def _has_column_already(conn: sqlite3.Connection, stmt: str) -> bool:
+    """An `ALTER TABLE t ADD COLUMN c` whose column is there already (tables created outside the version, as the
+    NCCL ones were before version 4, may have it): nothing to add."""
+    m = _ADD_COLUMN.match(stmt)
+    if m is None:
+        return False
+    return any(row[1] == m.group(2) for row in conn.execute(f"PRAGMA table_info({m.group(1)})"))
 
 
 def upgrade_schema(conn: sqlite3.Connection) -> None:
@@ -139,7 +160,8 @@ def upgrade_schema(conn: sqlite3.Connection) -> None:
                 for target, statements in MIGRATIONS:
                     if version < target:
                         for stmt in statements:
-                            conn.execute(stmt)
+                            if not _has_column_already(conn, stmt):
+                                conn.execute(stmt)
             conn.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
             conn.execute("COMMIT")
         except BaseException:
